@@ -1,0 +1,118 @@
+"""One relay process: its cache, its source of resources and its servers, wired.
+
+Data flows one way: source (origin stream or files) -> cache -> subscription
+index -> downstream streams. The only way back up is the index telling the
+upstream client that interest changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import grpc
+from relay.config import RelayConfig, node_proto
+from relay.sources.files import FileSource
+
+from relay.admin import AdminServer
+from relay.cache import ResourceCache
+from relay.server.services import discovery_handlers
+from relay.server.streams import ServingContext
+from relay.subscriptions import SubscriptionIndex
+from relay.telemetry import new_metrics, prometheus_provider
+from relay.upstream.backoff import Backoff
+from relay.upstream.client import UpstreamClient
+from relay.upstream.state import UpstreamState
+
+log = logging.getLogger("relay")
+
+# Downstream clients hold their streams open for hours; keep them alive
+# through idle NATs and load balancers, and let many share one connection.
+_SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_concurrent_streams", 1_000_000),
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
+class Relay:
+    """A relay built from a validated config. ``start`` it, then ``stop`` it."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        provider, self.registry = prometheus_provider()
+        self.meter_provider = provider
+        self.metrics = new_metrics(provider)
+        self.cache = ResourceCache()
+        self.index = SubscriptionIndex()
+        self.cache.add_listener(self.index.on_cache_change)
+        self.serving = ServingContext.create(self.cache, self.index, self.metrics)
+        self.upstream: UpstreamClient | None = None
+        self.files: FileSource | None = None
+        upstream = config.upstream
+        if upstream.files is not None:
+            self.files = FileSource(upstream.files, self.cache, upstream.poll_interval,
+                                    self.metrics)
+        else:
+            assert upstream.address is not None
+            state = UpstreamState(node_proto(config), self.cache, self.index, upstream.linger)
+            self.upstream = UpstreamClient(
+                str(upstream.address), state,
+                Backoff(upstream.backoff.initial, upstream.backoff.max), self.metrics)
+        self.admin = AdminServer(self.cache, self.registry, self.is_ready)
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.xds_port = 0
+        self.admin_port = 0
+
+    def is_ready(self) -> bool:
+        """Serving, and synced with the origin (or the files loaded)."""
+        if self._server is None:
+            return False
+        if self.files is not None:
+            return True
+        return self.upstream is not None and self.upstream.connected_event.is_set()
+
+    async def start(self) -> None:
+        """Bind the servers and start following the origin."""
+        if self.files is not None:
+            self.files.load()  # served before the first client can connect
+            self._tasks.append(asyncio.create_task(self.files.run(), name="file-source"))
+        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        server.add_generic_rpc_handlers(discovery_handlers(self.serving))
+        self.xds_port = server.add_insecure_port(str(self.config.server.address))
+        if self.xds_port == 0:
+            raise OSError(f"cannot listen on {self.config.server.address}")
+        await server.start()
+        self._server = server
+        admin = self.config.admin.address
+        self.admin_port = await self.admin.start(admin.host, admin.port)
+        if self.upstream is not None:
+            self._tasks.append(asyncio.create_task(self.upstream.run(), name="upstream"))
+        log.info("serving xDS on %s:%d, admin on %s:%d", self.config.server.address.host,
+                 self.xds_port, admin.host, self.admin_port)
+
+    async def stop(self, grace: float | None = 0.5) -> None:
+        """Stop serving; close downstream streams and the origin stream."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.admin.stop()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        self.meter_provider.shutdown()  # type: ignore[attr-defined]
+
+    async def wait(self) -> None:
+        """Run until the server stops."""
+        if self._server is not None:
+            await self._server.wait_for_termination()

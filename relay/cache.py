@@ -1,0 +1,179 @@
+"""The resource cache: what the origin has sent, keyed by type URL, name and variant.
+
+The cache knows nothing about streams or gRPC. Sources (the upstream client,
+the file source) write into it; it tells its listeners which names changed,
+and protocol state objects read from it when they build a response.
+
+A name is in one of three states for a reader:
+
+* present: one or more variants are cached;
+* :data:`ABSENT`: the origin said it does not exist (it removed the name, or
+  the cache holds the complete set of that type and the name is not in it);
+* :data:`UNKNOWN`: the origin has not said anything about it yet.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from relay.resource import CachedResource
+
+
+class Missing(enum.Enum):
+    """Why a lookup found no resource."""
+
+    ABSENT = "absent"
+    UNKNOWN = "unknown"
+
+
+ABSENT = Missing.ABSENT
+UNKNOWN = Missing.UNKNOWN
+
+Variants = Mapping[str, CachedResource]
+
+
+@dataclass(frozen=True)
+class CacheChange:
+    """Names of one type whose state changed, in one write to the cache."""
+
+    type_url: str
+    names: frozenset[str]
+    became_synced: bool = False
+
+
+ChangeListener = Callable[[CacheChange], None]
+
+
+@dataclass
+class _TypeEntry:
+    variants: dict[str, dict[str, CachedResource]] = field(default_factory=dict)
+    absent: set[str] = field(default_factory=set)
+    synced: bool = False
+    complete: bool = False
+
+
+class ResourceCache:
+    """Resources by type URL, name and variant key, with change notification."""
+
+    def __init__(self) -> None:
+        self._types: dict[str, _TypeEntry] = {}
+        self._listeners: list[ChangeListener] = []
+
+    def add_listener(self, listener: ChangeListener) -> None:
+        """Call ``listener`` after every write that changes what readers see."""
+        self._listeners.append(listener)
+
+    # -- reading ---------------------------------------------------------
+
+    def is_synced(self, type_url: str) -> bool:
+        """Whether the origin has answered for this type at least once."""
+        entry = self._types.get(type_url)
+        return entry is not None and entry.synced
+
+    def variants(self, type_url: str, name: str) -> Variants | Missing:
+        """The cached variants of ``name``, or why there are none."""
+        entry = self._types.get(type_url)
+        if entry is None or not entry.synced:
+            return UNKNOWN
+        found = entry.variants.get(name)
+        if found:
+            return found
+        if entry.complete or name in entry.absent:
+            return ABSENT
+        return UNKNOWN
+
+    def names(self, type_url: str) -> Iterable[str]:
+        """Every cached name of a type."""
+        entry = self._types.get(type_url)
+        return entry.variants.keys() if entry is not None else ()
+
+    def resources(self, type_url: str) -> Iterable[CachedResource]:
+        """Every cached variant of a type."""
+        entry = self._types.get(type_url)
+        if entry is None:
+            return ()
+        return [r for by_key in entry.variants.values() for r in by_key.values()]
+
+    def type_urls(self) -> list[str]:
+        return sorted(self._types)
+
+    # -- writing ---------------------------------------------------------
+
+    def apply(self, type_url: str, upserts: Sequence[CachedResource],
+              removed_names: Iterable[str] = (),
+              removed_variants: Iterable[tuple[str, str]] = (),
+              complete: bool | None = None) -> frozenset[str]:
+        """Add or replace variants and remove names or single variants.
+
+        Marks the type synced. ``complete`` says whether the cache now holds
+        every resource of the type (a wildcard subscription or a file source),
+        so that a missing name means the resource does not exist.
+        Returns the names whose state changed; listeners hear of them too.
+        """
+        entry = self._types.setdefault(type_url, _TypeEntry())
+        changed: set[str] = set()
+        for resource in upserts:
+            by_key = entry.variants.setdefault(resource.name, {})
+            old = by_key.get(resource.variant_key)
+            if old is None or old.version != resource.version or \
+                    old.resource != resource.resource:
+                by_key[resource.variant_key] = resource
+                changed.add(resource.name)
+            entry.absent.discard(resource.name)
+        for name in removed_names:
+            if entry.variants.pop(name, None) is not None or name not in entry.absent:
+                changed.add(name)
+            entry.absent.add(name)
+        for name, variant_key in removed_variants:
+            by_key = entry.variants.get(name)
+            if by_key is not None and by_key.pop(variant_key, None) is not None:
+                changed.add(name)
+                if not by_key:
+                    del entry.variants[name]
+                    entry.absent.add(name)
+        if complete is not None:
+            entry.complete = complete
+        became_synced = not entry.synced
+        entry.synced = True
+        result = frozenset(changed)
+        if result or became_synced:
+            self._notify(CacheChange(type_url, result, became_synced))
+        return result
+
+    def replace_type(self, type_url: str, resources: Sequence[CachedResource]) -> frozenset[str]:
+        """Make ``resources`` the complete state of a type (a file source's snapshot)."""
+        entry = self._types.get(type_url)
+        keep = {r.name for r in resources}
+        gone = [n for n in (entry.variants if entry else ()) if n not in keep]
+        # Variants of a kept name that are no longer listed go too.
+        stale_variants: list[tuple[str, str]] = []
+        if entry is not None:
+            wanted = {(r.name, r.variant_key) for r in resources}
+            stale_variants = [(n, k) for n, by_key in entry.variants.items() if n in keep
+                              for k in by_key if (n, k) not in wanted]
+        return self.apply(type_url, resources, gone, stale_variants, complete=True)
+
+    def forget(self, type_url: str, names: Iterable[str]) -> None:
+        """Drop names nobody subscribes to any more (no listener is told)."""
+        entry = self._types.get(type_url)
+        if entry is None:
+            return
+        for name in names:
+            entry.variants.pop(name, None)
+            entry.absent.discard(name)
+
+    def forget_all_but(self, type_url: str, keep: set[str]) -> None:
+        """After a wildcard subscription ends: keep only explicitly wanted names."""
+        entry = self._types.get(type_url)
+        if entry is None:
+            return
+        entry.complete = False
+        for name in [n for n in entry.variants if n not in keep]:
+            del entry.variants[name]
+        entry.absent &= keep
+
+    def _notify(self, change: CacheChange) -> None:
+        for listener in self._listeners:
+            listener(change)

@@ -1,0 +1,207 @@
+"""Incremental (delta) xDS: one stream's subscription state for one type.
+
+:class:`DeltaSubscription` consumes ``DeltaDiscoveryRequest`` messages and
+cache change notices, and answers :meth:`~DeltaSubscription.next_response`
+with what to send, or ``None``. It keeps at most one response in flight: while
+one is un-ACKed, changes pile up as a set of names (latest state wins, bounded
+by the subscription) and go out together once the client answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.cache import ABSENT, UNKNOWN
+from relay.protocol.view import NonceSource, ResourceView
+from relay.resource import CachedResource
+from relay.subscriptions import Interest
+from relay.xds_types import LEGACY_WILDCARD_TYPES, WILDCARD
+
+
+class ProtocolError(Exception):
+    """A request that breaks the protocol; the stream is ended with this message."""
+
+
+@dataclass(frozen=True)
+class Nack:
+    """A client's rejection of one response."""
+
+    nonce: str
+    message: str
+    code: int
+
+
+@dataclass(frozen=True)
+class DeltaResponsePlan:
+    """One DeltaDiscoveryResponse to send."""
+
+    type_url: str
+    nonce: str
+    resources: list[CachedResource]
+    removed: list[str]
+
+    def head(self) -> discovery_pb2.DeltaDiscoveryResponse:
+        """The response without its resources (they are appended pre-encoded)."""
+        return discovery_pb2.DeltaDiscoveryResponse(
+            type_url=self.type_url, nonce=self.nonce, removed_resources=self.removed)
+
+
+@dataclass
+class RequestOutcome:
+    """What a request meant, for the stream adapter's bookkeeping."""
+
+    ack_nonce: str | None = None        # the in-flight response it answered, if any
+    nack: Nack | None = None
+    interest_changed: bool = False
+
+
+@dataclass
+class DeltaSubscription:
+    """Delta protocol state of one type on one stream."""
+
+    type_url: str
+    wildcard: bool = False
+    names: set[str] = field(default_factory=set)
+    # name -> version the client holds, as far as we know
+    held: dict[str, str] = field(default_factory=dict)
+    # subscribed names not yet answered with a resource or a removal
+    unanswered: set[str] = field(default_factory=set)
+    # names to re-evaluate on the next response; ``recheck_all`` means every name
+    pending: set[str] = field(default_factory=set)
+    recheck_all: bool = False
+    # a response is owed even if it would be empty (first wildcard request)
+    must_answer: bool = False
+    inflight_nonce: str | None = None
+    started: bool = False
+    last_nack: Nack | None = None
+    acked_nonce: str | None = None
+
+    # -- input -----------------------------------------------------------
+
+    def on_request(self, request: discovery_pb2.DeltaDiscoveryRequest) -> RequestOutcome:
+        """Apply one request: ACK/NACK bookkeeping and subscription changes."""
+        outcome = RequestOutcome()
+        before = self.interest()
+        first = not self.started
+        self.started = True
+
+        nonce = request.response_nonce
+        if nonce and nonce == self.inflight_nonce:
+            self.inflight_nonce = None
+            outcome.ack_nonce = nonce
+            if request.HasField("error_detail"):
+                # The client keeps what it had; we do not resend the same
+                # versions (``held`` already records them), only later changes.
+                self.last_nack = Nack(nonce, request.error_detail.message,
+                                      request.error_detail.code)
+                outcome.nack = self.last_nack
+            else:
+                self.acked_nonce = nonce
+        # A stale nonce still carries valid subscription changes: apply them.
+
+        subscribe = list(request.resource_names_subscribe)
+        subscribe += [loc.name for loc in request.resource_locators_subscribe]
+        unsubscribe = list(request.resource_names_unsubscribe)
+        unsubscribe += [loc.name for loc in request.resource_locators_unsubscribe]
+
+        if first:
+            self.held = dict(request.initial_resource_versions)
+            if not subscribe and self.type_url in LEGACY_WILDCARD_TYPES:
+                self._start_wildcard()
+            # Whatever the client says it holds must be checked against the cache.
+            self.pending.update(self.held)
+
+        for name in subscribe:
+            if name == WILDCARD:
+                if not self.wildcard:
+                    self._start_wildcard()
+                continue
+            self.names.add(name)
+            self.unanswered.add(name)
+            self.pending.add(name)
+            if not first:
+                # The client may have dropped it: always send a subscribed name.
+                self.held.pop(name, None)
+
+        for name in unsubscribe:
+            if name == WILDCARD:
+                self.wildcard = False
+                self.recheck_all = False
+                for held_name in [n for n in self.held if n not in self.names]:
+                    del self.held[held_name]
+                continue
+            if name not in self.names:
+                continue
+            self.names.discard(name)
+            self.unanswered.discard(name)
+            self.held.pop(name, None)
+            if self.wildcard:
+                # The client dropped it, but wildcard still covers it: send it
+                # again, or report it removed if it is gone.
+                self.unanswered.add(name)
+                self.pending.add(name)
+
+        outcome.interest_changed = self.interest() != before
+        return outcome
+
+    def _start_wildcard(self) -> None:
+        self.wildcard = True
+        self.must_answer = True
+        self.recheck_all = True
+
+    def resources_changed(self, names: frozenset[str], everything: bool) -> None:
+        """The cache changed these names (or, with ``everything``, possibly any)."""
+        if everything:
+            self.recheck_all = True
+        self.pending.update(names)
+
+    def interest(self) -> Interest:
+        return Interest(frozenset(self.names), self.wildcard)
+
+    # -- output ----------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return self.inflight_nonce is None and (
+            bool(self.pending) or self.recheck_all or self.must_answer)
+
+    def next_response(self, view: ResourceView, nonces: NonceSource) -> DeltaResponsePlan | None:
+        """The response to send now, if any (none while one is in flight)."""
+        if not self.has_work() or not view.is_synced(self.type_url):
+            return None
+        if self.recheck_all:
+            candidates = set(self.names) | set(self.held) | self.unanswered | self.pending
+            if self.wildcard:
+                candidates.update(view.names(self.type_url))
+        else:
+            candidates = self.pending
+        self.pending = set()
+        self.recheck_all = False
+
+        resources: list[CachedResource] = []
+        removed: list[str] = []
+        for name in sorted(candidates):
+            if not (self.wildcard or name in self.names):
+                continue
+            found = view.lookup(self.type_url, name)
+            if found is UNKNOWN:
+                continue
+            if found is ABSENT:
+                if name in self.held or name in self.unanswered:
+                    removed.append(name)
+                    self.held.pop(name, None)
+                    self.unanswered.discard(name)
+                continue
+            assert isinstance(found, CachedResource)
+            self.unanswered.discard(name)
+            if self.held.get(name) != found.version:
+                resources.append(found)
+                self.held[name] = found.version
+
+        if not resources and not removed and not self.must_answer:
+            return None
+        self.must_answer = False
+        nonce = nonces.next()
+        self.inflight_nonce = nonce
+        return DeltaResponsePlan(self.type_url, nonce, resources, removed)

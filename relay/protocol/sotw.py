@@ -1,0 +1,217 @@
+"""State-of-the-world xDS: one stream's subscription state for one type.
+
+:class:`SotwSubscription` consumes ``DiscoveryRequest`` messages and cache
+change notices and says what ``DiscoveryResponse`` to send. Listeners and
+clusters always go out as the full subscribed set (absence means deletion);
+other types carry only what changed or was newly subscribed. ``version_info``
+is a digest of everything the client holds after the response, so it changes
+whenever any resource does and two replicas serving the same origin state
+report the same version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.cache import ABSENT, UNKNOWN
+from relay.protocol.delta import Nack, RequestOutcome
+from relay.protocol.view import NonceSource, ResourceView
+from relay.resource import CachedResource
+from relay.subscriptions import Interest
+from relay.xds_types import FULL_STATE_TYPES, LEGACY_WILDCARD_TYPES, WILDCARD
+
+
+@dataclass(frozen=True)
+class SotwResponsePlan:
+    """One DiscoveryResponse to send."""
+
+    type_url: str
+    nonce: str
+    version_info: str
+    resources: list[CachedResource]
+
+    def head(self) -> discovery_pb2.DiscoveryResponse:
+        """The response without its resources (they are appended pre-encoded)."""
+        return discovery_pb2.DiscoveryResponse(
+            type_url=self.type_url, nonce=self.nonce, version_info=self.version_info)
+
+
+def state_version(held: dict[str, str]) -> str:
+    """A digest of (name, version) pairs: the ``version_info`` of a client state."""
+    digest = hashlib.blake2b(digest_size=8)
+    for name in sorted(held):
+        digest.update(name.encode())
+        digest.update(b"\0")
+        digest.update(held[name].encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+@dataclass
+class SotwSubscription:
+    """SotW protocol state of one type on one stream."""
+
+    type_url: str
+    wildcard: bool = False
+    names: set[str] = field(default_factory=set)
+    # name -> version the client holds, as far as we know
+    held: dict[str, str] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
+    recheck_all: bool = False
+    must_answer: bool = False
+    started: bool = False
+    legacy_wildcard: bool = False
+    last_nonce: str | None = None       # nonce of the latest response sent
+    inflight_nonce: str | None = None   # that response, until the client answers it
+    version_info: str = ""              # of the latest response sent
+    acked_version: str = ""
+    last_nack: Nack | None = None
+
+    @property
+    def full_state(self) -> bool:
+        return self.type_url in FULL_STATE_TYPES
+
+    # -- input -----------------------------------------------------------
+
+    def on_request(self, request: discovery_pb2.DiscoveryRequest) -> RequestOutcome:
+        """Apply one request. A request answering an older response is ignored."""
+        outcome = RequestOutcome()
+        before = self.interest()
+        requested = set(request.resource_names)
+        requested.update(loc.name for loc in request.resource_locators)
+
+        if not self.started:
+            # The first request of a type on a stream is initial, whatever nonce
+            # it carries; the client's state is unknown, so everything is sent.
+            self.started = True
+            self.legacy_wildcard = not requested and self.type_url in LEGACY_WILDCARD_TYPES
+            self._set_names(requested, first=True)
+            self.recheck_all = True
+            self.must_answer = self.wildcard or (self.full_state and bool(self.names))
+            outcome.interest_changed = self.interest() != before
+            return outcome
+
+        if self.last_nonce is not None and request.response_nonce != self.last_nonce:
+            return outcome  # stale: the client has not seen our latest response yet
+        if self.inflight_nonce is not None:
+            outcome.ack_nonce = self.inflight_nonce
+            if request.HasField("error_detail"):
+                self.last_nack = Nack(self.inflight_nonce, request.error_detail.message,
+                                      request.error_detail.code)
+                outcome.nack = self.last_nack
+            else:
+                self.acked_version = self.version_info
+            self.inflight_nonce = None
+
+        self._set_names(requested, first=False)
+        outcome.interest_changed = self.interest() != before
+        return outcome
+
+    def _set_names(self, requested: set[str], first: bool) -> None:
+        wildcard = WILDCARD in requested or (self.legacy_wildcard and not requested)
+        names = requested - {WILDCARD}
+        added = names - self.names
+        dropped = self.names - names
+        if wildcard and not self.wildcard and not first:
+            self.recheck_all = True
+            self.must_answer = True
+        self.wildcard = wildcard
+        self.names = names
+        for name in dropped:
+            # Forget it, so that a later resubscribe resends it (the client
+            # drops what it unsubscribes).
+            if not self.wildcard:
+                self.held.pop(name, None)
+        if not self.wildcard:
+            for name in [n for n in self.held if n not in self.names]:
+                del self.held[name]
+        for name in added:
+            if not first:
+                self.held.pop(name, None)
+            self.pending.add(name)
+        if added and self.full_state:
+            self.must_answer = True
+
+    def resources_changed(self, names: frozenset[str], everything: bool) -> None:
+        """The cache changed these names (or, with ``everything``, possibly any)."""
+        if everything:
+            self.recheck_all = True
+        self.pending.update(names)
+
+    def interest(self) -> Interest:
+        return Interest(frozenset(self.names), self.wildcard)
+
+    # -- output ----------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return self.started and self.inflight_nonce is None and (
+            bool(self.pending) or self.recheck_all or self.must_answer)
+
+    def next_response(self, view: ResourceView, nonces: NonceSource) -> SotwResponsePlan | None:
+        """The response to send now, if any (none while one is in flight)."""
+        if not self.has_work() or not view.is_synced(self.type_url):
+            return None
+        if self.full_state:
+            return self._full_state_response(view, nonces)
+        return self._changes_response(view, nonces)
+
+    def _subscribed(self, view: ResourceView) -> set[str]:
+        names = set(self.names)
+        if self.wildcard:
+            names.update(view.names(self.type_url))
+        return names
+
+    def _full_state_response(self, view: ResourceView,
+                             nonces: NonceSource) -> SotwResponsePlan | None:
+        resources: list[CachedResource] = []
+        for name in sorted(self._subscribed(view)):
+            found = view.lookup(self.type_url, name)
+            if found is UNKNOWN:
+                # Absence would mean deletion to the client: wait until the
+                # origin has said whether it exists (the cache will tell us).
+                return None
+            if found is not ABSENT:
+                assert isinstance(found, CachedResource)
+                resources.append(found)
+        self.pending = set()
+        self.recheck_all = False
+        new_held = {r.name: r.version for r in resources}
+        if new_held == self.held and not self.must_answer:
+            return None
+        self.held = new_held
+        return self._emit(resources, nonces)
+
+    def _changes_response(self, view: ResourceView,
+                          nonces: NonceSource) -> SotwResponsePlan | None:
+        candidates = self._subscribed(view) if self.recheck_all else self.pending
+        self.pending = set()
+        self.recheck_all = False
+        resources: list[CachedResource] = []
+        for name in sorted(candidates):
+            if not (self.wildcard or name in self.names):
+                continue
+            found = view.lookup(self.type_url, name)
+            if found is UNKNOWN:
+                continue
+            if found is ABSENT:
+                # SotW cannot say "removed" for these types; just forget it.
+                self.held.pop(name, None)
+                continue
+            assert isinstance(found, CachedResource)
+            if self.held.get(name) != found.version:
+                resources.append(found)
+                self.held[name] = found.version
+        if not resources and not self.must_answer:
+            return None
+        return self._emit(resources, nonces)
+
+    def _emit(self, resources: list[CachedResource], nonces: NonceSource) -> SotwResponsePlan:
+        self.must_answer = False
+        nonce = nonces.next()
+        self.last_nonce = nonce
+        self.inflight_nonce = nonce
+        self.version_info = state_version(self.held)
+        return SotwResponsePlan(self.type_url, nonce, self.version_info, resources)

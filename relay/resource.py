@@ -1,0 +1,71 @@
+"""One cached resource variant and the bytes every stream shares.
+
+A resource is serialized once, when it enters the cache. Responses to any
+number of streams are then assembled by concatenating these pre-encoded
+fields (see :mod:`relay.encoding`), so fanning one update out to N streams
+never serializes a resource N times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
+
+from relay.encoding import length_delimited_field
+
+# Field numbers of ``resources`` in DeltaDiscoveryResponse and DiscoveryResponse.
+_RESOURCES_FIELD = 2
+
+
+@dataclass(frozen=True, eq=False)
+class CachedResource:
+    """A resource variant as the origin sent it.
+
+    ``variant_key`` is the canonical form of its ``DynamicParameterConstraints``
+    ("" when the origin sent a plain ``name``).
+    """
+
+    type_url: str
+    name: str
+    version: str
+    resource: discovery_pb2.Resource = field(repr=False)
+    variant_key: str = ""
+
+    @classmethod
+    def from_message(cls, type_url: str, body: any_pb2.Any | None, name: str, version: str,
+                     variant_key: str = "",
+                     template: discovery_pb2.Resource | None = None) -> CachedResource:
+        """Build from an origin ``Resource`` (``template``) or a bare body."""
+        resource = discovery_pb2.Resource()
+        if template is not None:
+            resource.CopyFrom(template)
+        else:
+            resource.name = name
+        resource.version = version
+        if body is not None:
+            resource.resource.CopyFrom(body)
+        return cls(type_url, name, version, resource, variant_key)
+
+    @property
+    def body(self) -> any_pb2.Any:
+        return self.resource.resource
+
+    @cached_property
+    def delta_entry(self) -> bytes:
+        """This resource as one encoded ``resources`` entry of a DeltaDiscoveryResponse."""
+        return length_delimited_field(_RESOURCES_FIELD, self.resource.SerializeToString())
+
+    @cached_property
+    def sotw_entry(self) -> bytes:
+        """This resource's body as one encoded ``resources`` entry of a DiscoveryResponse."""
+        return length_delimited_field(_RESOURCES_FIELD, self.body.SerializeToString())
+
+    @cached_property
+    def sotw_wrapped_entry(self) -> bytes:
+        """The whole ``Resource`` wrapped in ``Any``, for SotW clients that accept it."""
+        wrapped = any_pb2.Any(type_url="type.googleapis.com/envoy.service.discovery.v3.Resource",
+                              value=self.resource.SerializeToString())
+        return length_delimited_field(_RESOURCES_FIELD, wrapped.SerializeToString())

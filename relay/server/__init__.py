@@ -1,0 +1,1 @@
+"""Downstream gRPC servers: ADS, the per-type discovery services, and their streams."""

@@ -1,0 +1,80 @@
+"""gRPC method handlers for ADS and the per-type discovery services.
+
+Handlers are registered generically rather than through the generated
+servicer classes so that responses can be written as bytes assembled from
+pre-encoded resources (the serializer is the identity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.protocol.sotw import SotwSubscription
+from relay.protocol.view import NonceSource
+from relay.server.streams import DownstreamStream, ServingContext, Variant, encode_plan
+from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _stream_handler(serving: ServingContext, variant: Variant,
+                    fixed_type_url: str | None) -> grpc.RpcMethodHandler:
+    request_class: Any = (discovery_pb2.DeltaDiscoveryRequest if variant == "delta"
+                          else discovery_pb2.DiscoveryRequest)
+
+    def behaviour(requests: AsyncIterator[Any],
+                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        stream = DownstreamStream(serving, variant, context.peer(), fixed_type_url)
+        return stream.serve(requests, context)
+
+    return grpc.stream_stream_rpc_method_handler(
+        behaviour, request_deserializer=request_class.FromString,
+        response_serializer=_identity)
+
+
+def _fetch_handler(serving: ServingContext, type_url: str) -> grpc.RpcMethodHandler:
+    """REST-style one-shot fetch: the current state of the requested resources."""
+
+    async def behaviour(request: discovery_pb2.DiscoveryRequest,
+                        context: grpc.aio.ServicerContext) -> bytes:
+        if request.type_url and request.type_url != type_url:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"type_url {request.type_url!r} sent to the fetch method "
+                                f"for {type_url!r}")
+        state = SotwSubscription(type_url)
+        state.on_request(request)
+        plan = state.next_response(serving.view, NonceSource())
+        if plan is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                "the relay has not yet received these resources from its origin")
+        assert plan is not None
+        return encode_plan(plan)
+
+    return grpc.unary_unary_rpc_method_handler(
+        behaviour, request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+        response_serializer=_identity)
+
+
+def discovery_handlers(serving: ServingContext) -> list[grpc.GenericRpcHandler]:
+    """Handlers for ADS (both variants) and every per-type discovery service."""
+    handlers = [grpc.method_handlers_generic_handler(ADS_SERVICE, {
+        "StreamAggregatedResources": _stream_handler(serving, "sotw", None),
+        "DeltaAggregatedResources": _stream_handler(serving, "delta", None),
+    })]
+    for service in PER_TYPE_SERVICES:
+        methods: dict[str, grpc.RpcMethodHandler] = {}
+        if service.sotw_method:
+            methods[service.sotw_method] = _stream_handler(serving, "sotw", service.type_url)
+        if service.delta_method:
+            methods[service.delta_method] = _stream_handler(serving, "delta", service.type_url)
+        if service.fetch_method:
+            methods[service.fetch_method] = _fetch_handler(serving, service.type_url)
+        handlers.append(grpc.method_handlers_generic_handler(service.service, methods))
+    return handlers
+

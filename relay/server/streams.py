@@ -1,0 +1,177 @@
+"""The thin I/O layer around the protocol state: one object per gRPC stream.
+
+A :class:`DownstreamStream` reads requests in one task and feeds them to its
+per-type state objects; the gRPC handler's generator writes whatever those
+objects say to send. Cache changes only mark names in the state objects and
+wake the writer, so a client that stops reading holds up nobody but itself,
+and what waits for it is at most one set of names per type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.cache import ResourceCache
+from relay.encoding import encode_delta_response, encode_sotw_response
+from relay.protocol.delta import (
+    DeltaResponsePlan,
+    DeltaSubscription,
+    ProtocolError,
+    RequestOutcome,
+)
+from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
+from relay.protocol.view import CacheView, NonceSource
+from relay.subscriptions import SubscriptionIndex
+from relay.telemetry import Metrics
+from relay.xds_types import push_rank, short_name
+
+log = logging.getLogger("relay.downstream")
+
+Variant = Literal["sotw", "delta"]
+Request = discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest
+
+
+@dataclass
+class ServingContext:
+    """What every downstream stream shares."""
+
+    cache: ResourceCache
+    index: SubscriptionIndex
+    metrics: Metrics
+    view: CacheView
+
+    @classmethod
+    def create(cls, cache: ResourceCache, index: SubscriptionIndex,
+               metrics: Metrics) -> ServingContext:
+        return cls(cache, index, metrics, CacheView(cache))
+
+
+class DownstreamStream:
+    """One downstream xDS stream, ADS (any type) or per-type (``fixed_type_url``)."""
+
+    def __init__(self, serving: ServingContext, variant: Variant, peer: str,
+                 fixed_type_url: str | None = None) -> None:
+        self.serving = serving
+        self.variant: Variant = variant
+        self.peer = peer
+        self.fixed_type_url = fixed_type_url
+        self.node: base_pb2.Node | None = None
+        self.states: dict[str, DeltaSubscription | SotwSubscription] = {}
+        self._nonces = NonceSource()
+        self._wake = asyncio.Event()
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    @property
+    def node_id(self) -> str:
+        return self.node.id if self.node is not None else ""
+
+    # -- notifications from the subscription index -------------------------
+
+    def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
+        state = self.states.get(type_url)
+        if state is not None:
+            state.resources_changed(names, everything)
+            self._wake.set()
+
+    # -- requests ------------------------------------------------------------
+
+    def type_url_of(self, request: Request) -> str:
+        """The type a request is for, checked against the service it came on."""
+        if self.fixed_type_url is not None:
+            if request.type_url and request.type_url != self.fixed_type_url:
+                raise ProtocolError(
+                    f"type_url {request.type_url!r} sent on the discovery service for "
+                    f"{self.fixed_type_url!r}")
+            return self.fixed_type_url
+        if not request.type_url:
+            raise ProtocolError("type_url is required on an aggregated (ADS) stream")
+        return request.type_url
+
+    def handle_request(self, request: Request) -> RequestOutcome:
+        """Feed one request to the state of its type."""
+        type_url = self.type_url_of(request)
+        if self.node is None and request.HasField("node"):
+            # The node of the first request that carries one is kept for the stream.
+            self.node = request.node
+        state = self.states.get(type_url)
+        if state is None:
+            state = (DeltaSubscription(type_url) if self.variant == "delta"
+                     else SotwSubscription(type_url))
+            self.states[type_url] = state
+        outcome = state.on_request(request)  # type: ignore[arg-type]
+        metrics = self.serving.metrics
+        labels = {"variant": self.variant, "type": short_name(type_url)}
+        if outcome.nack is not None:
+            metrics.downstream_nacks.add(1, labels)
+            log.warning("NACK from node=%r peer=%s type=%s nonce=%s: %s", self.node_id,
+                        self.peer, short_name(type_url), outcome.nack.nonce,
+                        outcome.nack.message)
+        elif outcome.ack_nonce is not None:
+            metrics.downstream_acks.add(1, labels)
+        if outcome.interest_changed or outcome.ack_nonce is None:
+            self.serving.index.update(self, type_url, state.interest())
+        return outcome
+
+    # -- responses -----------------------------------------------------------
+
+    def ready_responses(self) -> Iterator[bytes]:
+        """Encoded responses due now, in make-before-break type order."""
+        view = self.serving.view
+        for type_url in sorted(self.states, key=push_rank):
+            plan = self.states[type_url].next_response(view, self._nonces)
+            if plan is None:
+                continue
+            self.serving.metrics.push(self.variant, type_url)
+            yield encode_plan(plan)
+
+    async def serve(self, requests: AsyncIterator[Request],
+                    context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Run the stream: the body of a gRPC stream-stream handler."""
+        metrics = self.serving.metrics
+        metrics.downstream_streams.add(1, {"variant": self.variant})
+        reader = asyncio.create_task(self._read(requests))
+        try:
+            while True:
+                for response in self.ready_responses():
+                    yield response
+                if reader.done():
+                    error = reader.exception()
+                    if isinstance(error, ProtocolError):
+                        metrics.downstream_rejected.add(1, {"variant": self.variant})
+                        log.warning("rejecting stream from %s: %s", self.peer, error)
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+                    return
+                await self._wake.wait()
+                self._wake.clear()
+        finally:
+            reader.cancel()
+            self.serving.index.remove(self)
+            metrics.downstream_streams.add(-1, {"variant": self.variant})
+
+    async def _read(self, requests: AsyncIterator[Request]) -> None:
+        try:
+            async for request in requests:
+                self.handle_request(request)
+                self._wake.set()
+        finally:
+            self._wake.set()
+
+
+def encode_plan(plan: DeltaResponsePlan | SotwResponsePlan) -> bytes:
+    """Serialize a planned response around its pre-encoded resources."""
+    if isinstance(plan, DeltaResponsePlan):
+        return encode_delta_response(plan.head(), (r.delta_entry for r in plan.resources))
+    return encode_sotw_response(plan.head(), (r.sotw_entry for r in plan.resources))

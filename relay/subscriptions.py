@@ -1,0 +1,131 @@
+"""Who wants what: the index of downstream subscriptions.
+
+Two jobs, both driven by the same bookkeeping:
+
+* fan a :class:`~relay.cache.CacheChange` out to exactly the subscribers of
+  the changed names (and the wildcard subscribers of the type);
+* keep the union of all subscriptions per type, and tell interest listeners
+  (the upstream client) when it changes. This is the only path by which
+  anything downstream reaches back up.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+from relay.cache import CacheChange
+
+
+class Subscriber(Hashable, Protocol):
+    """Something that holds subscriptions: one downstream stream."""
+
+    def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
+        """Names of ``type_url`` changed in the cache (``everything``: re-check all)."""
+
+
+@dataclass(frozen=True)
+class Interest:
+    """What one subscriber, or everyone together, wants of one type."""
+
+    names: frozenset[str] = frozenset()
+    wildcard: bool = False
+
+
+InterestListener = Callable[[str], None]
+
+_NOTHING = Interest()
+
+
+class SubscriptionIndex:
+    """Subscriptions of all downstream streams, by type and name."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, dict[str, set[Subscriber]]] = defaultdict(dict)
+        self._wildcard: dict[str, set[Subscriber]] = defaultdict(set)
+        self._per_subscriber: dict[Subscriber, dict[str, Interest]] = {}
+        self._listeners: list[InterestListener] = []
+
+    def add_interest_listener(self, listener: InterestListener) -> None:
+        """Call ``listener(type_url)`` whenever the union for a type changes."""
+        self._listeners.append(listener)
+
+    # -- downstream side -------------------------------------------------
+
+    def update(self, subscriber: Subscriber, type_url: str, interest: Interest) -> None:
+        """Set what ``subscriber`` wants of ``type_url`` (replacing what it wanted before)."""
+        per_type = self._per_subscriber.setdefault(subscriber, {})
+        old = per_type.get(type_url, _NOTHING)
+        per_type[type_url] = interest
+        if old == interest:
+            return
+        union_changed = False
+        by_name = self._by_name[type_url]
+        for name in interest.names - old.names:
+            holders = by_name.setdefault(name, set())
+            union_changed |= not holders
+            holders.add(subscriber)
+        for name in old.names - interest.names:
+            holders = by_name[name]
+            holders.discard(subscriber)
+            if not holders:
+                del by_name[name]
+                union_changed = True
+        if interest.wildcard != old.wildcard:
+            wildcard = self._wildcard[type_url]
+            before = bool(wildcard)
+            if interest.wildcard:
+                wildcard.add(subscriber)
+            else:
+                wildcard.discard(subscriber)
+            union_changed |= before != bool(wildcard)
+        if union_changed:
+            self._interest_changed(type_url)
+
+    def remove(self, subscriber: Subscriber) -> None:
+        """Forget every subscription of a subscriber that went away."""
+        for type_url in list(self._per_subscriber.get(subscriber, {})):
+            self.update(subscriber, type_url, _NOTHING)
+        self._per_subscriber.pop(subscriber, None)
+
+    # -- upstream side ---------------------------------------------------
+
+    def wanted(self, type_url: str) -> Interest:
+        """The union of all subscriptions to a type."""
+        return Interest(frozenset(self._by_name.get(type_url, ())),
+                        bool(self._wildcard.get(type_url)))
+
+    def wanted_types(self) -> list[str]:
+        """Types with at least one name or wildcard subscription."""
+        types = {t for t, names in self._by_name.items() if names}
+        types |= {t for t, subs in self._wildcard.items() if subs}
+        return sorted(types)
+
+    def subscriber_count(self) -> int:
+        return len(self._per_subscriber)
+
+    # -- cache side ------------------------------------------------------
+
+    def on_cache_change(self, change: CacheChange) -> None:
+        """Tell each affected subscriber which of its names changed."""
+        type_url = change.type_url
+        if change.became_synced:
+            for subscriber, per_type in list(self._per_subscriber.items()):
+                if type_url in per_type:
+                    subscriber.resources_changed(type_url, change.names, True)
+            return
+        affected: dict[Subscriber, set[str]] = {}
+        by_name = self._by_name.get(type_url, {})
+        for name in change.names:
+            for subscriber in by_name.get(name, ()):
+                affected.setdefault(subscriber, set()).add(name)
+        for subscriber in self._wildcard.get(type_url, ()):
+            affected[subscriber] = set(change.names)
+        for subscriber, names in affected.items():
+            subscriber.resources_changed(type_url, frozenset(names), False)
+
+    def _interest_changed(self, type_url: str) -> None:
+        for listener in self._listeners:
+            listener(type_url)

@@ -1,0 +1,1 @@
+"""The relay's single Delta-ADS stream to its origin."""

@@ -1,0 +1,306 @@
+"""Real gRPC parts for end-to-end tests: a scripted origin and scripted clients.
+
+Everything listens on 127.0.0.1 port 0 and speaks the real protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2, message
+from relay.config import parse_config
+
+from relay import xds_types
+from relay.app import Relay
+from tests.builders import (  # noqa: F401 (re-exported for tests)
+    cluster,
+    endpoints,
+    listener,
+    pack,
+    route,
+    type_url_of,
+    version_of,
+)
+
+DELTA = discovery_pb2.DeltaDiscoveryRequest
+SOTW = discovery_pb2.DiscoveryRequest
+ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/"
+TIMEOUT = 5.0
+QUIET = 0.3  # how long "nothing arrives" is watched for
+
+
+# -- the scripted origin -------------------------------------------------------
+
+
+@dataclass
+class OriginStream:
+    """One Delta-ADS stream the origin is serving."""
+
+    requests: asyncio.Queue[discovery_pb2.DeltaDiscoveryRequest] = field(
+        default_factory=asyncio.Queue)
+    outbox: asyncio.Queue[discovery_pb2.DeltaDiscoveryResponse | None] = field(
+        default_factory=asyncio.Queue)
+    log: list[discovery_pb2.DeltaDiscoveryRequest] = field(default_factory=list)
+    subscribed: dict[str, set[str]] = field(default_factory=dict)
+
+
+class ScriptedOrigin:
+    """A Delta-ADS origin that behaves like a simple control plane.
+
+    It answers subscriptions from ``resources`` (a name nobody has is
+    reported in ``removed_resources``), pushes changes made with :meth:`set`
+    and :meth:`remove` to subscribers, and records every request. With
+    ``auto=False`` it only records, and tests send responses by hand.
+    """
+
+    def __init__(self, auto: bool = True) -> None:
+        self.auto = auto
+        self.resources: dict[str, dict[str, tuple[str, any_pb2.Any]]] = {}
+        self.streams: list[OriginStream] = []
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._nonce = 0
+        self.new_stream = asyncio.Event()
+
+    async def start(self, port: int = 0) -> ScriptedOrigin:
+        server = grpc.aio.server()
+        handler = grpc.stream_stream_rpc_method_handler(
+            self._serve, request_deserializer=DELTA.FromString,
+            response_serializer=discovery_pb2.DeltaDiscoveryResponse.SerializeToString)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "envoy.service.discovery.v3.AggregatedDiscoveryService",
+            {"DeltaAggregatedResources": handler})])
+        self.port = server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        self._server = server
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+
+    @property
+    def stream(self) -> OriginStream:
+        return self.streams[-1]
+
+    def all_requests(self) -> list[discovery_pb2.DeltaDiscoveryRequest]:
+        return [r for s in self.streams for r in s.log]
+
+    def subscription_requests(self) -> list[discovery_pb2.DeltaDiscoveryRequest]:
+        """Requests that change the subscription (not plain ACKs)."""
+        return [r for r in self.all_requests()
+                if r.resource_names_subscribe or r.resource_names_unsubscribe]
+
+    def nonce(self) -> str:
+        self._nonce += 1
+        return f"o{self._nonce}"
+
+    async def _serve(self, requests: AsyncIterator[DELTA],
+                     context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        stream = OriginStream()
+        self.streams.append(stream)
+        self.new_stream.set()
+
+        async def read() -> None:
+            async for request in requests:
+                stream.log.append(request)
+                await stream.requests.put(request)
+                if self.auto:
+                    self._answer(stream, request)
+            await stream.outbox.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                response = await stream.outbox.get()
+                if response is None:
+                    return
+                yield response
+        finally:
+            reader.cancel()
+
+    def _answer(self, stream: OriginStream, request: DELTA) -> None:
+        type_url = request.type_url
+        subs = stream.subscribed.setdefault(type_url, set())
+        new = [n for n in request.resource_names_subscribe]
+        subs.update(new)
+        subs.difference_update(request.resource_names_unsubscribe)
+        if not new:
+            return
+        have = self.resources.get(type_url, {})
+        known = dict(request.initial_resource_versions)
+        names = sorted(have) if "*" in new else sorted(n for n in new if n != "*")
+        send = [n for n in names if n in have and known.get(n) != have[n][0]]
+        missing = [n for n in names if n not in have and n != "*"]
+        gone = [n for n in known if n not in have]
+        self.send(stream, type_url, send, sorted(set(missing) | set(gone)))
+
+    def send(self, stream: OriginStream, type_url: str, names: Iterable[str],
+             removed: Iterable[str] = ()) -> str:
+        have = self.resources.get(type_url, {})
+        response = discovery_pb2.DeltaDiscoveryResponse(type_url=type_url, nonce=self.nonce(),
+                                                        removed_resources=list(removed))
+        for name in names:
+            version, body = have[name]
+            response.resources.add(name=name, version=version, resource=body)
+        stream.outbox.put_nowait(response)
+        return response.nonce
+
+    def send_raw(self, response: discovery_pb2.DeltaDiscoveryResponse) -> None:
+        if not response.nonce:
+            response.nonce = self.nonce()
+        self.stream.outbox.put_nowait(response)
+
+    def set(self, *msgs: message.Message, version: str | None = None) -> None:
+        """Create or change resources and push them to subscribed streams."""
+        by_type: dict[str, list[str]] = {}
+        for msg in msgs:
+            type_url = type_url_of(msg)
+            name = getattr(msg, "name", "") or getattr(msg, "cluster_name", "")
+            self.resources.setdefault(type_url, {})[name] = (version or version_of(msg),
+                                                             pack(msg))
+            by_type.setdefault(type_url, []).append(name)
+        for stream in self.streams:
+            for type_url, names in by_type.items():
+                subs = stream.subscribed.get(type_url, set())
+                wanted = [n for n in names if n in subs or "*" in subs]
+                if wanted:
+                    self.send(stream, type_url, wanted)
+
+    def remove(self, type_url: str, *names: str) -> None:
+        for name in names:
+            self.resources.get(type_url, {}).pop(name, None)
+        for stream in self.streams:
+            subs = stream.subscribed.get(type_url, set())
+            gone = [n for n in names if n in subs or "*" in subs]
+            if gone:
+                self.send(stream, type_url, [], gone)
+
+    async def next_request(self, timeout: float = TIMEOUT) -> DELTA:
+        return await asyncio.wait_for(self.stream.requests.get(), timeout)
+
+
+# -- scripted downstream clients ------------------------------------------------
+
+
+class XdsClient:
+    """A downstream stream driven by the test: send requests, read responses."""
+
+    def __init__(self, channel: grpc.aio.Channel, method: str, delta: bool) -> None:
+        self.delta = delta
+        response_class: Any = (discovery_pb2.DeltaDiscoveryResponse if delta
+                               else discovery_pb2.DiscoveryResponse)
+        request_class: Any = DELTA if delta else SOTW
+        self.call = channel.stream_stream(
+            method, request_serializer=request_class.SerializeToString,
+            response_deserializer=response_class.FromString)()
+        self.responses: list[Any] = []
+
+    async def send(self, **fields: Any) -> None:
+        request = DELTA(**fields) if self.delta else SOTW(**fields)
+        await self.call.write(request)
+
+    async def recv(self, timeout: float = TIMEOUT) -> Any:
+        response = await asyncio.wait_for(self.call.read(), timeout)
+        assert response is not grpc.aio.EOF, "stream ended"
+        self.responses.append(response)
+        return response
+
+    async def expect_nothing(self, within: float = QUIET) -> None:
+        """Assert that no response arrives within ``within`` seconds."""
+        try:
+            response = await asyncio.wait_for(self.call.read(), within)
+        except TimeoutError:
+            return
+        raise AssertionError(f"unexpected response: {response}")
+
+    async def ack(self, response: Any, **fields: Any) -> None:
+        if self.delta:
+            await self.send(type_url=response.type_url, response_nonce=response.nonce, **fields)
+        else:
+            await self.send(type_url=response.type_url, response_nonce=response.nonce,
+                            version_info=response.version_info, **fields)
+
+    def close(self) -> None:
+        self.call.cancel()
+
+
+def names_of(response: Any) -> list[str]:
+    """Names of the resources in a response (SotW bodies are unpacked)."""
+    if isinstance(response, discovery_pb2.DeltaDiscoveryResponse):
+        return [r.name for r in response.resources]
+    out = []
+    for body in response.resources:
+        cls = xds_types.message_class(body.type_url)
+        assert cls is not None
+        msg = cls.FromString(body.value)
+        out.append(getattr(msg, "name", "") or getattr(msg, "cluster_name", ""))
+    return out
+
+
+def node(node_id: str = "client-1") -> base_pb2.Node:
+    return base_pb2.Node(id=node_id, cluster="test")
+
+
+@dataclass
+class Stack:
+    """An origin, a relay connected to it, and a channel to the relay."""
+
+    origin: ScriptedOrigin
+    relay: Relay
+    channel: grpc.aio.Channel
+    clients: list[XdsClient] = field(default_factory=list)
+
+    def client(self, delta: bool = True, method: str | None = None) -> XdsClient:
+        if method is None:
+            method = ADS + ("DeltaAggregatedResources" if delta else "StreamAggregatedResources")
+        c = XdsClient(self.channel, method, delta)
+        self.clients.append(c)
+        return c
+
+
+def relay_config(upstream_port: int, linger: str = "0s", backoff: str = "0.05s") -> str:
+    return f"""
+node: {{id: relay-test, cluster: xds-relay}}
+server: {{address: "127.0.0.1:0"}}
+admin: {{address: "127.0.0.1:0"}}
+upstream:
+  address: "127.0.0.1:{upstream_port}"
+  linger: {linger}
+  backoff: {{initial: {backoff}, max: 0.5s}}
+"""
+
+
+@contextlib.asynccontextmanager
+async def running_stack(origin: ScriptedOrigin | None = None, **config: str
+                        ) -> AsyncIterator[Stack]:
+    origin = await (origin or ScriptedOrigin()).start()
+    relay = Relay(parse_config(relay_config(origin.port, **config)))
+    await relay.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
+    stack = Stack(origin, relay, channel)
+    try:
+        yield stack
+    finally:
+        for c in stack.clients:
+            c.close()
+        await channel.close()
+        await relay.stop(0)
+        await origin.stop()
+
+
+async def eventually(predicate: Any, timeout: float = TIMEOUT) -> None:
+    """Wait until ``predicate()`` is true."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)

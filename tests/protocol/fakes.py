@@ -1,0 +1,43 @@
+"""An in-memory ResourceView for driving protocol state without a cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.cache import ABSENT, UNKNOWN, Missing
+from relay.resource import CachedResource
+
+
+class FakeView:
+    """One type's resources by name -> version; deleted names are ABSENT."""
+
+    def __init__(self, type_url: str, versions: dict[str, str]) -> None:
+        self.type_url = type_url
+        self.synced = True
+        self.complete = False  # like a wildcard-fed cache: missing means absent
+        self._resources: dict[str, CachedResource] = {}
+        self._absent: set[str] = set()
+        for name, version in versions.items():
+            self.set(name, version)
+
+    def set(self, name: str, version: str) -> None:
+        self._absent.discard(name)
+        self._resources[name] = CachedResource(
+            self.type_url, name, version, discovery_pb2.Resource(name=name, version=version))
+
+    def delete(self, name: str) -> None:
+        self._resources.pop(name, None)
+        self._absent.add(name)
+
+    def is_synced(self, type_url: str) -> bool:
+        return self.synced
+
+    def lookup(self, type_url: str, name: str) -> CachedResource | Missing:
+        if name in self._resources:
+            return self._resources[name]
+        return ABSENT if name in self._absent or self.complete else UNKNOWN
+
+    def names(self, type_url: str) -> Iterable[str]:
+        return list(self._resources)

@@ -1,0 +1,207 @@
+"""DeltaSubscription as a pure state machine: requests and cache changes in, plans out."""
+
+from __future__ import annotations
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.protocol.delta import DeltaSubscription
+from relay.protocol.view import NonceSource
+from relay.xds_types import CLUSTER, ENDPOINT
+from tests.protocol.fakes import FakeView
+
+Req = discovery_pb2.DeltaDiscoveryRequest
+
+
+def setup(type_url: str = CLUSTER, **resources: str) -> tuple[DeltaSubscription, FakeView,
+                                                             NonceSource]:
+    view = FakeView(type_url, resources)
+    return DeltaSubscription(type_url), view, NonceSource()
+
+
+def test_invariant_1_first_empty_request_is_wildcard_and_always_answered() -> None:
+    state, view, nonces = setup()
+    state.on_request(Req(type_url=CLUSTER))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and plan.resources == [] and plan.removed == [] and plan.nonce
+    assert state.wildcard
+
+
+def test_invariant_1_empty_first_request_for_endpoints_is_not_wildcard() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1")
+    state.on_request(Req(type_url=ENDPOINT))
+    assert not state.wildcard
+    assert state.next_response(view, nonces) is None
+
+
+def test_invariant_1_explicit_star_makes_any_type_wildcard() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1")
+    state.on_request(Req(type_url=ENDPOINT, resource_names_subscribe=["*"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and [r.name for r in plan.resources] == ["a"]
+
+
+def test_invariant_2_empty_subscribe_after_names_does_not_switch_wildcard_on() -> None:
+    state, view, nonces = setup(a="1", b="1")
+    state.on_request(Req(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce))
+    assert not state.wildcard
+    assert state.next_response(view, nonces) is None
+
+
+def test_invariant_2_unsubscribing_star_keeps_named_resources_flowing() -> None:
+    state, view, nonces = setup(a="1", b="1")
+    state.on_request(Req(type_url=CLUSTER, resource_names_subscribe=["*", "a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and sorted(r.name for r in plan.resources) == ["a", "b"]
+    state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
+                         resource_names_unsubscribe=["*"]))
+    assert not state.wildcard
+    view.set("a", "2")
+    view.set("b", "2")
+    state.resources_changed(frozenset({"a", "b"}), False)
+    plan = state.next_response(view, nonces)
+    assert plan is not None and [r.name for r in plan.resources] == ["a"]
+
+
+def test_invariant_3_unsubscribing_a_name_while_wildcard_resends_it() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER, resource_names_subscribe=["*", "a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
+                         resource_names_unsubscribe=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and [r.name for r in plan.resources] == ["a"]
+
+
+def test_invariant_3_unsubscribing_a_gone_name_while_wildcard_reports_it_removed() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER, resource_names_subscribe=["*", "a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    view.delete("a")
+    state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
+                         resource_names_unsubscribe=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and plan.resources == [] and plan.removed == ["a"]
+
+
+def test_invariant_4_subscribed_name_is_sent_even_if_client_should_hold_it() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1")
+    state.on_request(Req(type_url=ENDPOINT, resource_names_subscribe=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce,
+                         resource_names_subscribe=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and [r.name for r in plan.resources] == ["a"]
+
+
+def test_invariant_5_initial_versions_skip_unchanged_and_remove_gone() -> None:
+    state, view, nonces = setup(a="1", b="2")
+    view.complete = True
+    state.on_request(Req(type_url=CLUSTER, initial_resource_versions={
+        "a": "1", "b": "1", "c": "1"}))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    assert [(r.name, r.version) for r in plan.resources] == [("b", "2")]
+    assert plan.removed == ["c"]
+
+
+def test_invariant_6_missing_name_is_reported_and_subscription_kept() -> None:
+    state, view, nonces = setup(ENDPOINT)
+    view.delete("x")
+    state.on_request(Req(type_url=ENDPOINT, resource_names_subscribe=["x"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and plan.removed == ["x"] and plan.resources == []
+    state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce))
+    view.set("x", "1")
+    state.resources_changed(frozenset({"x"}), False)
+    plan = state.next_response(view, nonces)
+    assert plan is not None and [r.name for r in plan.resources] == ["x"]
+
+
+def test_unknown_names_wait_for_the_origin() -> None:
+    state, view, nonces = setup(ENDPOINT)
+    state.on_request(Req(type_url=ENDPOINT, resource_names_subscribe=["x"]))
+    assert state.next_response(view, nonces) is None
+
+
+def test_invariant_8_nonces_are_unique_and_names_not_repeated() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER))
+    seen = set()
+    for version in "2345":
+        plan = state.next_response(view, nonces)
+        assert plan is not None and plan.nonce not in seen
+        names = [r.name for r in plan.resources]
+        assert len(names) == len(set(names)) and not set(names) & set(plan.removed)
+        seen.add(plan.nonce)
+        state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce))
+        view.set("a", version)
+        state.resources_changed(frozenset({"a"}), False)
+
+
+def test_invariant_9_plain_ack_produces_nothing() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce))
+    assert state.next_response(view, nonces) is None
+
+
+def test_invariant_10_nack_recorded_and_same_versions_not_resent() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    outcome = state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
+                                   error_detail={"code": 3, "message": "no"}))
+    assert outcome.nack is not None and outcome.nack.message == "no"
+    assert state.last_nack == outcome.nack
+    assert state.next_response(view, nonces) is None
+    view.set("a", "2")
+    state.resources_changed(frozenset({"a"}), False)
+    plan = state.next_response(view, nonces)
+    assert plan is not None and plan.resources[0].version == "2"
+
+
+def test_invariant_11_stale_nonce_still_changes_subscription() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1", b="1")
+    state.on_request(Req(type_url=ENDPOINT, resource_names_subscribe=["a"]))
+    first = state.next_response(view, nonces)
+    assert first is not None
+    state.on_request(Req(type_url=ENDPOINT, response_nonce="stale",
+                         resource_names_subscribe=["b"]))
+    assert "b" in state.names
+    assert state.next_response(view, nonces) is None  # first is still un-ACKed
+    state.on_request(Req(type_url=ENDPOINT, response_nonce=first.nonce))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and [r.name for r in plan.resources] == ["b"]
+
+
+def test_invariant_21_one_response_in_flight_and_changes_coalesce() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER))
+    first = state.next_response(view, nonces)
+    assert first is not None
+    for version in "234":
+        view.set("a", version)
+        state.resources_changed(frozenset({"a"}), False)
+        assert state.next_response(view, nonces) is None
+    state.on_request(Req(type_url=CLUSTER, response_nonce=first.nonce))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and [r.version for r in plan.resources] == ["4"]
+
+
+def test_not_synced_type_waits() -> None:
+    state, view, nonces = setup()
+    view.synced = False
+    state.on_request(Req(type_url=CLUSTER))
+    assert state.next_response(view, nonces) is None
+    view.synced = True
+    plan = state.next_response(view, nonces)
+    assert plan is not None  # invariant 29: answered once synced

@@ -1,0 +1,180 @@
+"""SotwSubscription as a pure state machine."""
+
+from __future__ import annotations
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.protocol.sotw import SotwSubscription, state_version
+from relay.protocol.view import NonceSource
+from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from tests.protocol.fakes import FakeView
+
+Req = discovery_pb2.DiscoveryRequest
+
+
+def setup(type_url: str = CLUSTER, **resources: str) -> tuple[SotwSubscription, FakeView,
+                                                             NonceSource]:
+    view = FakeView(type_url, resources)
+    view.complete = type_url in (CLUSTER, LISTENER)
+    return SotwSubscription(type_url), view, NonceSource()
+
+
+def names(plan: object) -> list[str]:
+    return [r.name for r in plan.resources]  # type: ignore[attr-defined]
+
+
+def test_invariant_14_cluster_responses_list_every_resource() -> None:
+    state, view, nonces = setup(a="1", b="1")
+    state.on_request(Req(type_url=CLUSTER))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and names(plan) == ["a", "b"]
+    state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
+                         version_info=plan.version_info))
+    view.set("b", "2")
+    state.resources_changed(frozenset({"b"}), False)
+    plan = state.next_response(view, nonces)
+    assert plan is not None and names(plan) == ["a", "b"]
+    state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce))
+    view.delete("a")
+    state.resources_changed(frozenset({"a"}), False)
+    plan = state.next_response(view, nonces)
+    assert plan is not None and names(plan) == ["b"]
+
+
+def test_invariant_14_endpoint_responses_carry_only_changes() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1", b="1")
+    state.on_request(Req(type_url=ENDPOINT, resource_names=["a", "b"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and names(plan) == ["a", "b"]
+    state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce,
+                         resource_names=["a", "b"]))
+    view.set("b", "2")
+    state.resources_changed(frozenset({"b"}), False)
+    plan = state.next_response(view, nonces)
+    assert plan is not None and names(plan) == ["b"]
+
+
+def test_invariant_14_listener_named_subscription_waits_for_unknown_names() -> None:
+    state, view, nonces = setup(LISTENER, a="1")
+    view.complete = False
+    state.on_request(Req(type_url=LISTENER, resource_names=["a", "x"]))
+    assert state.next_response(view, nonces) is None  # "x" unknown: absence would delete
+    view.delete("x")
+    state.resources_changed(frozenset({"x"}), False)
+    plan = state.next_response(view, nonces)
+    assert plan is not None and names(plan) == ["a"]
+
+
+def test_invariant_15_version_changes_with_content_and_is_deterministic() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER))
+    first = state.next_response(view, nonces)
+    assert first is not None and first.version_info == state_version({"a": "1"})
+    state.on_request(Req(type_url=CLUSTER, response_nonce=first.nonce))
+    view.set("a", "2")
+    state.resources_changed(frozenset({"a"}), False)
+    second = state.next_response(view, nonces)
+    assert second is not None and second.version_info != first.version_info
+
+
+def test_invariant_15_foreign_version_on_new_stream_gets_full_resend() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER, version_info="from-another-relay",
+                         response_nonce="other"))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and names(plan) == ["a"]
+
+
+def test_invariant_16_stale_nonce_is_ignored() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1", b="1")
+    state.on_request(Req(type_url=ENDPOINT, resource_names=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    outcome = state.on_request(Req(type_url=ENDPOINT, response_nonce="old",
+                                   resource_names=["a", "b"]))
+    assert outcome.ack_nonce is None and state.names == {"a"}
+    assert state.next_response(view, nonces) is None
+
+
+def test_invariant_16_first_request_is_initial_whatever_its_nonce() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1")
+    state.on_request(Req(type_url=ENDPOINT, response_nonce="from-old-stream",
+                         resource_names=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and names(plan) == ["a"]
+
+
+def test_invariant_17_empty_names_after_names_means_nothing() -> None:
+    state, view, nonces = setup(ROUTE, a="1")
+    state.on_request(Req(type_url=ROUTE, resource_names=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    state.on_request(Req(type_url=ROUTE, response_nonce=plan.nonce, resource_names=[]))
+    assert not state.wildcard and state.names == set()
+    view.set("a", "2")
+    state.resources_changed(frozenset({"a"}), False)
+    assert state.next_response(view, nonces) is None
+
+
+def test_invariant_17_resubscribe_resends_at_unchanged_version() -> None:
+    state, view, nonces = setup(ROUTE, a="1")
+    state.on_request(Req(type_url=ROUTE, resource_names=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    state.on_request(Req(type_url=ROUTE, response_nonce=plan.nonce, resource_names=[]))
+    state.on_request(Req(type_url=ROUTE, response_nonce=plan.nonce, resource_names=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and names(plan) == ["a"]
+
+
+def test_invariant_9_ack_produces_nothing() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    outcome = state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
+                                   version_info=plan.version_info))
+    assert outcome.ack_nonce == plan.nonce and state.acked_version == plan.version_info
+    assert state.next_response(view, nonces) is None
+
+
+def test_invariant_10_nack_does_not_cause_resend() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    outcome = state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
+                                   error_detail={"message": "bad"}))
+    assert outcome.nack is not None and state.last_nack is not None
+    assert state.next_response(view, nonces) is None
+
+
+def test_invariant_21_one_in_flight_then_latest_state() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1")
+    state.on_request(Req(type_url=ENDPOINT, resource_names=["a"]))
+    first = state.next_response(view, nonces)
+    assert first is not None
+    for version in "234":
+        view.set("a", version)
+        state.resources_changed(frozenset({"a"}), False)
+        assert state.next_response(view, nonces) is None
+    state.on_request(Req(type_url=ENDPOINT, response_nonce=first.nonce,
+                         resource_names=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and [r.version for r in plan.resources] == ["4"]
+
+
+def test_invariant_19_nothing_for_an_unrequested_type() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1")
+    state.resources_changed(frozenset({"a"}), True)
+    assert state.next_response(view, nonces) is None
+
+
+def test_wildcard_cluster_with_nothing_cached_gets_empty_answer_once_synced() -> None:
+    state, view, nonces = setup()
+    view.synced = False
+    state.on_request(Req(type_url=CLUSTER))
+    assert state.next_response(view, nonces) is None  # invariant 29
+    view.synced = True
+    plan = state.next_response(view, nonces)
+    assert plan is not None and plan.resources == []

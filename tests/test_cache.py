@@ -1,0 +1,95 @@
+"""ResourceCache: storage, lookup states and change notification."""
+
+from __future__ import annotations
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.cache import ABSENT, UNKNOWN, CacheChange, ResourceCache
+from relay.resource import CachedResource
+from relay.xds_types import CLUSTER
+
+
+def res(name: str, version: str, variant_key: str = "") -> CachedResource:
+    return CachedResource(CLUSTER, name, version,
+                          discovery_pb2.Resource(name=name, version=version), variant_key)
+
+
+def recording() -> tuple[ResourceCache, list[CacheChange]]:
+    cache = ResourceCache()
+    changes: list[CacheChange] = []
+    cache.add_listener(changes.append)
+    return cache, changes
+
+
+def test_unsynced_type_is_unknown() -> None:
+    cache, _ = recording()
+    assert cache.variants(CLUSTER, "a") is UNKNOWN
+    assert not cache.is_synced(CLUSTER)
+
+
+def test_first_write_syncs_and_notifies_changed_names() -> None:
+    cache, changes = recording()
+    cache.apply(CLUSTER, [res("a", "1")])
+    assert changes == [CacheChange(CLUSTER, frozenset({"a"}), True)]
+    found = cache.variants(CLUSTER, "a")
+    assert not isinstance(found, type(UNKNOWN)) and found[""].version == "1"
+
+
+def test_empty_first_write_still_syncs() -> None:
+    cache, changes = recording()
+    cache.apply(CLUSTER, [])
+    assert cache.is_synced(CLUSTER)
+    assert changes == [CacheChange(CLUSTER, frozenset(), True)]
+
+
+def test_unchanged_resource_is_not_a_change() -> None:
+    cache, changes = recording()
+    cache.apply(CLUSTER, [res("a", "1")])
+    assert cache.apply(CLUSTER, [res("a", "1")]) == frozenset()
+    assert len(changes) == 1
+
+
+def test_removed_name_becomes_absent_and_notifies() -> None:
+    cache, changes = recording()
+    cache.apply(CLUSTER, [res("a", "1")])
+    cache.apply(CLUSTER, [], ["a"])
+    assert cache.variants(CLUSTER, "a") is ABSENT
+    assert changes[-1] == CacheChange(CLUSTER, frozenset({"a"}))
+
+
+def test_missing_name_is_unknown_unless_type_is_complete() -> None:
+    cache, _ = recording()
+    cache.apply(CLUSTER, [res("a", "1")])
+    assert cache.variants(CLUSTER, "zz") is UNKNOWN
+    cache.apply(CLUSTER, [], complete=True)
+    assert cache.variants(CLUSTER, "zz") is ABSENT
+
+
+def test_variants_are_separate_entries_and_removed_one_by_one() -> None:
+    cache, _ = recording()
+    cache.apply(CLUSTER, [res("a", "1", "k1"), res("a", "1", "k2")])
+    found = cache.variants(CLUSTER, "a")
+    assert not isinstance(found, type(UNKNOWN)) and sorted(found) == ["k1", "k2"]
+    cache.apply(CLUSTER, [], removed_variants=[("a", "k1")])
+    found = cache.variants(CLUSTER, "a")
+    assert not isinstance(found, type(UNKNOWN)) and sorted(found) == ["k2"]
+    cache.apply(CLUSTER, [], removed_variants=[("a", "k2")])
+    assert cache.variants(CLUSTER, "a") is ABSENT
+
+
+def test_replace_type_removes_what_is_not_listed() -> None:
+    cache, _changes = recording()
+    cache.replace_type(CLUSTER, [res("a", "1"), res("b", "1")])
+    changed = cache.replace_type(CLUSTER, [res("b", "2")])
+    assert changed == frozenset({"a", "b"})
+    assert cache.variants(CLUSTER, "a") is ABSENT
+
+
+def test_forget_drops_without_notifying() -> None:
+    cache, changes = recording()
+    cache.apply(CLUSTER, [res("a", "1"), res("b", "1")])
+    cache.forget(CLUSTER, ["a"])
+    assert cache.variants(CLUSTER, "a") is UNKNOWN
+    cache.forget_all_but(CLUSTER, {"b"})
+    assert list(cache.names(CLUSTER)) == ["b"]
+    assert len(changes) == 1

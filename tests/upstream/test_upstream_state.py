@@ -1,0 +1,165 @@
+"""UpstreamState: interest -> requests, responses -> cache + ACK/NACK, without I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.cache import ABSENT, ResourceCache
+from relay.subscriptions import Interest, SubscriptionIndex
+from relay.upstream.state import UpstreamState
+from relay.xds_types import CLUSTER, ENDPOINT
+from tests.builders import cluster, endpoints, pack
+
+
+@dataclass(eq=False)
+class Sub:
+    def __hash__(self) -> int:
+        return id(self)
+
+    def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
+        pass
+
+
+def make(linger: float = 0.0) -> tuple[UpstreamState, SubscriptionIndex, ResourceCache]:
+    cache, index = ResourceCache(), SubscriptionIndex()
+    return UpstreamState(base_pb2.Node(id="relay"), cache, index, linger), index, cache
+
+
+def response(type_url: str, nonce: str, *items: tuple[str, str, object],
+             removed: tuple[str, ...] = ()) -> discovery_pb2.DeltaDiscoveryResponse:
+    out = discovery_pb2.DeltaDiscoveryResponse(type_url=type_url, nonce=nonce,
+                                               removed_resources=list(removed))
+    for name, version, msg in items:
+        out.resources.add(name=name, version=version, resource=pack(msg))  # type: ignore[arg-type]
+    return out
+
+
+def test_interest_becomes_subscribe_and_unsubscribe_requests() -> None:
+    state, index, _ = make()
+    state.on_connect(0)
+    sub = Sub()
+    index.update(sub, ENDPOINT, Interest(frozenset({"a", "b"})))
+    [request] = state.on_interest_changed(ENDPOINT, 0)
+    assert list(request.resource_names_subscribe) == ["a", "b"]
+    assert request.node.id == "relay"  # the first request of the stream carries the node
+    index.update(sub, ENDPOINT, Interest(frozenset({"b"})))
+    [request] = state.on_interest_changed(ENDPOINT, 0)
+    assert list(request.resource_names_unsubscribe) == ["a"]
+    assert not request.HasField("node")
+
+
+def test_wildcard_is_subscribed_explicitly() -> None:
+    state, index, _ = make()
+    state.on_connect(0)
+    index.update(Sub(), CLUSTER, Interest(wildcard=True))
+    [request] = state.on_interest_changed(CLUSTER, 0)
+    assert list(request.resource_names_subscribe) == ["*"]
+
+
+def test_reconnect_resends_subscriptions_with_initial_versions() -> None:
+    state, index, _cache = make()
+    state.on_connect(0)
+    index.update(Sub(), ENDPOINT, Interest(frozenset({"a", "b"})))
+    state.on_interest_changed(ENDPOINT, 0)
+    state.on_response(response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1))))
+    state.on_disconnect()
+    [request] = state.on_connect(1)
+    assert list(request.resource_names_subscribe) == ["a", "b"]
+    assert dict(request.initial_resource_versions) == {"a": "v1"}
+    assert request.node.id == "relay"
+
+
+def test_no_requests_while_disconnected_but_interest_is_remembered() -> None:
+    state, index, _ = make()
+    index.update(Sub(), ENDPOINT, Interest(frozenset({"a"})))
+    assert state.on_interest_changed(ENDPOINT, 0) == []
+    [request] = state.on_connect(0)
+    assert list(request.resource_names_subscribe) == ["a"]
+
+
+def test_good_response_is_cached_and_acked() -> None:
+    state, index, cache = make()
+    state.on_connect(0)
+    index.update(Sub(), CLUSTER, Interest(wildcard=True))
+    state.on_interest_changed(CLUSTER, 0)
+    ack = state.on_response(response(CLUSTER, "n1", ("a", "v1", cluster("a"))))
+    assert ack.response_nonce == "n1" and not ack.HasField("error_detail")
+    assert [r.version for r in cache.resources(CLUSTER)] == ["v1"]
+    assert cache.variants(CLUSTER, "other") is ABSENT  # wildcard: the set is complete
+
+
+def test_removed_resources_become_absent() -> None:
+    state, index, cache = make()
+    state.on_connect(0)
+    index.update(Sub(), ENDPOINT, Interest(frozenset({"a"})))
+    state.on_interest_changed(ENDPOINT, 0)
+    state.on_response(response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1))))
+    state.on_response(response(ENDPOINT, "2", removed=("a",)))
+    assert cache.variants(ENDPOINT, "a") is ABSENT
+
+
+def test_unwanted_names_in_a_response_are_not_cached() -> None:
+    state, index, cache = make()
+    state.on_connect(0)
+    index.update(Sub(), ENDPOINT, Interest(frozenset({"a"})))
+    state.on_interest_changed(ENDPOINT, 0)
+    state.on_response(response(ENDPOINT, "1", ("a", "1", endpoints("a", 1)),
+                               ("zz", "1", endpoints("zz", 1))))
+    assert sorted(cache.names(ENDPOINT)) == ["a"]
+
+
+def test_type_mismatch_duplicate_and_undecodable_are_nacked_and_not_applied() -> None:
+    state, index, cache = make()
+    state.on_connect(0)
+    index.update(Sub(), CLUSTER, Interest(wildcard=True))
+    state.on_interest_changed(CLUSTER, 0)
+    mismatch = response(CLUSTER, "1", ("a", "1", endpoints("a", 1)))
+    duplicate = response(CLUSTER, "2", ("a", "1", cluster("a")), ("a", "2", cluster("a")))
+    undecodable = response(CLUSTER, "3", ("a", "1", cluster("a")))
+    undecodable.resources[0].resource.value = b"\xff\xff"
+    for bad, reason in ((mismatch, "has type"), (duplicate, "more than once"),
+                        (undecodable, "cannot be decoded")):
+        nack = state.on_response(bad)
+        assert nack.response_nonce == bad.nonce
+        assert reason in nack.error_detail.message and nack.error_detail.code == 3
+    assert list(cache.resources(CLUSTER)) == []
+    assert not cache.is_synced(CLUSTER)
+
+
+def test_last_client_leaving_unsubscribes_and_forgets() -> None:
+    state, index, cache = make()
+    state.on_connect(0)
+    sub = Sub()
+    index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
+    state.on_interest_changed(ENDPOINT, 0)
+    state.on_response(response(ENDPOINT, "1", ("a", "1", endpoints("a", 1))))
+    index.remove(sub)
+    [request] = state.on_interest_changed(ENDPOINT, 0)
+    assert list(request.resource_names_unsubscribe) == ["a"]
+    assert list(cache.names(ENDPOINT)) == []
+    assert state.subscription(ENDPOINT) == Interest()
+
+
+def test_linger_delays_unsubscribe_and_a_return_cancels_it() -> None:
+    state, index, _ = make(linger=10.0)
+    state.on_connect(0)
+    sub = Sub()
+    index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
+    state.on_interest_changed(ENDPOINT, 0)
+    index.remove(sub)
+    assert state.on_interest_changed(ENDPOINT, 1) == []
+    assert state.next_deadline() == 11.0
+    assert state.on_tick(5) == []
+    [request] = state.on_tick(11)
+    assert list(request.resource_names_unsubscribe) == ["a"]
+    # Back within the linger period: nothing is sent at all.
+    index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
+    state.on_interest_changed(ENDPOINT, 12)
+    index.remove(sub)
+    state.on_interest_changed(ENDPOINT, 13)
+    index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
+    assert state.on_interest_changed(ENDPOINT, 14) == []
+    assert state.next_deadline() is None
