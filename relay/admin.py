@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from relay.cache import ResourceCache
-from relay.xds_types import message_class
+from relay.xds_types import message_class, short_name
 
 log = logging.getLogger("relay.admin")
 
@@ -74,10 +74,15 @@ class AdminServer:
         return Reply(404, b"not found\n")
 
     def config_dump(self, type_filter: str | None, name_filter: str | None) -> dict[str, Any]:
-        """Cached resources with versions and variants, optionally filtered."""
+        """Cached resources with versions and variants, optionally filtered.
+
+        ``type_filter`` is a type URL, a full message name or a short one
+        (``Cluster``); ``name_filter`` an exact resource name.
+        """
         types: dict[str, Any] = {}
         for type_url in self.cache.type_urls():
-            if type_filter and type_filter not in type_url:
+            if type_filter and type_filter not in (type_url, type_url.rsplit("/", 1)[-1],
+                                                   short_name(type_url)):
                 continue
             entries = []
             for resource in sorted(self.cache.resources(type_url),

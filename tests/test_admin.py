@@ -1,0 +1,72 @@
+"""Admin endpoints: routing and content (pure), and one real HTTP round trip."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.admin import AdminServer
+from relay.cache import ResourceCache
+from relay.resource import CachedResource
+from relay.telemetry import new_metrics, prometheus_provider
+from relay.xds_types import CLUSTER, ENDPOINT
+from tests.builders import cluster, endpoints, pack
+
+
+def admin(ready: bool = True) -> tuple[AdminServer, ResourceCache]:
+    cache = ResourceCache()
+    for msg, type_url, name in ((cluster("a"), CLUSTER, "a"), (endpoints("a", 9), ENDPOINT, "a")):
+        cache.apply(type_url, [CachedResource(type_url, name, "v1", discovery_pb2.Resource(
+            name=name, version="v1", resource=pack(msg)))])
+    provider, registry = prometheus_provider()
+    new_metrics(provider).push("delta", CLUSTER)
+    return AdminServer(cache, registry, lambda: ready), cache
+
+
+def test_ready_reflects_sync_state() -> None:
+    assert admin(True)[0].route("GET", "/ready").status == 200
+    assert admin(False)[0].route("GET", "/ready").status == 503
+    assert admin(False)[0].route("GET", "/healthz").status == 200
+
+
+def test_config_dump_lists_resources_with_versions_and_filters() -> None:
+    server, _ = admin()
+    dump = json.loads(server.route("GET", "/config_dump").body)
+    assert sorted(dump["types"]) == [CLUSTER, ENDPOINT]
+    [entry] = dump["types"][CLUSTER]["resources"]
+    assert entry["name"] == "a" and entry["version"] == "v1"
+    assert entry["resource"]["name"] == "a"
+    filtered = json.loads(server.route("GET", "/config_dump?type=Cluster&name=a").body)
+    assert list(filtered["types"]) == [CLUSTER]
+    none = json.loads(server.route("GET", "/config_dump?type=Cluster&name=zz").body)
+    assert none["types"][CLUSTER]["resources"] == []
+
+
+def test_metrics_are_prometheus_text() -> None:
+    server, _ = admin()
+    reply = server.route("GET", "/metrics")
+    assert reply.status == 200 and reply.content_type.startswith("text/plain")
+    assert b'xds_relay_downstream_pushes_total{' in reply.body
+    assert b'type="Cluster"' in reply.body and b'variant="delta"' in reply.body
+
+
+def test_unknown_path_and_method() -> None:
+    server, _ = admin()
+    assert server.route("GET", "/nope").status == 404
+    assert server.route("POST", "/ready").status == 405
+
+
+async def test_real_http_round_trip() -> None:
+    server, _ = admin()
+    port = await server.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert raw.startswith(b"HTTP/1.1 200 OK\r\n") and raw.endswith(b"\r\n\r\nready\n")
+    finally:
+        await server.stop()
