@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-from relay.config import RelayConfig, node_proto
-from relay.sources.files import FileSource
 
 from relay.admin import AdminServer
 from relay.cache import ResourceCache
+from relay.config import RelayConfig, node_proto
 from relay.server.services import discovery_handlers
 from relay.server.streams import ServingContext
 from relay.subscriptions import SubscriptionIndex
@@ -25,6 +24,9 @@ from relay.telemetry import new_metrics, prometheus_provider
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
 from relay.upstream.state import UpstreamState
+
+if TYPE_CHECKING:
+    from relay.sources.files import FileSource
 
 log = logging.getLogger("relay")
 
@@ -57,6 +59,8 @@ class Relay:
         self.files: FileSource | None = None
         upstream = config.upstream
         if upstream.files is not None:
+            from relay.sources.files import FileSource
+
             self.files = FileSource(upstream.files, self.cache, upstream.poll_interval,
                                     self.metrics)
         else:

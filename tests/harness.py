@@ -15,10 +15,10 @@ import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, message
-from relay.config import parse_config
 
 from relay import xds_types
 from relay.app import Relay
+from relay.config import parse_config
 from tests.builders import (  # noqa: F401 (re-exported for tests)
     cluster,
     endpoints,
@@ -185,6 +185,8 @@ class ScriptedOrigin:
                 self.send(stream, type_url, [], gone)
 
     async def next_request(self, timeout: float = TIMEOUT) -> DELTA:
+        """The next request on the newest stream (waiting for one to open)."""
+        await eventually(lambda: self.streams, timeout)
         return await asyncio.wait_for(self.stream.requests.get(), timeout)
 
 
@@ -192,7 +194,11 @@ class ScriptedOrigin:
 
 
 class XdsClient:
-    """A downstream stream driven by the test: send requests, read responses."""
+    """A downstream stream driven by the test: send requests, read responses.
+
+    A background task reads the stream into a queue, so that waiting for a
+    response with a timeout never cancels the call itself.
+    """
 
     def __init__(self, channel: grpc.aio.Channel, method: str, delta: bool) -> None:
         self.delta = delta
@@ -203,13 +209,30 @@ class XdsClient:
             method, request_serializer=request_class.SerializeToString,
             response_deserializer=response_class.FromString)()
         self.responses: list[Any] = []
+        self._inbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                response = await self.call.read()
+                await self._inbox.put(response)
+                if response is grpc.aio.EOF:
+                    return
+        except grpc.aio.AioRpcError as error:
+            await self._inbox.put(error)
+        except asyncio.CancelledError:
+            pass
 
     async def send(self, **fields: Any) -> None:
         request = DELTA(**fields) if self.delta else SOTW(**fields)
         await self.call.write(request)
 
     async def recv(self, timeout: float = TIMEOUT) -> Any:
-        response = await asyncio.wait_for(self.call.read(), timeout)
+        """The next response; raises the stream's error if it failed."""
+        response = await asyncio.wait_for(self._inbox.get(), timeout)
+        if isinstance(response, grpc.aio.AioRpcError):
+            raise response
         assert response is not grpc.aio.EOF, "stream ended"
         self.responses.append(response)
         return response
@@ -217,7 +240,7 @@ class XdsClient:
     async def expect_nothing(self, within: float = QUIET) -> None:
         """Assert that no response arrives within ``within`` seconds."""
         try:
-            response = await asyncio.wait_for(self.call.read(), within)
+            response = await asyncio.wait_for(self._inbox.get(), within)
         except TimeoutError:
             return
         raise AssertionError(f"unexpected response: {response}")
@@ -230,6 +253,7 @@ class XdsClient:
                             version_info=response.version_info, **fields)
 
     def close(self) -> None:
+        self._reader.cancel()
         self.call.cancel()
 
 

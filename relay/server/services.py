@@ -28,10 +28,13 @@ def _stream_handler(serving: ServingContext, variant: Variant,
     request_class: Any = (discovery_pb2.DeltaDiscoveryRequest if variant == "delta"
                           else discovery_pb2.DiscoveryRequest)
 
-    def behaviour(requests: AsyncIterator[Any],
-                  context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    # gRPC picks the calling convention by inspecting the handler, so this
+    # must itself be an async generator function.
+    async def behaviour(requests: AsyncIterator[Any],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         stream = DownstreamStream(serving, variant, context.peer(), fixed_type_url)
-        return stream.serve(requests, context)
+        async for response in stream.serve(requests, context):
+            yield response
 
     return grpc.stream_stream_rpc_method_handler(
         behaviour, request_deserializer=request_class.FromString,
