@@ -60,8 +60,9 @@ class ScriptedOrigin:
     ``auto=False`` it only records, and tests send responses by hand.
     """
 
-    def __init__(self, auto: bool = True) -> None:
+    def __init__(self, auto: bool = True, drop_first_streams: int = 0) -> None:
         self.auto = auto
+        self.drop_first_streams = drop_first_streams
         self.resources: dict[str, dict[str, tuple[str, any_pb2.Any]]] = {}
         self.streams: list[OriginStream] = []
         self.port = 0
@@ -108,6 +109,8 @@ class ScriptedOrigin:
         stream = OriginStream()
         self.streams.append(stream)
         self.new_stream.set()
+        if len(self.streams) <= self.drop_first_streams:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "origin not ready")
 
         async def read() -> None:
             async for request in requests:

@@ -8,6 +8,7 @@ import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.upstream.backoff import Backoff
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE, WILDCARD
 from tests.harness import (
     ADS,
@@ -343,3 +344,34 @@ async def test_sotw_client_uses_ads_for_routes_by_name() -> None:
         await client.ack(r, resource_names=["r1", "r2"])
         r2 = await client.recv()
         assert names_of(r2) == ["r2"]  # only what is new, for RDS
+
+
+class RecordingBackoff(Backoff):
+    def __init__(self) -> None:
+        super().__init__(0.01, 0.05)
+        self.events: list[str] = []
+
+    def next_delay(self) -> float:
+        self.events.append("wait")
+        return super().next_delay()
+
+    def reset(self) -> None:
+        self.events.append("reset")
+        super().reset()
+
+
+async def test_invariant_27_backoff_resets_only_after_origin_answers() -> None:
+    origin = ScriptedOrigin(drop_first_streams=3)
+    origin.set(cluster("a"))
+    async with running_stack(origin) as stack:
+        assert stack.relay.upstream is not None
+        backoff = RecordingBackoff()
+        stack.relay.upstream.backoff = backoff
+        client = stack.client()
+        await client.send(node=node(), type_url=CLUSTER)
+        assert names_of(await client.recv(timeout=10)) == ["a"]
+        assert len(origin.streams) >= 4
+        # Streams that were accepted but never answered did not reset the backoff.
+        assert backoff.events[-1] == "reset"
+        assert backoff.events.count("reset") == 1
+        assert backoff.events.count("wait") >= 2
