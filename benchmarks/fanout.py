@@ -9,6 +9,8 @@ arrived. Reported per N:
 
 * time from the origin's send until the update reached all N streams (and
   the median stream), over several rounds;
+* the relay's own CPU time per update (it shares the machine with the
+  clients, so this is steadier than wall time), per stream;
 * the relay's resident memory per connected stream (RSS growth / N).
 
 Usage: ``python -m benchmarks.fanout [--streams 100,1000,5000] [--rounds 5] [--workers 2]``
@@ -47,6 +49,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kib(pid: int) -> int:
@@ -140,6 +148,7 @@ logging: {{level: warning}}
         await asyncio.sleep(0.5)
         rss_after = rss_kib(relay.pid)
         all_latencies, median_latencies = [], []
+        cpu_before = cpu_seconds(relay.pid)
         for round_no in range(rounds):
             message = endpoints(NAME, 1000 + round_no)
             version = version_of(message)
@@ -153,6 +162,8 @@ logging: {{level: warning}}
                 times.extend(await loop.run_in_executor(None, pipe.recv))
             all_latencies.append(max(times) - sent)
             median_latencies.append(statistics.median(times) - sent)
+        # Includes the 0.2 s pauses, in which the relay idles.
+        cpu_per_round = (cpu_seconds(relay.pid) - cpu_before) / rounds
         for pipe in pipes:
             pipe.send(None)
         return {
@@ -160,6 +171,8 @@ logging: {{level: warning}}
             "all_ms_median": round(statistics.median(all_latencies) * 1000, 1),
             "all_ms_max": round(max(all_latencies) * 1000, 1),
             "median_stream_ms": round(statistics.median(median_latencies) * 1000, 1),
+            "relay_cpu_ms_per_update": round(cpu_per_round * 1000, 1),
+            "relay_cpu_us_per_stream": round(cpu_per_round * 1e6 / n, 1),
             "rss_mib_idle": round(rss_before / 1024, 1),
             "rss_mib_loaded": round(rss_after / 1024, 1),
             "rss_kib_per_stream": round((rss_after - rss_before) / n, 1),
@@ -205,11 +218,12 @@ def main() -> None:
         print(json.dumps(result), flush=True)
     base = results[0]
     print(f"\n{'streams':>8} {'all (ms)':>9} {'max (ms)':>9} {'median (ms)':>12} "
-          f"{'KiB/stream':>11} {'x latency':>10} {'x streams':>10}")
+          f"{'CPU us/stream':>14} {'KiB/stream':>11} {'x latency':>10} {'x streams':>10}")
     for r in results:
         ratio = r["all_ms_median"] / base["all_ms_median"] if base["all_ms_median"] else 0
         print(f"{r['streams']:>8} {r['all_ms_median']:>9} {r['all_ms_max']:>9} "
-              f"{r['median_stream_ms']:>12} {r['rss_kib_per_stream']:>11} {ratio:>10.1f} "
+              f"{r['median_stream_ms']:>12} {r['relay_cpu_us_per_stream']:>14} "
+              f"{r['rss_kib_per_stream']:>11} {ratio:>10.1f} "
               f"{r['streams'] / base['streams']:>10.0f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"cpus": os.cpu_count(), "results": results}, indent=2))

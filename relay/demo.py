@@ -14,9 +14,9 @@ from pathlib import Path
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
-from relay.config import parse_config
 
 from relay.app import Relay
+from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, message_class, short_name
 
 

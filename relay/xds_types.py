@@ -9,6 +9,7 @@ the make-before-break order in which types go out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from google.protobuf import message, symbol_database
 
@@ -39,6 +40,7 @@ PUSH_ORDER: tuple[str, ...] = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SCOPED_ROUTE,
                                SECRET, RUNTIME)
 
 
+@lru_cache(maxsize=256)
 def push_rank(type_url: str) -> int:
     """Position of a type in make-before-break order (unknown types last)."""
     try:
@@ -110,6 +112,7 @@ def message_class(type_url: str) -> type[message.Message] | None:
         return None
 
 
+@lru_cache(maxsize=256)
 def short_name(type_url: str) -> str:
     """``Cluster`` for ``type.googleapis.com/envoy.config.cluster.v3.Cluster`` (for logs)."""
     return type_url.rsplit(".", 1)[-1]

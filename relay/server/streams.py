@@ -113,14 +113,13 @@ class DownstreamStream:
             self.states[type_url] = state
         outcome = state.on_request(request)  # type: ignore[arg-type]
         metrics = self.serving.metrics
-        labels = {"variant": self.variant, "type": short_name(type_url)}
         if outcome.nack is not None:
-            metrics.downstream_nacks.add(1, labels)
+            metrics.downstream_nacks.add(self.variant, short_name(type_url))
             log.warning("NACK from node=%r peer=%s type=%s nonce=%s: %s", self.node_id,
                         self.peer, short_name(type_url), outcome.nack.nonce,
                         outcome.nack.message)
         elif outcome.ack_nonce is not None:
-            metrics.downstream_acks.add(1, labels)
+            metrics.downstream_acks.add(self.variant, short_name(type_url))
         if outcome.interest_changed or outcome.ack_nonce is None:
             self.serving.index.update(self, type_url, state.interest())
         return outcome
