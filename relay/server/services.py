@@ -28,13 +28,9 @@ def _stream_handler(serving: ServingContext, variant: Variant,
     request_class: Any = (discovery_pb2.DeltaDiscoveryRequest if variant == "delta"
                           else discovery_pb2.DiscoveryRequest)
 
-    # gRPC picks the calling convention by inspecting the handler, so this
-    # must itself be an async generator function.
-    async def behaviour(requests: AsyncIterator[Any],
-                        context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def behaviour(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         stream = DownstreamStream(serving, variant, context.peer(), fixed_type_url)
-        async for response in stream.serve(requests, context):
-            yield response
+        await stream.serve(requests, context)
 
     return grpc.stream_stream_rpc_method_handler(
         behaviour, request_deserializer=request_class.FromString,

@@ -137,15 +137,19 @@ class DownstreamStream:
             yield encode_plan(plan)
 
     async def serve(self, requests: AsyncIterator[Request],
-                    context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        """Run the stream: the body of a gRPC stream-stream handler."""
+                    context: grpc.aio.ServicerContext) -> None:
+        """Run the stream: the body of a gRPC stream-stream handler.
+
+        Writes with ``context.write`` rather than by yielding: one layer of
+        async generators less per message on the fan-out path.
+        """
         metrics = self.serving.metrics
         metrics.downstream_streams.add(1, {"variant": self.variant})
         reader = asyncio.create_task(self._read(requests))
         try:
             while True:
                 for response in self.ready_responses():
-                    yield response
+                    await context.write(response)
                 if reader.done():
                     error = reader.exception()
                     if isinstance(error, ProtocolError):
