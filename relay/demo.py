@@ -79,10 +79,17 @@ async def run_demo(resources: Path, port: int, admin_port: int, origin_port: int
     """Start the origin and the relay, show a client served, run until interrupted."""
     directory = resources.resolve()  # noqa: ASYNC240 (once, before serving)
     origin = Relay(parse_config(_origin_config(directory, origin_port), "<demo origin>"))
-    relay = Relay(parse_config(_relay_config(port, admin_port, origin_port), "<demo relay>"))
     await origin.start()
-    await relay.start()
     try:
+        # The origin's real port: the relay follows it even when 0 asked for any port.
+        relay = Relay(parse_config(_relay_config(port, admin_port, origin.xds_port),
+                                   "<demo relay>"))
+        await relay.start()
+    except BaseException:
+        await origin.stop(0)
+        raise
+    try:
+        await asyncio.wait_for(relay.upstream.connected_event.wait(), 10)  # type: ignore[union-attr]
         print(f"""
 xds-relay demo is running
   origin (files in {resources}/): Delta ADS on 127.0.0.1:{origin.xds_port}

@@ -1,0 +1,1 @@
+"""Where resources come from when the relay is its own origin."""

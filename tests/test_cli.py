@@ -1,0 +1,104 @@
+"""The xds-relay command, run as a real process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def xds_relay(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "relay", *args], cwd=REPO, text=True,
+                          capture_output=True, timeout=timeout, check=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_help_documents_every_command() -> None:
+    result = xds_relay("--help")
+    assert result.returncode == 0
+    for command in ("run", "validate", "demo"):
+        assert command in result.stdout
+    assert "--config" in xds_relay("run", "--help").stdout
+    assert "FILE:LINE: FIELD: PROBLEM" in xds_relay("validate", "--help").stdout
+
+
+def test_validate_accepts_shipped_configs() -> None:
+    for name in ("relay.yaml", "origin.yaml"):
+        result = xds_relay("validate", "--config", f"config/{name}")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"config/{name}: ok"
+
+
+def test_validate_names_file_line_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "relay.yaml"
+    bad.write_text("node:\n  id: x\nserver:\n  address: nope\nupstream:\n  adress: a:1\n")
+    result = xds_relay("validate", "--config", str(bad))
+    assert result.returncode == 1
+    assert f"{bad}:4: server.address: invalid address 'nope'" in result.stderr
+    assert f"{bad}:6: upstream.adress: unknown key" in result.stderr
+
+
+def test_run_refuses_a_bad_config_without_starting(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    result = xds_relay("run", "--config", str(missing))
+    assert result.returncode == 1
+    assert str(missing) in result.stderr
+
+
+def test_demo_shows_a_client_served_through_the_relay() -> None:
+    result = xds_relay("demo", "--once", "--port", "0", "--admin-port", "0",
+                       "--origin-port", "0")
+    assert result.returncode == 0, result.stderr
+    assert "xDS clients connect to 127.0.0.1:" in result.stdout
+    assert "/metrics" in result.stdout
+    assert "-> Cluster: service_a, service_b" in result.stdout
+    assert "-> Listener: listener_0" in result.stdout
+    assert "-> ClusterLoadAssignment: service_a, service_b" in result.stdout
+
+
+def test_run_serves_files_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    admin = free_port()
+    config = tmp_path / "origin.yaml"
+    config.write_text(f"""
+node: {{id: cli-test}}
+server: {{address: "127.0.0.1:0"}}
+admin: {{address: "127.0.0.1:{admin}"}}
+upstream: {{files: "{REPO / 'config/resources'}"}}
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "relay", "run", "--config", str(config)],
+                            cwd=REPO, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 20
+        status = 0
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1) as r:
+                    status = r.status
+                    break
+            except OSError:
+                time.sleep(0.05)
+        assert status == 200
+        with urllib.request.urlopen(
+                f"http://127.0.0.1:{admin}/config_dump?type=Cluster", timeout=5) as reply:
+            dump = reply.read().decode()
+        assert '"service_a"' in dump and '"service_b"' in dump
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stderr = proc.stderr.read() if proc.stderr else ""
+    assert "serving xDS on" in stderr
