@@ -26,7 +26,7 @@ from tests.harness import (
 )
 
 
-async def test_delta_client_receives_origin_resources_with_origin_versions() -> None:
+async def test_invariant_7_delta_client_receives_origin_resources_with_origin_versions() -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"), cluster("b"), version="v7")
     async with running_stack(origin) as stack:
@@ -40,7 +40,7 @@ async def test_delta_client_receives_origin_resources_with_origin_versions() -> 
         assert list(response.removed_resources) == []
 
 
-async def test_fifty_clients_make_one_upstream_stream_and_one_subscription_per_name() -> None:
+async def test_invariant_25_fifty_clients_one_upstream_stream_one_subscription_per_name() -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"), endpoints("a", 1001), endpoints("b", 1002))
     async with running_stack(origin) as stack:
@@ -65,7 +65,7 @@ async def test_fifty_clients_make_one_upstream_stream_and_one_subscription_per_n
         assert sorted(subscribed) == [(CLUSTER, WILDCARD), (ENDPOINT, "a"), (ENDPOINT, "b")]
 
 
-async def test_upstream_subscription_follows_clients_and_is_dropped_by_the_last() -> None:
+async def test_invariant_25_upstream_subscription_follows_clients_dropped_by_last() -> None:
     origin = ScriptedOrigin()
     origin.set(endpoints("a", 1), endpoints("b", 2))
     async with running_stack(origin) as stack:
@@ -86,7 +86,7 @@ async def test_upstream_subscription_follows_clients_and_is_dropped_by_the_last(
         assert changes == [(["a"], []), (["b"], []), ([], ["a"]), ([], ["b"])]
 
 
-async def test_origin_update_reaches_only_subscribers_of_that_name() -> None:
+async def test_invariant_19_origin_update_reaches_only_subscribers_of_that_name() -> None:
     origin = ScriptedOrigin()
     origin.set(endpoints("a", 1), endpoints("b", 2))
     async with running_stack(origin) as stack:
@@ -103,7 +103,7 @@ async def test_origin_update_reaches_only_subscribers_of_that_name() -> None:
         await on_b.expect_nothing()
 
 
-async def test_sotw_cluster_response_lists_everything_and_omits_deleted() -> None:
+async def test_invariant_14_15_sotw_cluster_response_lists_everything_and_omits_deleted() -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"), cluster("b"))
     async with running_stack(origin) as stack:
@@ -122,7 +122,7 @@ async def test_sotw_cluster_response_lists_everything_and_omits_deleted() -> Non
         assert names_of(third) == ["b"] and third.version_info != second.version_info
 
 
-async def test_new_client_is_served_from_cache_without_upstream_round_trip() -> None:
+async def test_invariant_25_new_client_is_served_from_cache_without_upstream_round_trip() -> None:
     origin = ScriptedOrigin()
     origin.set(endpoints("a", 1))
     async with running_stack(origin) as stack:
@@ -138,7 +138,7 @@ async def test_new_client_is_served_from_cache_without_upstream_round_trip() -> 
         assert len(origin.all_requests()) == before  # invariant 25: no new subscription
 
 
-async def test_clients_keep_config_while_origin_is_down_and_new_ones_are_served() -> None:
+async def test_invariant_27_28_clients_keep_config_while_origin_is_down_and_resync_after() -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"))
     async with running_stack(origin) as stack:
@@ -165,7 +165,7 @@ async def test_clients_keep_config_while_origin_is_down_and_new_ones_are_served(
         await revived.stop()
 
 
-async def test_client_waits_until_relay_has_synced_with_origin() -> None:
+async def test_invariant_29_client_waits_until_relay_has_synced_with_origin() -> None:
     origin = ScriptedOrigin(auto=False)
     async with running_stack(origin) as stack:
         client = stack.client(delta=False)
@@ -179,7 +179,7 @@ async def test_client_waits_until_relay_has_synced_with_origin() -> None:
         assert request.resource_names_subscribe == [WILDCARD]
 
 
-async def test_unusable_origin_response_is_nacked_and_nothing_reaches_clients() -> None:
+async def test_invariant_26_unusable_origin_response_nacked_and_kept_from_clients() -> None:
     origin = ScriptedOrigin(auto=False)
     async with running_stack(origin) as stack:
         client = stack.client()
@@ -214,7 +214,7 @@ async def test_unusable_origin_response_is_nacked_and_nothing_reaches_clients() 
         assert names_of(response) == ["a"] and response.resources[0].version == "2"
 
 
-async def test_downstream_nack_is_not_forwarded_and_causes_no_resend() -> None:
+async def test_invariant_10_downstream_nack_is_not_forwarded_and_causes_no_resend() -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"))
     async with running_stack(origin) as stack:
@@ -297,7 +297,7 @@ async def test_fetch_returns_current_state_and_unavailable_before_sync() -> None
         assert names_of(response) == ["a"]
 
 
-async def test_slow_client_does_not_hold_up_others_and_gets_latest_state() -> None:
+async def test_invariant_21_slow_client_does_not_hold_up_others_and_gets_latest_state() -> None:
     origin = ScriptedOrigin()
     origin.set(endpoints("a", 0))
     async with running_stack(origin) as stack:
@@ -319,7 +319,7 @@ async def test_slow_client_does_not_hold_up_others_and_gets_latest_state() -> No
         await slow.expect_nothing()
 
 
-async def test_one_stream_per_relay_even_when_clients_come_and_go() -> None:
+async def test_invariant_25_one_stream_per_relay_even_when_clients_come_and_go() -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"))
     async with running_stack(origin) as stack:
@@ -375,3 +375,17 @@ async def test_invariant_27_backoff_resets_only_after_origin_answers() -> None:
         assert backoff.events[-1] == "reset"
         assert backoff.events.count("reset") == 1
         assert backoff.events.count("wait") >= 2
+
+
+async def test_invariant_6_missing_name_reported_then_delivered_when_created() -> None:
+    origin = ScriptedOrigin()
+    async with running_stack(origin) as stack:
+        client = stack.client()
+        await client.send(node=node(), type_url=ENDPOINT, resource_names_subscribe=["later"])
+        missing = await client.recv()
+        assert list(missing.removed_resources) == ["later"] and list(missing.resources) == []
+        await client.ack(missing)
+        origin.set(endpoints("later", 7))
+        created = await client.recv()  # no new subscribe needed
+        assert names_of(created) == ["later"]
+        assert list(created.removed_resources) == []
