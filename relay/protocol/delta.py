@@ -14,23 +14,11 @@ from dataclasses import dataclass, field
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
+from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.view import NonceSource, ResourceView
 from relay.resource import CachedResource
 from relay.subscriptions import Interest
 from relay.xds_types import LEGACY_WILDCARD_TYPES, WILDCARD
-
-
-class ProtocolError(Exception):
-    """A request that breaks the protocol; the stream is ended with this message."""
-
-
-@dataclass(frozen=True)
-class Nack:
-    """A client's rejection of one response."""
-
-    nonce: str
-    message: str
-    code: int
 
 
 @dataclass(frozen=True)
@@ -46,15 +34,6 @@ class DeltaResponsePlan:
         """The response without its resources (they are appended pre-encoded)."""
         return discovery_pb2.DeltaDiscoveryResponse(
             type_url=self.type_url, nonce=self.nonce, removed_resources=self.removed)
-
-
-@dataclass
-class RequestOutcome:
-    """What a request meant, for the stream adapter's bookkeeping."""
-
-    ack_nonce: str | None = None        # the in-flight response it answered, if any
-    nack: Nack | None = None
-    interest_changed: bool = False
 
 
 @dataclass

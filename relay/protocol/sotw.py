@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
-from relay.protocol.delta import Nack, RequestOutcome
+from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.view import NonceSource, ResourceView
 from relay.resource import CachedResource
 from relay.subscriptions import Interest
@@ -114,18 +114,14 @@ class SotwSubscription:
         wildcard = WILDCARD in requested or (self.legacy_wildcard and not requested)
         names = requested - {WILDCARD}
         added = names - self.names
-        dropped = self.names - names
         if wildcard and not self.wildcard and not first:
             self.recheck_all = True
             self.must_answer = True
         self.wildcard = wildcard
         self.names = names
-        for name in dropped:
-            # Forget it, so that a later resubscribe resends it (the client
-            # drops what it unsubscribes).
-            if not self.wildcard:
-                self.held.pop(name, None)
         if not self.wildcard:
+            # Forget what the client unsubscribed (it drops it), so that a
+            # later resubscribe resends it.
             for name in [n for n in self.held if n not in self.names]:
                 del self.held[name]
         for name in added:

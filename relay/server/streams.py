@@ -21,12 +21,8 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ResourceCache
 from relay.encoding import encode_delta_response, encode_sotw_response
-from relay.protocol.delta import (
-    DeltaResponsePlan,
-    DeltaSubscription,
-    ProtocolError,
-    RequestOutcome,
-)
+from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
+from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
 from relay.protocol.view import CacheView, NonceSource
 from relay.subscriptions import SubscriptionIndex
@@ -120,6 +116,9 @@ class DownstreamStream:
                         outcome.nack.message)
         elif outcome.ack_nonce is not None:
             metrics.downstream_acks.add(self.variant, short_name(type_url))
+        # Plain ACKs are the bulk of traffic and never change interest; any
+        # other request (re)registers, so a first request with no names still
+        # puts the stream in the index to hear that its type became synced.
         if outcome.interest_changed or outcome.ack_nonce is None:
             self.serving.index.update(self, type_url, state.interest())
         return outcome

@@ -6,7 +6,7 @@ import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ResourceCache
-from relay.protocol.delta import ProtocolError
+from relay.protocol.outcome import ProtocolError
 from relay.resource import CachedResource
 from relay.server.streams import DownstreamStream, ServingContext
 from relay.subscriptions import Interest, SubscriptionIndex
