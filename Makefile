@@ -15,6 +15,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check relay tests benchmarks
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.fanout

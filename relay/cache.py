@@ -127,10 +127,10 @@ class ResourceCache:
                 changed.add(name)
             entry.absent.add(name)
         for name, variant_key in removed_variants:
-            by_key = entry.variants.get(name)
-            if by_key is not None and by_key.pop(variant_key, None) is not None:
+            held = entry.variants.get(name)
+            if held is not None and held.pop(variant_key, None) is not None:
                 changed.add(name)
-                if not by_key:
+                if not held:
                     del entry.variants[name]
                     entry.absent.add(name)
         if complete is not None:

@@ -34,10 +34,12 @@ def length_delimited_field(number: int, payload: bytes) -> bytes:
 def encode_delta_response(head: discovery_pb2.DeltaDiscoveryResponse,
                           entries: Iterable[bytes]) -> bytes:
     """``head`` (everything but ``resources``) plus pre-encoded resource entries."""
-    return head.SerializeToString() + b"".join(entries)
+    fields: bytes = head.SerializeToString()
+    return fields + b"".join(entries)
 
 
 def encode_sotw_response(head: discovery_pb2.DiscoveryResponse,
                          entries: Iterable[bytes]) -> bytes:
     """``head`` (everything but ``resources``) plus pre-encoded resource entries."""
-    return head.SerializeToString() + b"".join(entries)
+    fields: bytes = head.SerializeToString()
+    return fields + b"".join(entries)

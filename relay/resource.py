@@ -51,7 +51,8 @@ class CachedResource:
 
     @property
     def body(self) -> any_pb2.Any:
-        return self.resource.resource
+        body: any_pb2.Any = self.resource.resource
+        return body
 
     @cached_property
     def delta_entry(self) -> bytes:

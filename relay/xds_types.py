@@ -107,7 +107,8 @@ def message_class(type_url: str) -> type[message.Message] | None:
     _import_known_messages()
     full_name = type_url.rsplit("/", 1)[-1]
     try:
-        return symbol_database.Default().GetSymbol(full_name)  # type: ignore[no-any-return]
+        found: type[message.Message] = symbol_database.Default().GetSymbol(full_name)
+        return found
     except KeyError:
         return None
 

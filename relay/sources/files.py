@@ -161,7 +161,8 @@ def _mapping_value(node: yaml.Node | None, key: str) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
-                return value_node
+                found: yaml.Node = value_node
+                return found
     return None
 
 
@@ -177,6 +178,7 @@ def _yaml_documents(text: str) -> Iterator[tuple[yaml.Node, Any]]:
     try:
         while loader.check_node():
             node = loader.get_node()
+            assert node is not None  # check_node() said there is one
             yield node, loader.construct_document(node)
     finally:
         loader.dispose()

@@ -26,7 +26,7 @@ class Backoff:
 
     def next_delay(self) -> float:
         """The wait before the next attempt."""
-        ceiling = min(self.maximum, self.initial * (2 ** self._attempt))
+        ceiling = min(self.maximum, self.initial * 2.0 ** self._attempt)
         if ceiling < self.maximum:
             self._attempt += 1
         return ceiling / 2 + ceiling / 2 * self._rand()

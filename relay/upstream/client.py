@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any, TypeAlias
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -25,7 +26,8 @@ log = logging.getLogger("relay.upstream")
 
 DELTA_ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 
-Request = discovery_pb2.DeltaDiscoveryRequest
+# The generated messages carry no type information; this names what flows.
+Request: TypeAlias = Any  # discovery_pb2.DeltaDiscoveryRequest
 
 
 class UpstreamClient:
@@ -60,7 +62,8 @@ class UpstreamClient:
         try:
             async with grpc.aio.insecure_channel(self.target) as channel:
                 open_stream = channel.stream_stream(
-                    DELTA_ADS_METHOD, request_serializer=Request.SerializeToString,
+                    DELTA_ADS_METHOD,
+                    request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
                     response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)
                 while True:
                     await self._one_stream(channel, open_stream)

@@ -36,11 +36,13 @@ def variant_key_of(resource: discovery_pb2.Resource) -> str:
     constraints = resource.resource_name.dynamic_parameter_constraints
     if constraints.WhichOneof("type") is None:
         return ""
-    return constraints.SerializeToString(deterministic=True).hex()
+    return str(constraints.SerializeToString(deterministic=True).hex())
 
 
 def resource_name_of(resource: discovery_pb2.Resource) -> str:
-    return resource.resource_name.name if resource.HasField("resource_name") else resource.name
+    name: str = (resource.resource_name.name if resource.HasField("resource_name")
+                 else resource.name)
+    return name
 
 
 @dataclass
