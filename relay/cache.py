@@ -10,6 +10,11 @@ A name is in one of three states for a reader:
 * :data:`ABSENT`: the origin said it does not exist (it removed the name, or
   the cache holds the complete set of that type and the name is not in it);
 * :data:`UNKNOWN`: the origin has not said anything about it yet.
+
+With variants, a subscriber's parameters pick one of the present variants
+(see :mod:`relay.protocol.view`); when none matches, the name is absent for
+those parameters once the origin has answered a subscription made with them
+(the locator is *settled*), and unknown before.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from relay.constraints import Params
 from relay.resource import CachedResource
 
 
@@ -52,6 +58,7 @@ class _TypeEntry:
     absent: set[str] = field(default_factory=set)
     synced: bool = False
     complete: bool = False
+    settled: set[tuple[str, Params]] = field(default_factory=set)
 
 
 class ResourceCache:
@@ -83,6 +90,28 @@ class ResourceCache:
         if entry.complete or name in entry.absent:
             return ABSENT
         return UNKNOWN
+
+    def is_complete(self, type_url: str) -> bool:
+        """Whether the cache holds every resource of the type (wildcard or files)."""
+        entry = self._types.get(type_url)
+        return entry is not None and entry.complete
+
+    def is_settled(self, type_url: str, name: str, params: Params) -> bool:
+        """Whether the origin has answered a subscription to ``name`` with ``params``."""
+        entry = self._types.get(type_url)
+        return entry is not None and (name, params) in entry.settled
+
+    def settle(self, type_url: str, locators: Iterable[tuple[str, Params]]) -> None:
+        """The origin has answered since these locators were subscribed.
+
+        Subscribers whose parameters match none of the variants learn that
+        the resource does not exist for them, so they are told.
+        """
+        entry = self._types.setdefault(type_url, _TypeEntry())
+        new = set(locators) - entry.settled
+        if new:
+            entry.settled |= new
+            self._notify(CacheChange(type_url, frozenset(name for name, _ in new)))
 
     def names(self, type_url: str) -> Iterable[str]:
         """Every cached name of a type."""
@@ -160,9 +189,25 @@ class ResourceCache:
         entry = self._types.get(type_url)
         if entry is None:
             return
-        for name in names:
+        gone = set(names)
+        for name in gone:
             entry.variants.pop(name, None)
             entry.absent.discard(name)
+        entry.settled = {(n, p) for n, p in entry.settled if n not in gone}
+
+    def forget_variants(self, type_url: str, name: str, keep: Iterable[str],
+                        unsettle: Iterable[Params]) -> None:
+        """Drop the variants of ``name`` not in ``keep`` (no subscription answers them)."""
+        entry = self._types.get(type_url)
+        if entry is None:
+            return
+        keys = set(keep)
+        by_key = entry.variants.get(name, {})
+        for key in [k for k in by_key if k not in keys]:
+            del by_key[key]
+        if name in entry.variants and not by_key:
+            del entry.variants[name]
+        entry.settled -= {(name, p) for p in unsettle}
 
     def forget_all_but(self, type_url: str, keep: set[str]) -> None:
         """After a wildcard subscription ends: keep only explicitly wanted names."""
@@ -173,6 +218,7 @@ class ResourceCache:
         for name in [n for n in entry.variants if n not in keep]:
             del entry.variants[name]
         entry.absent &= keep
+        entry.settled = {(n, p) for n, p in entry.settled if n in keep}
 
     def _notify(self, change: CacheChange) -> None:
         for listener in self._listeners:

@@ -14,6 +14,7 @@ from functools import cached_property
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
+from relay.constraints import UNCONSTRAINED, Constraints
 from relay.encoding import length_delimited_field
 
 # Field numbers of ``resources`` in DeltaDiscoveryResponse and DiscoveryResponse.
@@ -24,19 +25,32 @@ _RESOURCES_FIELD = 2
 class CachedResource:
     """A resource variant as the origin sent it.
 
-    ``variant_key`` is the canonical form of its ``DynamicParameterConstraints``
-    ("" when the origin sent a plain ``name``).
+    ``constraints`` are its ``DynamicParameterConstraints`` in canonical form
+    (unconstrained when the origin sent a plain ``name``); their key is the
+    variant's key in the cache.
     """
 
     type_url: str
     name: str
     version: str
     resource: discovery_pb2.Resource = field(repr=False)
-    variant_key: str = ""
+    constraints: Constraints = UNCONSTRAINED
+
+    @property
+    def variant_key(self) -> str:
+        return self.constraints.key
+
+    @property
+    def resource_name(self) -> discovery_pb2.ResourceName | None:
+        """Name and constraints, for variants sent with constraints (else None)."""
+        if self.constraints is UNCONSTRAINED:
+            return None
+        name: discovery_pb2.ResourceName = self.resource.resource_name
+        return name
 
     @classmethod
     def from_message(cls, type_url: str, body: any_pb2.Any | None, name: str, version: str,
-                     variant_key: str = "",
+                     constraints: Constraints = UNCONSTRAINED,
                      template: discovery_pb2.Resource | None = None) -> CachedResource:
         """Build from an origin ``Resource`` (``template``) or a bare body."""
         resource = discovery_pb2.Resource()
@@ -47,7 +61,7 @@ class CachedResource:
         resource.version = version
         if body is not None:
             resource.resource.CopyFrom(body)
-        return cls(type_url, name, version, resource, variant_key)
+        return cls(type_url, name, version, resource, constraints)
 
     @property
     def body(self) -> any_pb2.Any:

@@ -11,12 +11,13 @@ Two jobs, both driven by the same bookkeeping:
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
 from relay.cache import CacheChange
+from relay.constraints import EMPTY_PARAMS, Params
 
 
 class Subscriber(Hashable, Protocol):
@@ -28,10 +29,22 @@ class Subscriber(Hashable, Protocol):
 
 @dataclass(frozen=True)
 class Interest:
-    """What one subscriber, or everyone together, wants of one type."""
+    """What one subscriber, or everyone together, wants of one type.
+
+    ``params`` gives the dynamic parameters of the names that have any
+    (from a ``ResourceLocator`` or the node); other names have none.
+    """
 
     names: frozenset[str] = frozenset()
     wildcard: bool = False
+    params: frozenset[tuple[str, Params]] = frozenset()
+
+    def locators(self) -> frozenset[tuple[str, Params]]:
+        """Each name with the parameters it is subscribed with."""
+        if not self.params:
+            return frozenset((name, EMPTY_PARAMS) for name in self.names)
+        by_name = dict(self.params)
+        return frozenset((name, by_name.get(name, EMPTY_PARAMS)) for name in self.names)
 
 
 InterestListener = Callable[[str], None]
@@ -45,6 +58,7 @@ class SubscriptionIndex:
     def __init__(self) -> None:
         self._by_name: dict[str, dict[str, set[Subscriber]]] = defaultdict(dict)
         self._wildcard: dict[str, set[Subscriber]] = defaultdict(set)
+        self._locators: dict[str, Counter[tuple[str, Params]]] = defaultdict(Counter)
         self._per_subscriber: dict[Subscriber, dict[str, Interest]] = {}
         self._listeners: list[InterestListener] = []
 
@@ -64,14 +78,21 @@ class SubscriptionIndex:
         union_changed = False
         by_name = self._by_name[type_url]
         for name in interest.names - old.names:
-            holders = by_name.setdefault(name, set())
-            union_changed |= not holders
-            holders.add(subscriber)
+            by_name.setdefault(name, set()).add(subscriber)
         for name in old.names - interest.names:
             holders = by_name[name]
             holders.discard(subscriber)
             if not holders:
                 del by_name[name]
+        old_locators, new_locators = old.locators(), interest.locators()
+        counts = self._locators[type_url]
+        for locator in new_locators - old_locators:
+            counts[locator] += 1
+            union_changed |= counts[locator] == 1
+        for locator in old_locators - new_locators:
+            counts[locator] -= 1
+            if counts[locator] == 0:
+                del counts[locator]
                 union_changed = True
         if interest.wildcard != old.wildcard:
             wildcard = self._wildcard[type_url]
@@ -96,6 +117,13 @@ class SubscriptionIndex:
         """The union of all subscriptions to a type."""
         return Interest(frozenset(self._by_name.get(type_url, ())),
                         bool(self._wildcard.get(type_url)))
+
+    def wanted_locators(self, type_url: str) -> dict[str, frozenset[Params]]:
+        """Per name, the distinct parameter sets subscribers use for it."""
+        out: dict[str, set[Params]] = {}
+        for name, params in self._locators.get(type_url, {}):
+            out.setdefault(name, set()).add(params)
+        return {name: frozenset(params) for name, params in out.items()}
 
     def wanted_types(self) -> list[str]:
         """Types with at least one name or wildcard subscription."""

@@ -65,6 +65,9 @@ class Metrics:
             "xds_relay_upstream_responses", description="Origin responses by outcome")
         self.upstream_subscriptions = meter.create_up_down_counter(
             "xds_relay_upstream_subscriptions", description="Names subscribed upstream")
+        self.variant_conflicts = meter.create_counter(
+            "xds_relay_variant_conflicts",
+            description="Lookups where several variants matched one client (an origin error)")
         self.source_errors = meter.create_counter(
             "xds_relay_source_errors", description="Unusable files or origin responses")
 

@@ -19,6 +19,7 @@ from google.protobuf import any_pb2, message
 from relay import xds_types
 from relay.app import Relay
 from relay.config import parse_config
+from relay.constraints import EMPTY_PARAMS, Params, compile_constraints, params_of
 from tests.builders import (  # noqa: F401 (re-exported for tests)
     cluster,
     endpoints,
@@ -30,6 +31,7 @@ from tests.builders import (  # noqa: F401 (re-exported for tests)
 )
 
 DELTA = discovery_pb2.DeltaDiscoveryRequest
+DPC = discovery_pb2.DynamicParameterConstraints
 SOTW = discovery_pb2.DiscoveryRequest
 ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/"
 TIMEOUT = 5.0
@@ -49,6 +51,8 @@ class OriginStream:
         default_factory=asyncio.Queue)
     log: list[discovery_pb2.DeltaDiscoveryRequest] = field(default_factory=list)
     subscribed: dict[str, set[str]] = field(default_factory=dict)
+    # type -> (name, parameters) subscribed with ResourceLocators
+    locators: dict[str, set[tuple[str, Params]]] = field(default_factory=dict)
 
 
 class ScriptedOrigin:
@@ -64,6 +68,8 @@ class ScriptedOrigin:
         self.auto = auto
         self.drop_first_streams = drop_first_streams
         self.resources: dict[str, dict[str, tuple[str, any_pb2.Any]]] = {}
+        # type -> name -> constraints key -> (version, body, constraints)
+        self.variants: dict[str, dict[str, dict[str, tuple[str, any_pb2.Any, DPC]]]] = {}
         self.streams: list[OriginStream] = []
         self.port = 0
         self._server: grpc.aio.Server | None = None
@@ -98,7 +104,8 @@ class ScriptedOrigin:
     def subscription_requests(self) -> list[discovery_pb2.DeltaDiscoveryRequest]:
         """Requests that change the subscription (not plain ACKs)."""
         return [r for r in self.all_requests()
-                if r.resource_names_subscribe or r.resource_names_unsubscribe]
+                if r.resource_names_subscribe or r.resource_names_unsubscribe
+                or r.resource_locators_subscribe or r.resource_locators_unsubscribe]
 
     def nonce(self) -> str:
         self._nonce += 1
@@ -132,6 +139,17 @@ class ScriptedOrigin:
 
     def _answer(self, stream: OriginStream, request: DELTA) -> None:
         type_url = request.type_url
+        locators = stream.locators.setdefault(type_url, set())
+        for loc in request.resource_locators_unsubscribe:
+            locators.discard((loc.name, params_of(loc.dynamic_parameters)))
+        for loc in request.resource_locators_subscribe:
+            params = params_of(loc.dynamic_parameters)
+            locators.add((loc.name, params))
+            self._send_variants(stream, type_url, loc.name, params)
+        for name in request.resource_names_subscribe:
+            if name in self.variants.get(type_url, {}):
+                locators.add((name, EMPTY_PARAMS))
+                self._send_variants(stream, type_url, name, EMPTY_PARAMS)
         subs = stream.subscribed.setdefault(type_url, set())
         new = [n for n in request.resource_names_subscribe]
         subs.update(new)
@@ -142,8 +160,9 @@ class ScriptedOrigin:
         known = dict(request.initial_resource_versions)
         names = sorted(have) if "*" in new else sorted(n for n in new if n != "*")
         send = [n for n in names if n in have and known.get(n) != have[n][0]]
-        missing = [n for n in names if n not in have and n != "*"]
-        gone = [n for n in known if n not in have]
+        with_variants = self.variants.get(type_url, {})
+        missing = [n for n in names if n not in have and n != "*" and n not in with_variants]
+        gone = [n for n in known if n not in have and n not in with_variants]
         self.send(stream, type_url, send, sorted(set(missing) | set(gone)))
 
     def send(self, stream: OriginStream, type_url: str, names: Iterable[str],
@@ -156,6 +175,47 @@ class ScriptedOrigin:
             response.resources.add(name=name, version=version, resource=body)
         stream.outbox.put_nowait(response)
         return response.nonce
+
+    def _send_variants(self, stream: OriginStream, type_url: str, name: str,
+                       params: Params) -> None:
+        """Answer a locator with the variants it matches (an empty response if none)."""
+        response = discovery_pb2.DeltaDiscoveryResponse(type_url=type_url, nonce=self.nonce())
+        for version, body, constraints in self.variants.get(type_url, {}).get(name, {}).values():
+            if compile_constraints(constraints).matches(params):
+                added = response.resources.add(version=version, resource=body)
+                added.resource_name.name = name
+                added.resource_name.dynamic_parameter_constraints.CopyFrom(constraints)
+        stream.outbox.put_nowait(response)
+
+    def set_variant(self, msg: message.Message, constraints: DPC, version: str) -> None:
+        """Create or change one variant; push it to the locators it matches."""
+        type_url = type_url_of(msg)
+        name = getattr(msg, "name", "") or getattr(msg, "cluster_name", "")
+        compiled = compile_constraints(constraints)
+        self.variants.setdefault(type_url, {}).setdefault(name, {})[compiled.key] = (
+            version, pack(msg), constraints)
+        for stream in self.streams:
+            if any(n == name and compiled.matches(p)
+                   for n, p in stream.locators.get(type_url, ())):
+                response = discovery_pb2.DeltaDiscoveryResponse(type_url=type_url,
+                                                                nonce=self.nonce())
+                added = response.resources.add(version=version, resource=pack(msg))
+                added.resource_name.name = name
+                added.resource_name.dynamic_parameter_constraints.CopyFrom(constraints)
+                stream.outbox.put_nowait(response)
+
+    def remove_variant(self, type_url: str, name: str, constraints: DPC) -> None:
+        """Delete one variant; tell the locators it matched, by name and constraints."""
+        compiled = compile_constraints(constraints)
+        self.variants.get(type_url, {}).get(name, {}).pop(compiled.key, None)
+        for stream in self.streams:
+            if any(n == name and compiled.matches(p)
+                   for n, p in stream.locators.get(type_url, ())):
+                response = discovery_pb2.DeltaDiscoveryResponse(type_url=type_url,
+                                                                nonce=self.nonce())
+                removed = response.removed_resource_names.add(name=name)
+                removed.dynamic_parameter_constraints.CopyFrom(constraints)
+                stream.outbox.put_nowait(response)
 
     def send_raw(self, response: discovery_pb2.DeltaDiscoveryResponse) -> None:
         if not response.nonce:

@@ -5,13 +5,19 @@ from __future__ import annotations
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN, CacheChange, ResourceCache
+from relay.constraints import UNCONSTRAINED, Constraints, compile_constraints, params_of
 from relay.resource import CachedResource
 from relay.xds_types import CLUSTER
 
 
-def res(name: str, version: str, variant_key: str = "") -> CachedResource:
+def env(value: str) -> Constraints:
+    return compile_constraints(discovery_pb2.DynamicParameterConstraints(
+        constraint={"key": "env", "value": value}))
+
+
+def res(name: str, version: str, constraints: Constraints = UNCONSTRAINED) -> CachedResource:
     return CachedResource(CLUSTER, name, version,
-                          discovery_pb2.Resource(name=name, version=version), variant_key)
+                          discovery_pb2.Resource(name=name, version=version), constraints)
 
 
 def recording() -> tuple[ResourceCache, list[CacheChange]]:
@@ -67,13 +73,14 @@ def test_missing_name_is_unknown_unless_type_is_complete() -> None:
 
 def test_variants_are_separate_entries_and_removed_one_by_one() -> None:
     cache, _ = recording()
-    cache.apply(CLUSTER, [res("a", "1", "k1"), res("a", "1", "k2")])
+    k1, k2 = env("canary").key, env("prod").key
+    cache.apply(CLUSTER, [res("a", "1", env("canary")), res("a", "1", env("prod"))])
     found = cache.variants(CLUSTER, "a")
-    assert not isinstance(found, type(UNKNOWN)) and sorted(found) == ["k1", "k2"]
-    cache.apply(CLUSTER, [], removed_variants=[("a", "k1")])
+    assert not isinstance(found, type(UNKNOWN)) and sorted(found) == sorted([k1, k2])
+    cache.apply(CLUSTER, [], removed_variants=[("a", k1)])
     found = cache.variants(CLUSTER, "a")
-    assert not isinstance(found, type(UNKNOWN)) and sorted(found) == ["k2"]
-    cache.apply(CLUSTER, [], removed_variants=[("a", "k2")])
+    assert not isinstance(found, type(UNKNOWN)) and list(found) == [k2]
+    cache.apply(CLUSTER, [], removed_variants=[("a", k2)])
     assert cache.variants(CLUSTER, "a") is ABSENT
 
 
@@ -93,3 +100,30 @@ def test_forget_drops_without_notifying() -> None:
     cache.forget_all_but(CLUSTER, {"b"})
     assert list(cache.names(CLUSTER)) == ["b"]
     assert len(changes) == 1
+
+
+def test_settled_locators_are_per_parameters_and_notify_once() -> None:
+    cache, changes = recording()
+    cache.apply(CLUSTER, [res("a", "1", env("canary"))])
+    prod = params_of({"env": "prod"})
+    assert not cache.is_settled(CLUSTER, "a", prod)
+    cache.settle(CLUSTER, [("a", prod)])
+    assert cache.is_settled(CLUSTER, "a", prod)
+    assert not cache.is_settled(CLUSTER, "a", params_of({"env": "dev"}))
+    assert changes[-1] == CacheChange(CLUSTER, frozenset({"a"}))
+    count = len(changes)
+    cache.settle(CLUSTER, [("a", prod)])
+    assert len(changes) == count
+    cache.forget(CLUSTER, ["a"])
+    assert not cache.is_settled(CLUSTER, "a", prod)
+
+
+def test_forget_variants_keeps_only_the_listed_ones() -> None:
+    cache, _ = recording()
+    cache.apply(CLUSTER, [res("a", "1", env("canary")), res("a", "1", env("prod"))])
+    prod = params_of({"env": "prod"})
+    cache.settle(CLUSTER, [("a", prod)])
+    cache.forget_variants(CLUSTER, "a", [env("canary").key], [prod])
+    found = cache.variants(CLUSTER, "a")
+    assert not isinstance(found, type(UNKNOWN)) and list(found) == [env("canary").key]
+    assert not cache.is_settled(CLUSTER, "a", prod)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
+from relay.constraints import EMPTY_PARAMS, Params, params_of
+from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.view import NonceSource, ResourceView
 from relay.resource import CachedResource
@@ -29,11 +31,14 @@ class DeltaResponsePlan:
     nonce: str
     resources: list[CachedResource]
     removed: list[str]
+    # variants that went out with constraints are removed by name + constraints
+    removed_names: list[discovery_pb2.ResourceName] = field(default_factory=list)
 
     def head(self) -> discovery_pb2.DeltaDiscoveryResponse:
         """The response without its resources (they are appended pre-encoded)."""
         return discovery_pb2.DeltaDiscoveryResponse(
-            type_url=self.type_url, nonce=self.nonce, removed_resources=self.removed)
+            type_url=self.type_url, nonce=self.nonce, removed_resources=self.removed,
+            removed_resource_names=self.removed_names)
 
 
 @dataclass
@@ -43,8 +48,12 @@ class DeltaSubscription:
     type_url: str
     wildcard: bool = False
     names: set[str] = field(default_factory=set)
-    # name -> version the client holds, as far as we know
-    held: dict[str, str] = field(default_factory=dict)
+    # dynamic parameters of names subscribed with a ResourceLocator
+    locator_params: dict[str, Params] = field(default_factory=dict)
+    # the node's dynamic parameters for this type: they apply to plain names
+    node_params: Params = EMPTY_PARAMS
+    # name -> what the client holds, as far as we know
+    held: dict[str, Held] = field(default_factory=dict)
     # subscribed names not yet answered with a resource or a removal
     unanswered: set[str] = field(default_factory=set)
     # names to re-evaluate on the next response; ``recheck_all`` means every name
@@ -80,23 +89,30 @@ class DeltaSubscription:
                 self.acked_nonce = nonce
         # A stale nonce still carries valid subscription changes: apply them.
 
-        subscribe = list(request.resource_names_subscribe)
-        subscribe += [loc.name for loc in request.resource_locators_subscribe]
+        subscribe: list[tuple[str, Params | None]] = [
+            (name, None) for name in request.resource_names_subscribe]
+        subscribe += [(loc.name, params_of(loc.dynamic_parameters))
+                      for loc in request.resource_locators_subscribe]
         unsubscribe = list(request.resource_names_unsubscribe)
         unsubscribe += [loc.name for loc in request.resource_locators_unsubscribe]
 
         if first:
-            self.held = dict(request.initial_resource_versions)
+            self.held = {name: Held(version)
+                         for name, version in request.initial_resource_versions.items()}
             if not subscribe and self.type_url in LEGACY_WILDCARD_TYPES:
                 self._start_wildcard()
             # Whatever the client says it holds must be checked against the cache.
             self.pending.update(self.held)
 
-        for name in subscribe:
+        for name, params in subscribe:
             if name == WILDCARD:
                 if not self.wildcard:
                     self._start_wildcard()
                 continue
+            if params is None:
+                self.locator_params.pop(name, None)
+            else:
+                self.locator_params[name] = params
             self.names.add(name)
             self.unanswered.add(name)
             self.pending.add(name)
@@ -114,6 +130,7 @@ class DeltaSubscription:
             if name not in self.names:
                 continue
             self.names.discard(name)
+            self.locator_params.pop(name, None)
             self.unanswered.discard(name)
             self.held.pop(name, None)
             if self.wildcard:
@@ -136,8 +153,27 @@ class DeltaSubscription:
             self.recheck_all = True
         self.pending.update(names)
 
+    def params_for(self, name: str) -> Params:
+        """A locator's own parameters, else the node's for this type."""
+        return self.locator_params.get(name, self.node_params)
+
+    def set_node_params(self, params: Params) -> bool:
+        """The node's parameters for this type changed: re-evaluate plain names.
+
+        Returns whether the subscription's interest changed.
+        """
+        if params == self.node_params:
+            return False
+        before = self.interest()
+        self.node_params = params
+        self.pending.update(n for n in self.names if n not in self.locator_params)
+        if self.wildcard:
+            self.recheck_all = True
+        return self.interest() != before
+
     def interest(self) -> Interest:
-        return Interest(frozenset(self.names), self.wildcard)
+        params = frozenset((name, p) for name in self.names if (p := self.params_for(name)))
+        return Interest(frozenset(self.names), self.wildcard, params)
 
     # -- output ----------------------------------------------------------
 
@@ -160,27 +196,32 @@ class DeltaSubscription:
 
         resources: list[CachedResource] = []
         removed: list[str] = []
+        removed_names: list[discovery_pb2.ResourceName] = []
         for name in sorted(candidates):
             if not (self.wildcard or name in self.names):
                 continue
-            found = view.lookup(self.type_url, name)
+            found = view.lookup(self.type_url, name, self.params_for(name))
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
-                if name in self.held or name in self.unanswered:
+                held = self.held.pop(name, None)
+                if held is not None and held.resource_name is not None:
+                    removed_names.append(held.resource_name)
+                elif held is not None or name in self.unanswered:
                     removed.append(name)
-                    self.held.pop(name, None)
-                    self.unanswered.discard(name)
+                self.unanswered.discard(name)
                 continue
             assert isinstance(found, CachedResource)
             self.unanswered.discard(name)
-            if self.held.get(name) != found.version:
+            held = self.held.get(name)
+            if held is None or not held.is_current(found):
+                # Moving to another variant is one update, never remove-then-add.
                 resources.append(found)
-                self.held[name] = found.version
+                self.held[name] = Held.of(found)
 
-        if not resources and not removed and not self.must_answer:
+        if not resources and not removed and not removed_names and not self.must_answer:
             return None
         self.must_answer = False
         nonce = nonces.next()
         self.inflight_nonce = nonce
-        return DeltaResponsePlan(self.type_url, nonce, resources, removed)
+        return DeltaResponsePlan(self.type_url, nonce, resources, removed, removed_names)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
+from relay.constraints import EMPTY_PARAMS, Params, params_of
+from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.view import NonceSource, ResourceView
 from relay.resource import CachedResource
@@ -32,6 +34,9 @@ class SotwResponsePlan:
     nonce: str
     version_info: str
     resources: list[CachedResource]
+    # names subscribed with a ResourceLocator: sent wrapped in Resource, so
+    # that their constraints travel with them
+    wrapped: frozenset[str] = frozenset()
 
     def head(self) -> discovery_pb2.DiscoveryResponse:
         """The response without its resources (they are appended pre-encoded)."""
@@ -39,14 +44,14 @@ class SotwResponsePlan:
             type_url=self.type_url, nonce=self.nonce, version_info=self.version_info)
 
 
-def state_version(held: dict[str, str]) -> str:
-    """A digest of (name, version) pairs: the ``version_info`` of a client state."""
+def state_version(held: dict[str, Held]) -> str:
+    """A digest of what the client holds: the ``version_info`` of a client state."""
     digest = hashlib.blake2b(digest_size=8)
     for name in sorted(held):
-        digest.update(name.encode())
-        digest.update(b"\0")
-        digest.update(held[name].encode())
-        digest.update(b"\0")
+        entry = held[name]
+        for part in (name, entry.version, entry.variant_key or ""):
+            digest.update(part.encode())
+            digest.update(b"\0")
     return digest.hexdigest()
 
 
@@ -57,8 +62,12 @@ class SotwSubscription:
     type_url: str
     wildcard: bool = False
     names: set[str] = field(default_factory=set)
-    # name -> version the client holds, as far as we know
-    held: dict[str, str] = field(default_factory=dict)
+    # dynamic parameters of names subscribed with a ResourceLocator
+    locator_params: dict[str, Params] = field(default_factory=dict)
+    # the node's dynamic parameters for this type: they apply to plain names
+    node_params: Params = EMPTY_PARAMS
+    # name -> what the client holds, as far as we know
+    held: dict[str, Held] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)
     recheck_all: bool = False
     must_answer: bool = False
@@ -82,12 +91,15 @@ class SotwSubscription:
         before = self.interest()
         requested = set(request.resource_names)
         requested.update(loc.name for loc in request.resource_locators)
+        locators = {loc.name: params_of(loc.dynamic_parameters)
+                    for loc in request.resource_locators}
 
         if not self.started:
             # The first request of a type on a stream is initial, whatever nonce
             # it carries; the client's state is unknown, so everything is sent.
             self.started = True
             self.legacy_wildcard = not requested and self.type_url in LEGACY_WILDCARD_TYPES
+            self.locator_params = locators
             self._set_names(requested, first=True)
             self.recheck_all = True
             self.must_answer = self.wildcard or (self.full_state and bool(self.names))
@@ -106,6 +118,11 @@ class SotwSubscription:
                 self.acked_version = self.version_info
             self.inflight_nonce = None
 
+        for name in self.names & requested:
+            if self.locator_params.get(name) != locators.get(name):
+                # Parameters changed: re-evaluate which variant it gets.
+                self.pending.add(name)
+        self.locator_params = locators
         self._set_names(requested, first=False)
         outcome.interest_changed = self.interest() != before
         return outcome
@@ -137,8 +154,27 @@ class SotwSubscription:
             self.recheck_all = True
         self.pending.update(names)
 
+    def params_for(self, name: str) -> Params:
+        """A locator's own parameters, else the node's for this type."""
+        return self.locator_params.get(name, self.node_params)
+
+    def set_node_params(self, params: Params) -> bool:
+        """The node's parameters for this type changed: re-evaluate plain names.
+
+        Returns whether the subscription's interest changed.
+        """
+        if params == self.node_params:
+            return False
+        before = self.interest()
+        self.node_params = params
+        self.pending.update(n for n in self.names if n not in self.locator_params)
+        if self.wildcard:
+            self.recheck_all = True
+        return self.interest() != before
+
     def interest(self) -> Interest:
-        return Interest(frozenset(self.names), self.wildcard)
+        params = frozenset((name, p) for name in self.names if (p := self.params_for(name)))
+        return Interest(frozenset(self.names), self.wildcard, params)
 
     # -- output ----------------------------------------------------------
 
@@ -164,7 +200,7 @@ class SotwSubscription:
                              nonces: NonceSource) -> SotwResponsePlan | None:
         resources: list[CachedResource] = []
         for name in sorted(self._subscribed(view)):
-            found = view.lookup(self.type_url, name)
+            found = view.lookup(self.type_url, name, self.params_for(name))
             if found is UNKNOWN:
                 # Absence would mean deletion to the client: wait until the
                 # origin has said whether it exists (the cache will tell us).
@@ -174,7 +210,7 @@ class SotwSubscription:
                 resources.append(found)
         self.pending = set()
         self.recheck_all = False
-        new_held = {r.name: r.version for r in resources}
+        new_held = {r.name: Held.of(r) for r in resources}
         if new_held == self.held and not self.must_answer:
             return None
         self.held = new_held
@@ -189,7 +225,7 @@ class SotwSubscription:
         for name in sorted(candidates):
             if not (self.wildcard or name in self.names):
                 continue
-            found = view.lookup(self.type_url, name)
+            found = view.lookup(self.type_url, name, self.params_for(name))
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
@@ -197,9 +233,10 @@ class SotwSubscription:
                 self.held.pop(name, None)
                 continue
             assert isinstance(found, CachedResource)
-            if self.held.get(name) != found.version:
+            held = self.held.get(name)
+            if held is None or not held.is_current(found):
                 resources.append(found)
-                self.held[name] = found.version
+                self.held[name] = Held.of(found)
         if not resources and not self.must_answer:
             return None
         return self._emit(resources, nonces)
@@ -210,4 +247,5 @@ class SotwSubscription:
         self.last_nonce = nonce
         self.inflight_nonce = nonce
         self.version_info = state_version(self.held)
-        return SotwResponsePlan(self.type_url, nonce, self.version_info, resources)
+        wrapped = frozenset(r.name for r in resources if r.name in self.locator_params)
+        return SotwResponsePlan(self.type_url, nonce, self.version_info, resources, wrapped)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from relay.cache import ABSENT, Missing, ResourceCache
+from relay.cache import ABSENT, UNKNOWN, Missing, ResourceCache
+from relay.constraints import Params, select_variant
 from relay.resource import CachedResource
+
+log = logging.getLogger("relay.variants")
 
 
 class ResourceView(Protocol):
@@ -15,34 +19,65 @@ class ResourceView(Protocol):
     def is_synced(self, type_url: str) -> bool:
         """Whether the origin has answered for this type at least once."""
 
-    def lookup(self, type_url: str, name: str) -> CachedResource | Missing:
-        """The variant of ``name`` this subscriber should see, or why there is none."""
+    def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
+        """The variant of ``name`` a subscriber with ``params`` gets, or why there is none."""
 
     def names(self, type_url: str) -> Iterable[str]:
         """Every name of the type that exists."""
 
 
+AmbiguityListener = Callable[[str, str], None]
+
+
 class CacheView:
     """A :class:`ResourceView` over a :class:`ResourceCache`.
 
-    Picks the variant with no constraints (``variant_key == ""``), the one
-    every subscriber gets.
+    Each subscriber gets the variant whose constraints its parameters match.
+    Several matching variants are an origin error; the choice is the
+    deterministic one of :func:`relay.constraints.select_variant`, reported
+    to ``on_ambiguous(type_url, name)`` and logged once per set of variants.
     """
 
-    def __init__(self, cache: ResourceCache) -> None:
+    def __init__(self, cache: ResourceCache,
+                 on_ambiguous: AmbiguityListener | None = None) -> None:
         self._cache = cache
+        self._on_ambiguous = on_ambiguous
+        self._logged: set[tuple[str, str, frozenset[str]]] = set()
 
     def is_synced(self, type_url: str) -> bool:
         return self._cache.is_synced(type_url)
 
-    def lookup(self, type_url: str, name: str) -> CachedResource | Missing:
+    def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
         found = self._cache.variants(type_url, name)
         if isinstance(found, Missing):
             return found
-        return found.get("", ABSENT)
+        if len(found) == 1:
+            only = next(iter(found.values()))
+            if only.constraints.matches(params):
+                return only
+        else:
+            choice, ambiguous = select_variant(
+                ((r.constraints, r) for r in found.values()), params)
+            if ambiguous:
+                self._ambiguous(type_url, name, frozenset(found))
+            if choice is not None:
+                return choice
+        if self._cache.is_complete(type_url) or self._cache.is_settled(type_url, name, params):
+            return ABSENT
+        return UNKNOWN
 
     def names(self, type_url: str) -> Iterable[str]:
         return self._cache.names(type_url)
+
+    def _ambiguous(self, type_url: str, name: str, variant_keys: frozenset[str]) -> None:
+        if self._on_ambiguous is not None:
+            self._on_ambiguous(type_url, name)
+        key = (type_url, name, variant_keys)
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning("origin error: several variants of %s %r match the same parameters "
+                        "(%s); serving the one whose constraints mention the most keys",
+                        type_url.rsplit(".", 1)[-1], name, ", ".join(sorted(variant_keys)))
 
 
 class NonceSource:

@@ -19,6 +19,7 @@ import grpc
 from envoy.config.core.v3 import base_pb2
 
 from relay.cache import ResourceCache
+from relay.constraints import EMPTY_PARAMS, Params, params_of
 from relay.encoding import encode_delta_response, encode_sotw_response
 from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
 from relay.protocol.outcome import ProtocolError, RequestOutcome
@@ -47,7 +48,10 @@ class ServingContext:
     @classmethod
     def create(cls, cache: ResourceCache, index: SubscriptionIndex,
                metrics: Metrics) -> ServingContext:
-        return cls(cache, index, metrics, CacheView(cache))
+        def conflict(type_url: str, name: str) -> None:
+            metrics.variant_conflicts.add(1, {"type": short_name(type_url)})
+
+        return cls(cache, index, metrics, CacheView(cache, conflict))
 
 
 class DownstreamStream:
@@ -60,6 +64,8 @@ class DownstreamStream:
         self.peer = peer
         self.fixed_type_url = fixed_type_url
         self.node: base_pb2.Node | None = None
+        # per type URL, the node's dynamic parameters (the latest node sent)
+        self.node_params: dict[str, Params] = {}
         self.states: dict[str, DeltaSubscription | SotwSubscription] = {}
         self._nonces = NonceSource()
         self._wake = asyncio.Event()
@@ -100,13 +106,17 @@ class DownstreamStream:
     def handle_request(self, request: Request) -> RequestOutcome:
         """Feed one request to the state of its type."""
         type_url = self.type_url_of(request)
-        if self.node is None and request.HasField("node"):
-            # The node of the first request that carries one is kept for the stream.
-            self.node = request.node
+        if request.HasField("node"):
+            if self.node is None:
+                # The node of the first request that carries one is kept for the
+                # stream; only its dynamic parameters may change later.
+                self.node = request.node
+            self._update_node_params(request.node)
         state = self.states.get(type_url)
         if state is None:
             state = (DeltaSubscription(type_url) if self.variant == "delta"
                      else SotwSubscription(type_url))
+            state.set_node_params(self.node_params.get(type_url, EMPTY_PARAMS))
             self.states[type_url] = state
         outcome = state.on_request(request)
         metrics = self.serving.metrics
@@ -123,6 +133,16 @@ class DownstreamStream:
         if outcome.interest_changed or outcome.ack_nonce is None:
             self.serving.index.update(self, type_url, state.interest())
         return outcome
+
+    def _update_node_params(self, node: base_pb2.Node) -> None:
+        params = {type_url: params_of(context.params)
+                  for type_url, context in node.dynamic_parameters.items()}
+        if params == self.node_params:
+            return
+        self.node_params = params
+        for type_url, state in self.states.items():
+            if state.set_node_params(params.get(type_url, EMPTY_PARAMS)):
+                self.serving.index.update(self, type_url, state.interest())
 
     # -- responses -----------------------------------------------------------
 
@@ -177,4 +197,6 @@ def encode_plan(plan: DeltaResponsePlan | SotwResponsePlan) -> bytes:
     """Serialize a planned response around its pre-encoded resources."""
     if isinstance(plan, DeltaResponsePlan):
         return encode_delta_response(plan.head(), (r.delta_entry for r in plan.resources))
-    return encode_sotw_response(plan.head(), (r.sotw_entry for r in plan.resources))
+    return encode_sotw_response(plan.head(), (
+        r.sotw_wrapped_entry if r.name in plan.wrapped else r.sotw_entry
+        for r in plan.resources))

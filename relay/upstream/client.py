@@ -96,11 +96,12 @@ class UpstreamClient:
                     # Only an answer proves the origin serves us: reset backoff now.
                     answered = True
                     self.backoff.reset()
-                ack = self.state.on_response(response)
-                outcome = "nack" if ack.HasField("error_detail") else "ack"
+                replies = self.state.on_response(response, time.monotonic())
+                outcome = "nack" if replies[0].HasField("error_detail") else "ack"
                 self.metrics.upstream_responses.add(
                     1, {"type": short_name(response.type_url), "outcome": outcome})
-                outbox.put_nowait(ack)
+                for reply in replies:
+                    outbox.put_nowait(reply)
         except grpc.aio.AioRpcError as error:
             log.warning("origin stream to %s failed: %s %s", self.target,
                         error.code().name, error.details())

@@ -4,12 +4,20 @@
 unsubscribe requests, checks each origin response, writes usable ones into
 the cache and says whether to ACK or NACK. The client loop in
 :mod:`relay.upstream.client` only moves its messages over gRPC.
+
+Subscriptions are *locators*: a name plus the dynamic parameters a client
+needs it with (none for a plain name). The relay subscribes the distinct
+locators its clients use, except where a cached variant, obtained through a
+locator already subscribed, also answers the new parameters: that client is
+served from cache with no upstream round trip.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
@@ -17,26 +25,34 @@ from google.protobuf import message
 from google.rpc import code_pb2, status_pb2
 
 from relay.cache import ResourceCache
+from relay.constraints import (
+    EMPTY_PARAMS,
+    Constraints,
+    InvalidConstraints,
+    Params,
+    compile_constraints,
+)
 from relay.resource import CachedResource
 from relay.subscriptions import Interest, SubscriptionIndex
 from relay.xds_types import WILDCARD, message_class, short_name
 
 log = logging.getLogger("relay.upstream")
 
+# The generated messages carry no type information; this names what flows.
+Request: TypeAlias = Any  # discovery_pb2.DeltaDiscoveryRequest
+Locators = dict[str, set[Params]]
+
 
 class UnusableResponse(Exception):
     """An origin response the relay must NACK; the message is the NACK's reason."""
 
 
-def variant_key_of(resource: discovery_pb2.Resource) -> str:
-    """The cache's variant key for a resource: its constraints in canonical bytes."""
+def constraints_of(resource: discovery_pb2.Resource) -> Constraints:
+    """The compiled constraints of a resource (raises InvalidConstraints)."""
     if not resource.HasField("resource_name") or \
             not resource.resource_name.HasField("dynamic_parameter_constraints"):
-        return ""
-    constraints = resource.resource_name.dynamic_parameter_constraints
-    if constraints.WhichOneof("type") is None:
-        return ""
-    return str(constraints.SerializeToString(deterministic=True).hex())
+        return compile_constraints(None)
+    return compile_constraints(resource.resource_name.dynamic_parameter_constraints)
 
 
 def resource_name_of(resource: discovery_pb2.Resource) -> str:
@@ -45,13 +61,16 @@ def resource_name_of(resource: discovery_pb2.Resource) -> str:
     return name
 
 
+def _params_order(params: Params) -> list[tuple[str, str]]:
+    return sorted(params)
+
+
 @dataclass
 class _TypeSubscription:
     """What the origin has been asked for on the current stream."""
 
-    names: set[str] = field(default_factory=set)
+    locators: Locators = field(default_factory=dict)
     wildcard: bool = False
-    answered: bool = False  # a response for this type arrived on this stream
 
 
 class UpstreamState:
@@ -66,29 +85,42 @@ class UpstreamState:
         self.connected = False
         self._node_sent = False
         self._subscribed: dict[str, _TypeSubscription] = {}
-        # (type_url, name or "*") -> monotonic time after which it may be dropped
-        self._lingering: dict[tuple[str, str], float] = {}
+        # (type_url, name or "*", params) -> monotonic time after which it may go
+        self._lingering: dict[tuple[str, str, Params], float] = {}
+        # locators subscribed on this stream that the origin has not answered yet
+        self._unsettled: dict[str, set[tuple[str, Params]]] = {}
         self.last_nack: dict[str, str] = {}
 
     # -- connection lifecycle ---------------------------------------------
 
-    def on_connect(self, now: float) -> list[discovery_pb2.DeltaDiscoveryRequest]:
+    def on_connect(self, now: float) -> list[Request]:
         """A new stream: resubscribe everything, telling the origin what is cached."""
         self.connected = True
         self._node_sent = False
         self._subscribed = {}
+        self._unsettled = {}
         requests = []
-        for type_url in sorted(set(self.index.wanted_types()) |
-                               {t for t, _ in self._lingering}):
-            target = self._target(type_url, now)
-            if not target.names and not target.wildcard:
+        types = set(self.index.wanted_types()) | {t for t, _, _ in self._lingering}
+        for type_url in sorted(types):
+            target, wildcard = self._target(type_url, now)
+            if not target and not wildcard:
                 continue
-            sub = _TypeSubscription(set(target.names), target.wildcard)
-            self._subscribed[type_url] = sub
-            names = sorted(target.names) + ([WILDCARD] if target.wildcard else [])
-            cached = {r.name: r.version for r in self.cache.resources(type_url)
-                      if target.wildcard or r.name in target.names}
-            requests.append(self._request(type_url, subscribe=names, initial_versions=cached))
+            self._subscribed[type_url] = _TypeSubscription(
+                {n: set(ps) for n, ps in target.items()}, wildcard)
+            self._unsettled[type_url] = {(n, p) for n, ps in target.items() for p in ps}
+            initial = {}
+            for name in target:
+                found = self.cache.variants(type_url, name)
+                if isinstance(found, Mapping) and len(found) == 1:
+                    initial[name] = next(iter(found.values())).version
+            if wildcard:
+                initial.update({r.name: r.version for r in self.cache.resources(type_url)
+                                if r.name not in initial and r.name not in target})
+            request = self._request(type_url, initial_versions=initial)
+            _add_locators(request, target, subscribe=True)
+            if wildcard:
+                request.resource_names_subscribe.append(WILDCARD)
+            requests.append(request)
         return requests
 
     def on_disconnect(self) -> None:
@@ -96,25 +128,27 @@ class UpstreamState:
 
     # -- interest -----------------------------------------------------------
 
-    def on_interest_changed(self, type_url: str,
-                            now: float) -> list[discovery_pb2.DeltaDiscoveryRequest]:
+    def on_interest_changed(self, type_url: str, now: float) -> list[Request]:
         """Downstream interest in ``type_url`` changed: the request to send, if any."""
-        wanted = self.index.wanted(type_url)
+        wanted = self.index.wanted_locators(type_url)
+        wildcard = self.index.wanted(type_url).wildcard
         sub = self._subscribed.get(type_url, _TypeSubscription())
         # Whatever nobody wants any more starts lingering (or goes at once).
-        for name in sub.names - wanted.names:
-            self._lingering.setdefault((type_url, name), now + self.linger)
-        if sub.wildcard and not wanted.wildcard:
-            self._lingering.setdefault((type_url, WILDCARD), now + self.linger)
-        for name in wanted.names:
-            self._lingering.pop((type_url, name), None)
-        if wanted.wildcard:
-            self._lingering.pop((type_url, WILDCARD), None)
+        for name, params_set in sub.locators.items():
+            for params in params_set - wanted.get(name, frozenset()):
+                self._lingering.setdefault((type_url, name, params), now + self.linger)
+        if sub.wildcard and not wildcard:
+            self._lingering.setdefault((type_url, WILDCARD, EMPTY_PARAMS), now + self.linger)
+        for name, wanted_params in wanted.items():
+            for params in wanted_params:
+                self._lingering.pop((type_url, name, params), None)
+        if wildcard:
+            self._lingering.pop((type_url, WILDCARD, EMPTY_PARAMS), None)
         return self._sync_type(type_url, now)
 
-    def on_tick(self, now: float) -> list[discovery_pb2.DeltaDiscoveryRequest]:
+    def on_tick(self, now: float) -> list[Request]:
         """Drop lingering subscriptions whose time is up."""
-        due = sorted({t for (t, _), deadline in self._lingering.items() if deadline <= now})
+        due = sorted({t for (t, _, _), deadline in self._lingering.items() if deadline <= now})
         requests = []
         for type_url in due:
             requests.extend(self._sync_type(type_url, now))
@@ -123,45 +157,98 @@ class UpstreamState:
     def next_deadline(self) -> float | None:
         return min(self._lingering.values(), default=None)
 
-    def _target(self, type_url: str, now: float) -> Interest:
-        """What we should be subscribed to: wanted, plus what still lingers."""
-        wanted = self.index.wanted(type_url)
-        lingering = {n for (t, n), deadline in self._lingering.items()
-                     if t == type_url and deadline > now}
-        return Interest(wanted.names | (lingering - {WILDCARD}),
-                        wanted.wildcard or WILDCARD in lingering)
+    def _target(self, type_url: str, now: float) -> tuple[Locators, bool]:
+        """The locators to be subscribed to: what is needed and not answered already."""
+        needed: Locators = {n: set(ps) for n, ps in self.index.wanted_locators(type_url).items()}
+        wildcard = self.index.wanted(type_url).wildcard
+        for (t, name, params), deadline in self._lingering.items():
+            if t != type_url or deadline <= now:
+                continue
+            if name == WILDCARD:
+                wildcard = True
+            else:
+                needed.setdefault(name, set()).add(params)
+        current = self._subscribed.get(type_url, _TypeSubscription()).locators
+        target: Locators = {}
+        for name, params_set in needed.items():
+            chosen = current.get(name, set()) & set(params_set)
+            for params in sorted(params_set - chosen, key=_params_order):
+                if not self._answered(type_url, name, params, chosen):
+                    chosen.add(params)
+            target[name] = chosen
+        return target, wildcard
 
-    def _sync_type(self, type_url: str, now: float) -> list[discovery_pb2.DeltaDiscoveryRequest]:
+    def _answered(self, type_url: str, name: str, params: Params, chosen: set[Params]) -> bool:
+        """Whether a cached variant, obtained through ``chosen``, also fits ``params``."""
+        found = self.cache.variants(type_url, name)
+        if not isinstance(found, Mapping):
+            return False
+        return any(variant.constraints.matches(params) and
+                   any(variant.constraints.matches(q) for q in chosen)
+                   for variant in found.values())
+
+    def _sync_type(self, type_url: str, now: float) -> list[Request]:
         for key in [k for k, d in self._lingering.items() if k[0] == type_url and d <= now]:
             del self._lingering[key]
-        target = self._target(type_url, now)
+        target, wildcard = self._target(type_url, now)
         sub = self._subscribed.setdefault(type_url, _TypeSubscription())
-        subscribe = sorted(target.names - sub.names)
-        unsubscribe = sorted(sub.names - target.names)
-        if target.wildcard and not sub.wildcard:
-            subscribe.append(WILDCARD)
-        if sub.wildcard and not target.wildcard:
-            unsubscribe.append(WILDCARD)
-            self.cache.forget_all_but(type_url, set(target.names))
-        self.cache.forget(type_url, [n for n in unsubscribe if n != WILDCARD])
-        sub.names = set(target.names)
-        sub.wildcard = target.wildcard
-        if not sub.names and not sub.wildcard:
+        subscribe: Locators = {}
+        unsubscribe: Locators = {}
+        for name in sorted(set(target) | set(sub.locators)):
+            new, old = target.get(name, set()), sub.locators.get(name, set())
+            if new - old:
+                subscribe[name] = new - old
+            if old - new:
+                unsubscribe[name] = old - new
+                self._forget(type_url, name, new, old - new, wildcard)
+        unsettled = self._unsettled.setdefault(type_url, set())
+        unsettled |= {(n, p) for n, ps in subscribe.items() for p in ps}
+        unsettled -= {(n, p) for n, ps in unsubscribe.items() for p in ps}
+        was_wildcard = sub.wildcard
+        if was_wildcard and not wildcard:
+            self.cache.forget_all_but(type_url, set(target))
+        sub.locators = {n: set(ps) for n, ps in target.items() if ps}
+        sub.wildcard = wildcard
+        if not sub.locators and not sub.wildcard:
             del self._subscribed[type_url]
-        if not self.connected or not (subscribe or unsubscribe):
+        if not self.connected or not (subscribe or unsubscribe or was_wildcard != wildcard):
             return []
-        return [self._request(type_url, subscribe=subscribe, unsubscribe=unsubscribe)]
+        request = self._request(type_url)
+        _add_locators(request, subscribe, subscribe=True)
+        _add_locators(request, unsubscribe, subscribe=False)
+        if wildcard and not was_wildcard:
+            request.resource_names_subscribe.append(WILDCARD)
+        if was_wildcard and not wildcard:
+            request.resource_names_unsubscribe.append(WILDCARD)
+        return [request]
+
+    def _forget(self, type_url: str, name: str, kept: set[Params], dropped: set[Params],
+                wildcard: bool) -> None:
+        """Drop cached variants that no remaining subscription keeps current."""
+        if wildcard:
+            return  # the wildcard subscription still brings every variant
+        if not kept:
+            self.cache.forget(type_url, [name])
+            return
+        found = self.cache.variants(type_url, name)
+        keep = [key for key, variant in found.items()
+                if any(variant.constraints.matches(p) for p in kept)] \
+            if isinstance(found, Mapping) else []
+        self.cache.forget_variants(type_url, name, keep, dropped)
 
     def subscription(self, type_url: str) -> Interest:
         """What the origin has been asked for (for tests and the admin view)."""
         sub = self._subscribed.get(type_url)
-        return Interest(frozenset(sub.names), sub.wildcard) if sub else Interest()
+        if sub is None:
+            return Interest()
+        params = frozenset((n, p) for n, ps in sub.locators.items() for p in ps if p)
+        return Interest(frozenset(sub.locators), sub.wildcard, params)
 
     # -- responses ------------------------------------------------------------
 
-    def on_response(self, response: discovery_pb2.DeltaDiscoveryResponse
-                    ) -> discovery_pb2.DeltaDiscoveryRequest:
-        """Check and apply one origin response; return its ACK or NACK."""
+    def on_response(self, response: discovery_pb2.DeltaDiscoveryResponse,
+                    now: float = 0.0) -> list[Request]:
+        """Check and apply one origin response; its ACK or NACK, then any resubscription."""
         type_url = response.type_url
         try:
             upserts, removed_variants = self._check(response)
@@ -169,18 +256,21 @@ class UpstreamState:
             self.last_nack[type_url] = str(error)
             log.warning("NACK to origin type=%s nonce=%s: %s", short_name(type_url),
                         response.nonce, error)
-            return self._request(type_url, nonce=response.nonce, error=str(error))
+            return [self._request(type_url, nonce=response.nonce, error=str(error))]
+        ack = self._request(type_url, nonce=response.nonce)
         sub = self._subscribed.get(type_url)
-        if sub is not None:
-            wanted = [r for r in upserts if sub.wildcard or r.name in sub.names]
-            removed = [n for n in response.removed_resources
-                       if sub.wildcard or n in sub.names]
-            sub.answered = True
-            self.cache.apply(type_url, wanted, removed, removed_variants,
-                             complete=True if sub.wildcard else None)
-        # A response for a type we no longer subscribe to raced our unsubscribe:
-        # nothing in it is wanted, but it was valid, so it is ACKed.
-        return self._request(type_url, nonce=response.nonce)
+        if sub is None:
+            # A response for a type we no longer subscribe to raced our
+            # unsubscribe: nothing in it is wanted, but it was valid: ACK it.
+            return [ack]
+        wanted = [r for r in upserts if sub.wildcard or r.name in sub.locators]
+        removed = [n for n in response.removed_resources if sub.wildcard or n in sub.locators]
+        self.cache.apply(type_url, wanted, removed, removed_variants,
+                         complete=True if sub.wildcard else None)
+        # Everything subscribed before this response has now been answered.
+        self.cache.settle(type_url, self._unsettled.pop(type_url, set()))
+        # Variants changed: a client answered from cache may need its own locator.
+        return [ack, *self._sync_type(type_url, now)]
 
     def _check(self, response: discovery_pb2.DeltaDiscoveryResponse
                ) -> tuple[list[CachedResource], list[tuple[str, str]]]:
@@ -196,7 +286,13 @@ class UpstreamState:
             name = resource_name_of(resource)
             if not name:
                 raise UnusableResponse("a resource has no name")
-            key = (name, variant_key_of(resource))
+            try:
+                constraints = constraints_of(resource)
+            except InvalidConstraints as error:
+                raise UnusableResponse(
+                    f"resource {name!r} has invalid dynamic parameter constraints: "
+                    f"{error}") from None
+            key = (name, constraints.key)
             if key in seen:
                 raise UnusableResponse(f"resource {name!r} appears more than once")
             seen.add(key)
@@ -213,21 +309,26 @@ class UpstreamState:
                 except message.DecodeError as error:
                     raise UnusableResponse(
                         f"resource {name!r} cannot be decoded as {type_url}: {error}") from None
-            upserts.append(CachedResource(type_url, name, resource.version, resource, key[1]))
+            upserts.append(CachedResource(type_url, name, resource.version, resource,
+                                          constraints))
         removed_variants = []
         for removed in response.removed_resource_names:
-            rn = discovery_pb2.Resource(resource_name=removed)
-            removed_variants.append((removed.name, variant_key_of(rn)))
+            try:
+                constraints = compile_constraints(
+                    removed.dynamic_parameter_constraints
+                    if removed.HasField("dynamic_parameter_constraints") else None)
+            except InvalidConstraints as error:
+                raise UnusableResponse(
+                    f"removed resource {removed.name!r} has invalid dynamic parameter "
+                    f"constraints: {error}") from None
+            removed_variants.append((removed.name, constraints.key))
         return upserts, removed_variants
 
-    def _request(self, type_url: str, *, subscribe: list[str] | None = None,
-                 unsubscribe: list[str] | None = None,
-                 initial_versions: dict[str, str] | None = None, nonce: str = "",
-                 error: str | None = None) -> discovery_pb2.DeltaDiscoveryRequest:
+    def _request(self, type_url: str, *, initial_versions: dict[str, str] | None = None,
+                 nonce: str = "", error: str | None = None) -> Request:
         request = discovery_pb2.DeltaDiscoveryRequest(
-            type_url=type_url, resource_names_subscribe=subscribe or [],
-            resource_names_unsubscribe=unsubscribe or [],
-            initial_resource_versions=initial_versions or {}, response_nonce=nonce)
+            type_url=type_url, initial_resource_versions=initial_versions or {},
+            response_nonce=nonce)
         if error is not None:
             request.error_detail.CopyFrom(
                 status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=error))
@@ -235,3 +336,17 @@ class UpstreamState:
             request.node.CopyFrom(self.node)
             self._node_sent = True
         return request
+
+
+def _add_locators(request: Request, locators: Locators, subscribe: bool) -> None:
+    """Plain names for locators without parameters, ResourceLocators otherwise."""
+    names = request.resource_names_subscribe if subscribe else \
+        request.resource_names_unsubscribe
+    located = request.resource_locators_subscribe if subscribe else \
+        request.resource_locators_unsubscribe
+    for name in sorted(locators):
+        for params in sorted(locators[name], key=_params_order):
+            if params:
+                located.add(name=name, dynamic_parameters=dict(params))
+            else:
+                names.append(name)

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN, Missing
+from relay.constraints import Params
 from relay.resource import CachedResource
 
 
@@ -34,7 +35,7 @@ class FakeView:
     def is_synced(self, type_url: str) -> bool:
         return self.synced
 
-    def lookup(self, type_url: str, name: str) -> CachedResource | Missing:
+    def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
         if name in self._resources:
             return self._resources[name]
         return ABSENT if name in self._absent or self.complete else UNKNOWN

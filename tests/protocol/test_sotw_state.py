@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.protocol.held import Held
 from relay.protocol.sotw import SotwSubscription, state_version
 from relay.protocol.view import NonceSource
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE
@@ -69,7 +70,7 @@ def test_invariant_15_version_changes_with_content_and_is_deterministic() -> Non
     state, view, nonces = setup(a="1")
     state.on_request(Req(type_url=CLUSTER))
     first = state.next_response(view, nonces)
-    assert first is not None and first.version_info == state_version({"a": "1"})
+    assert first is not None and first.version_info == state_version({"a": Held("1", "")})
     state.on_request(Req(type_url=CLUSTER, response_nonce=first.nonce))
     view.set("a", "2")
     state.resources_changed(frozenset({"a"}), False)

@@ -8,6 +8,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, ResourceCache
+from relay.constraints import params_of
 from relay.subscriptions import Interest, SubscriptionIndex
 from relay.upstream.state import UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
@@ -85,7 +86,7 @@ def test_good_response_is_cached_and_acked() -> None:
     state.on_connect(0)
     index.update(Sub(), CLUSTER, Interest(wildcard=True))
     state.on_interest_changed(CLUSTER, 0)
-    ack = state.on_response(response(CLUSTER, "n1", ("a", "v1", cluster("a"))))
+    [ack] = state.on_response(response(CLUSTER, "n1", ("a", "v1", cluster("a"))))
     assert ack.response_nonce == "n1" and not ack.HasField("error_detail")
     assert [r.version for r in cache.resources(CLUSTER)] == ["v1"]
     assert cache.variants(CLUSTER, "other") is ABSENT  # wildcard: the set is complete
@@ -122,7 +123,7 @@ def test_type_mismatch_duplicate_and_undecodable_are_nacked_and_not_applied() ->
     undecodable.resources[0].resource.value = b"\xff\xff"
     for bad, reason in ((mismatch, "has type"), (duplicate, "more than once"),
                         (undecodable, "cannot be decoded")):
-        nack = state.on_response(bad)
+        [nack] = state.on_response(bad)
         assert nack.response_nonce == bad.nonce
         assert reason in nack.error_detail.message and nack.error_detail.code == 3
     assert list(cache.resources(CLUSTER)) == []
@@ -163,3 +164,93 @@ def test_linger_delays_unsubscribe_and_a_return_cancels_it() -> None:
     index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
     assert state.on_interest_changed(ENDPOINT, 14) == []
     assert state.next_deadline() is None
+
+
+# -- variants: locators ----------------------------------------------------------
+
+DPC = discovery_pb2.DynamicParameterConstraints
+CANARY = DPC(constraint={"key": "env", "value": "canary"})
+
+
+def with_params(*names_params: tuple[str, dict[str, str]]) -> Interest:
+    params = frozenset((n, params_of(p)) for n, p in names_params if p)
+    return Interest(frozenset(n for n, _ in names_params), False, params)
+
+
+def variant_response(nonce: str, constraints: DPC,
+                     version: str = "1") -> discovery_pb2.DeltaDiscoveryResponse:
+    out = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce=nonce)
+    added = out.resources.add(version=version, resource=pack(cluster("c")))
+    added.resource_name.name = "c"
+    added.resource_name.dynamic_parameter_constraints.CopyFrom(constraints)
+    return out
+
+
+def locators_of(request: discovery_pb2.DeltaDiscoveryRequest, subscribe: bool = True
+                ) -> list[tuple[str, dict[str, str]]]:
+    located = request.resource_locators_subscribe if subscribe else \
+        request.resource_locators_unsubscribe
+    return [(loc.name, dict(loc.dynamic_parameters)) for loc in located]
+
+
+def test_distinct_locators_are_subscribed_once_each() -> None:
+    state, index, _ = make()
+    state.on_connect(0)
+    requests = []
+    for params in ({"env": "canary"}, {"env": "canary"}, {"env": "prod"}):
+        index.update(Sub(), CLUSTER, with_params(("c", params)))
+        requests += state.on_interest_changed(CLUSTER, 0)
+    subscribed = [loc for r in requests for loc in locators_of(r)]
+    assert subscribed == [("c", {"env": "canary"}), ("c", {"env": "prod"})]
+    assert all(not r.resource_names_subscribe for r in requests)
+
+
+def test_parameters_answered_by_a_cached_variant_need_no_subscription() -> None:
+    state, index, _cache = make()
+    state.on_connect(0)
+    index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary"})))
+    state.on_interest_changed(CLUSTER, 0)
+    state.on_response(variant_response("1", CANARY))
+    index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary", "zone": "b"})))
+    assert state.on_interest_changed(CLUSTER, 0) == []
+
+
+def test_when_the_subscribing_locator_leaves_answered_parameters_take_over() -> None:
+    state, index, cache = make()
+    state.on_connect(0)
+    first, second = Sub(), Sub()
+    index.update(first, CLUSTER, with_params(("c", {"env": "canary"})))
+    state.on_interest_changed(CLUSTER, 0)
+    state.on_response(variant_response("1", CANARY))
+    index.update(second, CLUSTER, with_params(("c", {"env": "canary", "zone": "b"})))
+    state.on_interest_changed(CLUSTER, 0)
+    index.remove(first)
+    [request] = state.on_interest_changed(CLUSTER, 0)
+    # One request: the new locator in, the old one out, so the variant never lapses.
+    assert locators_of(request) == [("c", {"env": "canary", "zone": "b"})]
+    assert locators_of(request, subscribe=False) == [("c", {"env": "canary"})]
+    assert list(cache.names(CLUSTER)) == ["c"]
+
+
+def test_a_response_settles_the_locators_subscribed_before_it() -> None:
+    state, index, cache = make()
+    state.on_connect(0)
+    dev = params_of({"env": "dev"})
+    index.update(Sub(), CLUSTER, with_params(("c", {"env": "dev"})))
+    state.on_interest_changed(CLUSTER, 0)
+    assert not cache.is_settled(CLUSTER, "c", dev)
+    state.on_response(discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"))
+    assert cache.is_settled(CLUSTER, "c", dev)
+
+
+def test_invalid_constraints_from_the_origin_are_nacked_and_cache_kept() -> None:
+    state, index, cache = make()
+    state.on_connect(0)
+    index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary"})))
+    state.on_interest_changed(CLUSTER, 0)
+    state.on_response(variant_response("1", CANARY))
+    malformed = DPC(constraint={"key": "env"})  # neither value nor exists
+    [nack] = state.on_response(variant_response("2", malformed, version="2"))
+    assert nack.response_nonce == "2" and nack.error_detail.code == 3
+    assert "invalid dynamic parameter constraints" in nack.error_detail.message
+    assert [r.version for r in cache.resources(CLUSTER)] == ["1"]

@@ -1,0 +1,32 @@
+"""What a client holds of one resource, as far as a stream's state knows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.resource import CachedResource
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The version (and variant) of a resource last sent to, or declared by, a client.
+
+    ``variant_key`` is None when only the version is known (from a delta
+    client's ``initial_resource_versions``). ``resource_name`` is set when the
+    variant went out with constraints: its removal must then name them.
+    """
+
+    version: str
+    variant_key: str | None = None
+    resource_name: discovery_pb2.ResourceName | None = None
+
+    @classmethod
+    def of(cls, resource: CachedResource) -> Held:
+        return cls(resource.version, resource.variant_key, resource.resource_name)
+
+    def is_current(self, resource: CachedResource) -> bool:
+        """Whether the client already has exactly this variant at this version."""
+        return self.version == resource.version and \
+            self.variant_key in (None, resource.variant_key)

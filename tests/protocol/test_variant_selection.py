@@ -1,0 +1,162 @@
+"""Variants through the protocol state: selection, moves, removals (no I/O).
+
+The state objects read a real cache through the real CacheView, so these
+tests cover the constraints evaluator, the cache and the state together.
+"""
+
+from __future__ import annotations
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.cache import ResourceCache
+from relay.constraints import Constraints, compile_constraints, params_of
+from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
+from relay.protocol.sotw import SotwSubscription
+from relay.protocol.view import CacheView, NonceSource
+from relay.resource import CachedResource
+from relay.xds_types import CLUSTER
+from tests.builders import cluster, pack
+
+DPC = discovery_pb2.DynamicParameterConstraints
+CANARY = DPC(constraint={"key": "env", "value": "canary"})
+PROD = DPC(constraint={"key": "env", "value": "prod"})
+NO_ENV = DPC(not_constraints=DPC(constraint={"key": "env", "exists": {}}))
+
+
+def variant(name: str, version: str, constraints: DPC) -> CachedResource:
+    resource = discovery_pb2.Resource(version=version, resource=pack(cluster(name)))
+    resource.resource_name.name = name
+    resource.resource_name.dynamic_parameter_constraints.CopyFrom(constraints)
+    return CachedResource(CLUSTER, name, version, resource, compile_constraints(constraints))
+
+
+def key(constraints: DPC) -> str:
+    compiled: Constraints = compile_constraints(constraints)
+    return compiled.key
+
+
+def three_variants() -> tuple[ResourceCache, CacheView, list[str]]:
+    cache = ResourceCache()
+    cache.apply(CLUSTER, [variant("c", "1", CANARY), variant("c", "1", PROD),
+                          variant("c", "1", NO_ENV)], complete=False)
+    conflicts: list[str] = []
+    return cache, CacheView(cache, lambda t, n: conflicts.append(n)), conflicts
+
+
+def delta_client(view: CacheView, params: dict[str, str] | None,
+                 locator: bool = True) -> tuple[DeltaSubscription, DeltaResponsePlan | None]:
+    state = DeltaSubscription(CLUSTER)
+    if locator and params is not None:
+        state.on_request(discovery_pb2.DeltaDiscoveryRequest(
+            type_url=CLUSTER, resource_locators_subscribe=[
+                {"name": "c", "dynamic_parameters": params}]))
+    else:
+        state.set_node_params(params_of(params or {}))
+        state.on_request(discovery_pb2.DeltaDiscoveryRequest(
+            type_url=CLUSTER, resource_names_subscribe=["c"]))
+    return state, state.next_response(view, NonceSource())
+
+
+def test_each_subscriber_gets_the_variant_its_locator_parameters_match() -> None:
+    _, view, conflicts = three_variants()
+    for params, expected in (({"env": "canary"}, CANARY), ({"env": "prod"}, PROD),
+                             ({}, NO_ENV), ({"env": "prod", "region": "x"}, PROD)):
+        _, plan = delta_client(view, params)
+        assert plan is not None and len(plan.resources) == 1
+        sent = plan.resources[0]
+        assert sent.variant_key == key(expected)
+        # The variant goes downstream with its constraints.
+        assert sent.resource.resource_name.dynamic_parameter_constraints == expected
+    assert conflicts == []
+
+
+def test_plain_names_use_the_node_parameters_of_the_type() -> None:
+    _, view, _ = three_variants()
+    _, plan = delta_client(view, {"env": "canary"}, locator=False)
+    assert plan is not None and plan.resources[0].variant_key == key(CANARY)
+
+
+def test_matching_nothing_waits_until_the_origin_has_answered_then_does_not_exist() -> None:
+    cache, view, _ = three_variants()
+    state, plan = delta_client(view, {"env": "dev"})
+    assert plan is None  # the origin may still have a variant for env=dev
+    cache.settle(CLUSTER, [("c", params_of({"env": "dev"}))])
+    state.resources_changed(frozenset({"c"}), False)
+    plan = state.next_response(view, NonceSource())
+    assert plan is not None and plan.removed == ["c"] and plan.resources == []
+
+
+def test_invariant_31_parameter_change_moves_to_the_new_variant_in_one_update() -> None:
+    _, view, _ = three_variants()
+    nonces = NonceSource()
+    state, plan = delta_client(view, {"env": "canary"}, locator=False)
+    assert plan is not None
+    state.on_request(discovery_pb2.DeltaDiscoveryRequest(type_url=CLUSTER,
+                                                         response_nonce=plan.nonce))
+    assert state.set_node_params(params_of({"env": "prod"}))  # interest changed
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    assert [r.variant_key for r in plan.resources] == [key(PROD)]
+    assert plan.removed == [] and plan.removed_names == []  # no remove-then-add
+
+
+def test_invariant_13_removed_variant_goes_by_name_and_constraints_to_its_holders() -> None:
+    cache, view, _ = three_variants()
+    canary, _ = delta_client(view, {"env": "canary"})
+    prod, _ = delta_client(view, {"env": "prod"})
+    for state in (canary, prod):
+        state.inflight_nonce = None  # both ACKed
+    cache.apply(CLUSTER, [], removed_variants=[("c", key(CANARY))])
+    cache.settle(CLUSTER, [("c", params_of({"env": "canary"}))])
+    for state in (canary, prod):
+        state.resources_changed(frozenset({"c"}), False)
+    plan = canary.next_response(view, NonceSource())
+    assert plan is not None and plan.removed == [] and plan.resources == []
+    [removed] = plan.removed_names
+    assert removed.name == "c" and removed.dynamic_parameter_constraints == CANARY
+    assert prod.next_response(view, NonceSource()) is None  # untouched
+
+
+def test_invariant_30_sotw_locator_subscribers_get_resources_wrapped() -> None:
+    _, view, _ = three_variants()
+    state = SotwSubscription(CLUSTER)
+    state.on_request(discovery_pb2.DiscoveryRequest(
+        type_url=CLUSTER, resource_locators=[{"name": "c",
+                                              "dynamic_parameters": {"env": "prod"}}]))
+    plan = state.next_response(view, NonceSource())
+    assert plan is not None and plan.wrapped == frozenset({"c"})
+    assert plan.resources[0].variant_key == key(PROD)
+
+
+def test_sotw_full_state_omits_a_variant_that_stops_matching() -> None:
+    cache, view, _ = three_variants()
+    nonces = NonceSource()
+    state = SotwSubscription(CLUSTER)
+    state.on_request(discovery_pb2.DiscoveryRequest(
+        type_url=CLUSTER, resource_locators=[{"name": "c",
+                                              "dynamic_parameters": {"env": "prod"}}]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    state.on_request(discovery_pb2.DiscoveryRequest(
+        type_url=CLUSTER, response_nonce=plan.nonce, resource_locators=[
+            {"name": "c", "dynamic_parameters": {"env": "prod"}}]))
+    cache.apply(CLUSTER, [], removed_variants=[("c", key(PROD))])
+    cache.settle(CLUSTER, [("c", params_of({"env": "prod"}))])
+    state.resources_changed(frozenset({"c"}), False)
+    plan = state.next_response(view, nonces)
+    assert plan is not None and plan.resources == []  # absence means deletion
+
+
+def test_several_matching_variants_resolve_deterministically_and_are_counted() -> None:
+    cache = ResourceCache()
+    both = DPC(and_constraints={"constraints": [CANARY, DPC(
+        constraint={"key": "region", "exists": {}})]})
+    cache.apply(CLUSTER, [variant("c", "1", CANARY), variant("c", "1", both)])
+    conflicts: list[str] = []
+    view = CacheView(cache, lambda t, n: conflicts.append(n))
+    params = params_of({"env": "canary", "region": "eu"})
+    first = view.lookup(CLUSTER, "c", params)
+    second = view.lookup(CLUSTER, "c", params)
+    assert isinstance(first, CachedResource) and first is second
+    assert first.variant_key == key(both)  # mentions more keys
+    assert conflicts == ["c", "c"]

@@ -1,0 +1,194 @@
+"""End to end: resource variants selected by dynamic parameters (issue 3's scenario)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.xds_types import CLUSTER, ENDPOINT
+from tests.builders import endpoints
+from tests.harness import DPC, ScriptedOrigin, Stack, XdsClient, node, running_stack
+
+CANARY = DPC(constraint={"key": "env", "value": "canary"})
+PROD = DPC(constraint={"key": "env", "value": "prod"})
+DEFAULT = DPC(not_constraints=DPC(constraint={"key": "env", "exists": {}}))
+PORTS = {"canary": 1001, "prod": 1002, "default": 1003}
+
+
+def cluster_variant(label: str, generation: int = 1) -> cluster_pb2.Cluster:
+    return cluster_pb2.Cluster(name="svc", alt_stat_name=f"{label}-{generation}")
+
+
+def publish(origin: ScriptedOrigin) -> None:
+    for label, constraints in (("canary", CANARY), ("prod", PROD), ("default", DEFAULT)):
+        origin.set_variant(cluster_variant(label), constraints, f"{label}-1")
+        origin.set_variant(endpoints("svc", PORTS[label]), constraints, f"{label}-1")
+
+
+def label_of(response: Any) -> str | None:
+    """Which variant a response carries ("canary-1", "prod", ...), None if empty."""
+    if isinstance(response, discovery_pb2.DeltaDiscoveryResponse):
+        if not response.resources:
+            return None
+        body = response.resources[0].resource
+    else:
+        if not response.resources:
+            return None
+        body = response.resources[0]
+        if body.type_url.endswith("discovery.v3.Resource"):
+            wrapped = discovery_pb2.Resource.FromString(body.value)
+            body = wrapped.resource
+    if body.type_url == CLUSTER:
+        return str(cluster_pb2.Cluster.FromString(body.value).alt_stat_name)
+    port = endpoint_pb2.ClusterLoadAssignment.FromString(
+        body.value).endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value
+    return {p: label for label, p in PORTS.items()}[port]
+
+
+@dataclass
+class Client:
+    stream: XdsClient
+    params: dict[str, str]
+    locator: bool
+    last: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def delta(self) -> bool:
+        return self.stream.delta
+
+    def node(self, params: dict[str, str] | None = None) -> Any:
+        n = node(f"client-{id(self)}")
+        if not self.locator:
+            for type_url in (CLUSTER, ENDPOINT):
+                n.dynamic_parameters[type_url].params.update(
+                    self.params if params is None else params)
+        return n
+
+    async def subscribe(self) -> None:
+        for type_url in (CLUSTER, ENDPOINT):
+            locator = {"name": "svc", "dynamic_parameters": self.params}
+            if self.delta and self.locator:
+                await self.stream.send(node=self.node(), type_url=type_url,
+                                       resource_locators_subscribe=[locator])
+            elif self.delta:
+                await self.stream.send(node=self.node(), type_url=type_url,
+                                       resource_names_subscribe=["svc"])
+            elif self.locator:
+                await self.stream.send(node=self.node(), type_url=type_url,
+                                       resource_locators=[locator])
+            else:
+                await self.stream.send(node=self.node(), type_url=type_url,
+                                       resource_names=["svc"])
+
+    async def receive(self) -> Any:
+        response = await self.stream.recv()
+        self.last[response.type_url] = response
+        ack: dict[str, Any] = {}
+        if not self.delta:
+            if self.locator:
+                ack["resource_locators"] = [{"name": "svc", "dynamic_parameters": self.params}]
+            else:
+                ack["resource_names"] = ["svc"]
+        await self.stream.ack(response, **ack)
+        return response
+
+
+async def quiet(clients: list[Client]) -> None:
+    """Nobody receives anything for a while (checked for all at once)."""
+    await asyncio.gather(*(c.stream.expect_nothing() for c in clients))
+
+
+async def connect(stack: Stack, count: int, params: dict[str, str]) -> list[Client]:
+    clients = []
+    for i in range(count):
+        client = Client(stack.client(delta=i % 2 == 0), params, locator=i % 4 < 2)
+        await client.subscribe()
+        clients.append(client)
+    return clients
+
+
+async def test_variants_reach_exactly_their_groups_through_changes_moves_and_removals() -> None:
+    origin = ScriptedOrigin()
+    publish(origin)
+    async with running_stack(origin) as stack:
+        groups: dict[str, list[Client]] = {}
+        expected = {"canary": "canary", "prod": "prod", "eu": "default", "none": "default"}
+        for group, count, params in (("canary", 10, {"env": "canary"}),
+                                     ("prod", 10, {"env": "prod"}),
+                                     ("eu", 10, {"region": "eu"}),
+                                     ("none", 4, {}),
+                                     ("dev", 4, {"env": "dev"})):
+            groups[group] = await connect(stack, count, params)
+            for client in groups[group]:
+                if group == "dev":
+                    # Matches no variant: delta says it does not exist; SotW lists
+                    # no cluster and sends no endpoints.
+                    first = await client.receive()
+                    if client.delta:
+                        second = await client.receive()
+                        assert {r.type_url for r in (first, second)} == {CLUSTER, ENDPOINT}
+                        for r in (first, second):
+                            assert list(r.removed_resources) == ["svc"] and not r.resources
+                    else:
+                        assert first.type_url == CLUSTER and not first.resources
+                    continue
+                labels = {}
+                for _ in range(2):
+                    response = await client.receive()
+                    labels[response.type_url] = label_of(response)
+                want = expected[group]
+                assert labels == {CLUSTER: f"{want}-1", ENDPOINT: want}, (group, client)
+        everyone = [c for clients in groups.values() for c in clients]
+        await quiet(everyone)
+
+        # One upstream stream; one subscription per locator the cache could not
+        # answer. "none" (no parameters) was served from cache by the default
+        # variant that "eu" brought.
+        assert len(origin.streams) == 1
+        subscribed = sorted((r.type_url, loc.name, tuple(sorted(loc.dynamic_parameters.items())))
+                            for r in origin.subscription_requests()
+                            for loc in r.resource_locators_subscribe)
+        plain = [n for r in origin.subscription_requests() for n in r.resource_names_subscribe]
+        want_locators = [(t, "svc", p) for t in (CLUSTER, ENDPOINT)
+                         for p in ((("env", "canary"),), (("env", "dev"),), (("env", "prod"),),
+                                   (("region", "eu"),))]
+        assert subscribed == sorted(want_locators)
+        assert plain == []
+
+        # The origin changes the canary cluster: only the canary group hears of it.
+        origin.set_variant(cluster_variant("canary", 2), CANARY, "canary-2")
+        for client in groups["canary"]:
+            update = await client.receive()
+            assert update.type_url == CLUSTER and label_of(update) == "canary-2"
+        await quiet(everyone)
+
+        # A canary client with node parameters moves to prod without resubscribing.
+        mover = next(c for c in groups["canary"] if c.delta and not c.locator)
+        mover.params = {"env": "prod"}
+        await mover.stream.send(type_url=CLUSTER, node=mover.node())
+        moved = {}
+        for _ in range(2):
+            response = await mover.receive()
+            assert not response.removed_resources and not response.removed_resource_names
+            moved[response.type_url] = label_of(response)
+        assert moved == {CLUSTER: "prod-1", ENDPOINT: "prod"}
+        groups["canary"].remove(mover)
+        groups["prod"].append(mover)
+
+        # The origin removes the prod cluster variant: only prod holders see it go.
+        origin.remove_variant(CLUSTER, "svc", PROD)
+        for client in groups["prod"]:
+            gone = await client.receive()
+            assert gone.type_url == CLUSTER
+            if client.delta:
+                assert not gone.resources and not gone.removed_resources
+                [removed] = gone.removed_resource_names
+                assert removed.name == "svc" and removed.dynamic_parameter_constraints == PROD
+            else:
+                assert not gone.resources  # full-state CDS: absence means deletion
+        await quiet(everyone)
