@@ -160,3 +160,42 @@ def test_several_matching_variants_resolve_deterministically_and_are_counted() -
     assert isinstance(first, CachedResource) and first is second
     assert first.variant_key == key(both)  # mentions more keys
     assert conflicts == ["c", "c"]
+
+
+def test_repartition_in_one_origin_response_is_one_update_for_the_client() -> None:
+    cache, view, _ = three_variants()
+    state, plan = delta_client(view, {"env": "canary", "zone": "b"})
+    assert plan is not None and plan.resources[0].variant_key == key(CANARY)
+    state.inflight_nonce = None
+    # The origin splits "canary" by zone: old variant out, new ones in, atomically.
+    zone_b = DPC(and_constraints={"constraints": [CANARY, DPC(
+        constraint={"key": "zone", "value": "b"})]})
+    zone_not_b = DPC(and_constraints={"constraints": [CANARY, DPC(
+        not_constraints=DPC(constraint={"key": "zone", "value": "b"}))]})
+    cache.apply(CLUSTER, [variant("c", "2", zone_b), variant("c", "2", zone_not_b)],
+                removed_variants=[("c", key(CANARY))])
+    state.resources_changed(frozenset({"c"}), False)
+    plan = state.next_response(view, NonceSource())
+    assert plan is not None
+    assert [r.variant_key for r in plan.resources] == [key(zone_b)]
+    assert plan.removed == [] and plan.removed_names == []
+
+
+def test_invariant_31_sotw_locator_parameter_change_resends_the_new_variant() -> None:
+    _, view, _ = three_variants()
+    nonces = NonceSource()
+    state = SotwSubscription(CLUSTER)
+
+    def request(env: str, nonce: str = "") -> discovery_pb2.DiscoveryRequest:
+        return discovery_pb2.DiscoveryRequest(type_url=CLUSTER, response_nonce=nonce,
+                                              resource_locators=[{
+                                                  "name": "c",
+                                                  "dynamic_parameters": {"env": env}}])
+
+    state.on_request(request("canary"))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and plan.resources[0].variant_key == key(CANARY)
+    outcome = state.on_request(request("prod", plan.nonce))
+    assert outcome.interest_changed
+    plan = state.next_response(view, nonces)
+    assert plan is not None and [r.variant_key for r in plan.resources] == [key(PROD)]
