@@ -54,7 +54,8 @@ class Relay:
         self.cache = ResourceCache()
         self.index = SubscriptionIndex()
         self.cache.add_listener(self.index.on_cache_change)
-        self.serving = ServingContext.create(self.cache, self.index, self.metrics)
+        self.serving = ServingContext.create(self.cache, self.index, self.metrics,
+                                             config.server.batch_window)
         self.upstream: UpstreamClient | None = None
         self.files: FileSource | None = None
         upstream = config.upstream

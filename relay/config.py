@@ -375,6 +375,10 @@ class ServerConfig(_Section):
     """The downstream xDS gRPC server."""
 
     address: AddressField = Address("0.0.0.0", 18000)
+    # How long a push caused by an origin change waits for the rest of the
+    # burst, so that one change spread over several per-type responses goes
+    # out to each client in make-before-break order (0 disables).
+    batch_window: DurationField = 0.005
 
 
 class BackoffConfig(_Section):

@@ -182,7 +182,7 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      server:
        addr: "0.0.0.0:1"
      upstream: {address: "a:1"}
-     """, 3, "server.addr", "address"),
+     """, 3, "server.addr", "address, batch_window"),
     ("""
      node: {id: a}
      upstream:
@@ -604,3 +604,12 @@ def test_node_proto_minimal() -> None:
     assert node.user_agent_name == "xds-relay"
     assert not node.HasField("metadata")
     assert node.locality.region == ""
+
+
+def test_batch_window_is_a_duration_defaulting_to_5ms() -> None:
+    assert parse_config('node: {id: a}\nupstream: {address: "a:1"}\n').server.batch_window \
+        == 0.005
+    cfg = parse_config('node: {id: a}\nserver: {batch_window: 0s}\nupstream: {address: "a:1"}\n')
+    assert cfg.server.batch_window == 0.0
+    err = config_error('node: {id: a}\nserver: {batch_window: -1s}\nupstream: {address: "a:1"}\n')
+    assert err.field == "server.batch_window" and err.line == 2

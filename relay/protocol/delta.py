@@ -62,6 +62,7 @@ class DeltaSubscription:
     # a response is owed even if it would be empty (first wildcard request)
     must_answer: bool = False
     inflight_nonce: str | None = None
+    inflight_versions: str = ""  # "name=version,..." of the response in flight
     started: bool = False
     last_nack: Nack | None = None
     acked_nonce: str | None = None
@@ -83,7 +84,7 @@ class DeltaSubscription:
                 # The client keeps what it had; we do not resend the same
                 # versions (``held`` already records them), only later changes.
                 self.last_nack = Nack(nonce, request.error_detail.message,
-                                      request.error_detail.code)
+                                      request.error_detail.code, self.inflight_versions)
                 outcome.nack = self.last_nack
             else:
                 self.acked_nonce = nonce
@@ -224,4 +225,5 @@ class DeltaSubscription:
         self.must_answer = False
         nonce = nonces.next()
         self.inflight_nonce = nonce
+        self.inflight_versions = ",".join(f"{r.name}={r.version}" for r in resources)
         return DeltaResponsePlan(self.type_url, nonce, resources, removed, removed_names)

@@ -16,6 +16,8 @@ class Nack:
     nonce: str
     message: str
     code: int
+    # what was rejected: SotW's version_info, or delta's "name=version" list
+    version: str = ""
 
 
 @dataclass

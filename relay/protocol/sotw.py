@@ -78,6 +78,9 @@ class SotwSubscription:
     version_info: str = ""              # of the latest response sent
     acked_version: str = ""
     last_nack: Nack | None = None
+    # set after a cluster push: the next request is answered in full even if
+    # it looks like a plain ACK (Envoy re-requests endpoints to warm clusters)
+    answer_next_request: bool = False
 
     @property
     def full_state(self) -> bool:
@@ -112,12 +115,17 @@ class SotwSubscription:
             outcome.ack_nonce = self.inflight_nonce
             if request.HasField("error_detail"):
                 self.last_nack = Nack(self.inflight_nonce, request.error_detail.message,
-                                      request.error_detail.code)
+                                      request.error_detail.code, self.version_info)
                 outcome.nack = self.last_nack
             else:
                 self.acked_version = self.version_info
             self.inflight_nonce = None
 
+        if self.answer_next_request and request.response_nonce == self.last_nonce:
+            self.answer_next_request = False
+            self.held = {n: h for n, h in self.held.items() if n not in requested}
+            self.pending.update(requested)
+            self.must_answer = True
         for name in self.names & requested:
             if self.locator_params.get(name) != locators.get(name):
                 # Parameters changed: re-evaluate which variant it gets.
@@ -243,6 +251,7 @@ class SotwSubscription:
 
     def _emit(self, resources: list[CachedResource], nonces: NonceSource) -> SotwResponsePlan:
         self.must_answer = False
+        self.answer_next_request = False  # this response already answers it
         nonce = nonces.next()
         self.last_nonce = nonce
         self.inflight_nonce = nonce

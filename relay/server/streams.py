@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 import grpc
@@ -27,7 +27,7 @@ from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
 from relay.protocol.view import CacheView, NonceSource
 from relay.subscriptions import SubscriptionIndex
 from relay.telemetry import Metrics
-from relay.xds_types import push_rank, short_name
+from relay.xds_types import CLUSTER, ENDPOINT, push_rank, short_name
 
 log = logging.getLogger("relay.downstream")
 
@@ -44,14 +44,21 @@ class ServingContext:
     index: SubscriptionIndex
     metrics: Metrics
     view: CacheView
+    batch_window: float = 0.0
+    streams: set[DownstreamStream] = field(default_factory=set)
+
+    def client_statuses(self) -> list[dict[str, Any]]:
+        """Every connected client's status (see :meth:`DownstreamStream.status`)."""
+        return sorted((s.status() for s in self.streams),
+                      key=lambda s: (s["node_id"], s["peer"]))
 
     @classmethod
-    def create(cls, cache: ResourceCache, index: SubscriptionIndex,
-               metrics: Metrics) -> ServingContext:
+    def create(cls, cache: ResourceCache, index: SubscriptionIndex, metrics: Metrics,
+               batch_window: float = 0.0) -> ServingContext:
         def conflict(type_url: str, name: str) -> None:
             metrics.variant_conflicts.add(1, {"type": short_name(type_url)})
 
-        return cls(cache, index, metrics, CacheView(cache, conflict))
+        return cls(cache, index, metrics, CacheView(cache, conflict), batch_window)
 
 
 class DownstreamStream:
@@ -69,6 +76,7 @@ class DownstreamStream:
         self.states: dict[str, DeltaSubscription | SotwSubscription] = {}
         self._nonces = NonceSource()
         self._wake = asyncio.Event()
+        self._origin_changed = False
 
     def __hash__(self) -> int:
         return id(self)
@@ -80,12 +88,33 @@ class DownstreamStream:
     def node_id(self) -> str:
         return self.node.id if self.node is not None else ""
 
+    def status(self) -> dict[str, Any]:
+        """What this client subscribes to, what it ACKed and its last NACK, per type.
+
+        For the admin endpoints and CSDS; names are sorted for stable output.
+        """
+        types: dict[str, Any] = {}
+        for type_url, state in sorted(self.states.items()):
+            nack = state.last_nack
+            acked = (state.acked_nonce if isinstance(state, DeltaSubscription)
+                     else state.acked_version)
+            types[type_url] = {
+                "subscribed": sorted(state.names),
+                "wildcard": state.wildcard,
+                "acked": acked,
+                "last_nack": None if nack is None else {
+                    "nonce": nack.nonce, "version": nack.version, "message": nack.message},
+            }
+        return {"node_id": self.node_id, "peer": self.peer, "variant": self.variant,
+                "types": types}
+
     # -- notifications from the subscription index -------------------------
 
     def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
         state = self.states.get(type_url)
         if state is not None:
             state.resources_changed(names, everything)
+            self._origin_changed = True
             self._wake.set()
 
     # -- requests ------------------------------------------------------------
@@ -147,14 +176,35 @@ class DownstreamStream:
     # -- responses -----------------------------------------------------------
 
     def ready_responses(self) -> Iterator[bytes]:
-        """Encoded responses due now, in make-before-break type order."""
+        """Encoded responses due now, in make-before-break order.
+
+        Clusters, endpoints, listeners, routes, then other types; a delta
+        response that only removes clusters goes after all the others, so that
+        nothing still points at a cluster when it disappears.
+        """
         view = self.serving.view
+        deferred: list[DeltaResponsePlan | SotwResponsePlan] = []
         for type_url in sorted(self.states, key=push_rank):
-            plan = self.states[type_url].next_response(view, self._nonces)
+            state = self.states[type_url]
+            plan = state.next_response(view, self._nonces)
             if plan is None:
                 continue
-            self.serving.metrics.push(self.variant, type_url)
-            yield encode_plan(plan)
+            if type_url == CLUSTER and _only_removes(plan):
+                deferred.append(plan)
+                continue
+            if type_url == CLUSTER and self.variant == "sotw":
+                # Envoy re-requests endpoints after a cluster update and waits
+                # for an answer even if they did not change.
+                endpoints = self.states.get(ENDPOINT)
+                if isinstance(endpoints, SotwSubscription):
+                    endpoints.answer_next_request = True
+            yield self._sent(plan)
+        for plan in deferred:
+            yield self._sent(plan)
+
+    def _sent(self, plan: DeltaResponsePlan | SotwResponsePlan) -> bytes:
+        self.serving.metrics.push(self.variant, plan.type_url)
+        return encode_plan(plan)
 
     async def serve(self, requests: AsyncIterator[Request],
                     context: grpc.aio.ServicerContext) -> None:
@@ -165,6 +215,7 @@ class DownstreamStream:
         """
         metrics = self.serving.metrics
         metrics.downstream_streams.add(1, {"variant": self.variant})
+        self.serving.streams.add(self)
         reader = asyncio.create_task(self._read(requests))
         try:
             while True:
@@ -178,9 +229,14 @@ class DownstreamStream:
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
                     return
                 await self._wake.wait()
+                if self._origin_changed and self.serving.batch_window > 0:
+                    # Let the rest of the origin's burst arrive first.
+                    await asyncio.sleep(self.serving.batch_window)
+                self._origin_changed = False
                 self._wake.clear()
         finally:
             reader.cancel()
+            self.serving.streams.discard(self)
             self.serving.index.remove(self)
             metrics.downstream_streams.add(-1, {"variant": self.variant})
 
@@ -191,6 +247,12 @@ class DownstreamStream:
                 self._wake.set()
         finally:
             self._wake.set()
+
+
+def _only_removes(plan: DeltaResponsePlan | SotwResponsePlan) -> bool:
+    if isinstance(plan, DeltaResponsePlan):
+        return not plan.resources and bool(plan.removed or plan.removed_names)
+    return False
 
 
 def encode_plan(plan: DeltaResponsePlan | SotwResponsePlan) -> bytes:

@@ -1,0 +1,99 @@
+"""End to end: make-before-break ordering, Envoy's EDS re-request, NACK records."""
+
+from __future__ import annotations
+
+from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE
+from tests.harness import (
+    ScriptedOrigin,
+    cluster,
+    endpoints,
+    listener,
+    names_of,
+    node,
+    route,
+    running_stack,
+    type_url_of,
+)
+
+
+async def test_invariant_20_one_origin_burst_reaches_client_in_make_before_break_order() -> None:
+    origin = ScriptedOrigin(auto=False)
+    async with running_stack(origin) as stack:
+        client = stack.client()
+        for type_url, names in ((ROUTE, ["r"]), (LISTENER, []), (ENDPOINT, ["c"]),
+                                (CLUSTER, [])):
+            await client.send(node=node(), type_url=type_url, resource_names_subscribe=names)
+        for _ in range(4):
+            await origin.next_request()
+        # The origin answers type by type, in the worst order, back to back.
+        burst = (route("r", "c"), listener("l"), endpoints("c", 1), cluster("c"))
+        for msg in burst:
+            origin.resources.setdefault(type_url_of(msg), {})
+        origin.set(*burst)
+        for msg in burst:
+            origin.send(origin.stream, type_url_of(msg),
+                        [getattr(msg, "name", "") or getattr(msg, "cluster_name", "")])
+        order = [(await client.recv()).type_url for _ in range(4)]
+        assert order == [CLUSTER, ENDPOINT, LISTENER, ROUTE]
+
+
+async def test_invariant_20_cluster_removals_go_after_the_listener_change() -> None:
+    origin = ScriptedOrigin()
+    origin.set(cluster("old"), cluster("new"), listener("l"))
+    async with running_stack(origin) as stack:
+        client = stack.client()
+        await client.send(node=node(), type_url=CLUSTER)
+        await client.send(node=node(), type_url=LISTENER)
+        for _ in range(2):
+            await client.ack(await client.recv())
+        # One change: the listener moves off "old", and "old" is deleted.
+        origin.remove(CLUSTER, "old")
+        origin.set(listener("l", port=10001))
+        first, second = await client.recv(), await client.recv()
+        assert first.type_url == LISTENER
+        assert second.type_url == CLUSTER and list(second.removed_resources) == ["old"]
+
+
+async def test_sotw_endpoints_are_answered_after_a_cluster_push_even_if_unchanged() -> None:
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"), endpoints("a", 1))
+    async with running_stack(origin) as stack:
+        client = stack.client(delta=False)
+        await client.send(node=node(), type_url=CLUSTER)
+        await client.send(node=node(), type_url=ENDPOINT, resource_names=["a"])
+        eds = None
+        for _ in range(2):
+            response = await client.recv()
+            if response.type_url == ENDPOINT:
+                eds = response
+                await client.ack(response, resource_names=["a"])
+            else:
+                await client.ack(response)
+        assert eds is not None
+        origin.set(cluster("a", timeout_s=7))
+        cds = await client.recv()
+        assert cds.type_url == CLUSTER
+        await client.ack(cds)
+        # Envoy warms the updated cluster: it asks for its endpoints again with
+        # the last EDS nonce, and waits for an answer.
+        await client.ack(eds, resource_names=["a"])
+        again = await client.recv()
+        assert again.type_url == ENDPOINT and names_of(again) == ["a"]
+        await client.ack(again, resource_names=["a"])
+        await client.expect_nothing()
+
+
+async def test_invariant_10_downstream_nack_is_recorded_per_client_and_type() -> None:
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"), version="v9")
+    async with running_stack(origin) as stack:
+        client = stack.client()
+        await client.send(node=node("nacker"), type_url=CLUSTER)
+        response = await client.recv()
+        await client.ack(response, error_detail={"code": 3, "message": "cluster a is bad"})
+        await client.expect_nothing()
+        [status] = stack.relay.serving.client_statuses()
+        assert status["node_id"] == "nacker" and status["variant"] == "delta"
+        assert status["types"][CLUSTER]["last_nack"] == {
+            "nonce": response.nonce, "version": "a=v9", "message": "cluster a is bad"}
+        assert status["types"][CLUSTER]["wildcard"] is True
