@@ -23,6 +23,8 @@ import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from envoy.service.discovery.v3 import discovery_pb2
+
 from relay.constraints import Params
 from relay.resource import CachedResource
 
@@ -59,6 +61,7 @@ class _TypeEntry:
     synced: bool = False
     complete: bool = False
     settled: set[tuple[str, Params]] = field(default_factory=set)
+    errors: dict[str, discovery_pb2.ResourceError] = field(default_factory=dict)
 
 
 class ResourceCache:
@@ -90,6 +93,11 @@ class ResourceCache:
         if entry.complete or name in entry.absent:
             return ABSENT
         return UNKNOWN
+
+    def error(self, type_url: str, name: str) -> discovery_pb2.ResourceError | None:
+        """The origin's current error for a name, if any."""
+        entry = self._types.get(type_url)
+        return entry.errors.get(name) if entry is not None else None
 
     def is_complete(self, type_url: str) -> bool:
         """Whether the cache holds every resource of the type (wildcard or files)."""
@@ -133,17 +141,27 @@ class ResourceCache:
     def apply(self, type_url: str, upserts: Sequence[CachedResource],
               removed_names: Iterable[str] = (),
               removed_variants: Iterable[tuple[str, str]] = (),
-              complete: bool | None = None) -> frozenset[str]:
+              complete: bool | None = None,
+              errors: Iterable[discovery_pb2.ResourceError] = ()) -> frozenset[str]:
         """Add or replace variants and remove names or single variants.
 
         Marks the type synced. ``complete`` says whether the cache now holds
         every resource of the type (a wildcard subscription or a file source),
-        so that a missing name means the resource does not exist.
+        so that a missing name means the resource does not exist. ``errors``
+        are the origin's per-resource errors; a resource that arrives clears
+        its name's error.
         Returns the names whose state changed; listeners hear of them too.
         """
         entry = self._types.setdefault(type_url, _TypeEntry())
         changed: set[str] = set()
+        for error in errors:
+            name = error.resource_name.name
+            if entry.errors.get(name) != error:
+                entry.errors[name] = error
+                changed.add(name)
         for resource in upserts:
+            if entry.errors.pop(resource.name, None) is not None:
+                changed.add(resource.name)
             by_key = entry.variants.setdefault(resource.name, {})
             old = by_key.get(resource.variant_key)
             if old is None or old.version != resource.version or \
@@ -193,6 +211,7 @@ class ResourceCache:
         for name in gone:
             entry.variants.pop(name, None)
             entry.absent.discard(name)
+            entry.errors.pop(name, None)
         entry.settled = {(n, p) for n, p in entry.settled if n not in gone}
 
     def forget_variants(self, type_url: str, name: str, keep: Iterable[str],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from envoy.service.discovery.v3 import discovery_pb2
+
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from tests.harness import (
     ScriptedOrigin,
@@ -97,3 +99,35 @@ async def test_invariant_10_downstream_nack_is_recorded_per_client_and_type() ->
         assert status["types"][CLUSTER]["last_nack"] == {
             "nonce": response.nonce, "version": "a=v9", "message": "cluster a is bad"}
         assert status["types"][CLUSTER]["wildcard"] is True
+
+
+async def test_resource_errors_reach_subscribers_of_that_name_in_both_variants() -> None:
+    origin = ScriptedOrigin(auto=False)
+    async with running_stack(origin) as stack:
+        delta, sotw = stack.client(), stack.client(delta=False)
+        other = stack.client()
+        await delta.send(node=node("d"), type_url=ENDPOINT, resource_names_subscribe=["a"])
+        await sotw.send(node=node("s"), type_url=ENDPOINT, resource_names=["a"])
+        await other.send(node=node("o"), type_url=ENDPOINT, resource_names_subscribe=["b"])
+        for _ in range(2):  # "a" once for both its subscribers, then "b"
+            await origin.next_request()
+        failing = discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT)
+        error = failing.resource_errors.add()
+        error.resource_name.name = "a"
+        error.error_detail.code = 5
+        error.error_detail.message = "no endpoints for a yet"
+        origin.send_raw(failing)
+        got_delta, got_sotw = await delta.recv(), await sotw.recv()
+        for response in (got_delta, got_sotw):
+            assert list(response.resources) == []
+            [forwarded] = response.resource_errors
+            assert forwarded == error
+        await other.expect_nothing()
+        await delta.ack(got_delta)
+        await sotw.ack(got_sotw, resource_names=["a"])
+        origin.resources[ENDPOINT] = {}
+        origin.set(endpoints("a", 1))
+        origin.send(origin.stream, ENDPOINT, ["a"])
+        for client in (delta, sotw):
+            healed = await client.recv()
+            assert names_of(healed) == ["a"] and list(healed.resource_errors) == []

@@ -33,12 +33,13 @@ class DeltaResponsePlan:
     removed: list[str]
     # variants that went out with constraints are removed by name + constraints
     removed_names: list[discovery_pb2.ResourceName] = field(default_factory=list)
+    errors: list[discovery_pb2.ResourceError] = field(default_factory=list)
 
     def head(self) -> discovery_pb2.DeltaDiscoveryResponse:
         """The response without its resources (they are appended pre-encoded)."""
         return discovery_pb2.DeltaDiscoveryResponse(
             type_url=self.type_url, nonce=self.nonce, removed_resources=self.removed,
-            removed_resource_names=self.removed_names)
+            removed_resource_names=self.removed_names, resource_errors=self.errors)
 
 
 @dataclass
@@ -66,6 +67,8 @@ class DeltaSubscription:
     started: bool = False
     last_nack: Nack | None = None
     acked_nonce: str | None = None
+    # name -> the origin's error as last forwarded, so each is sent once
+    errors_sent: dict[str, discovery_pb2.ResourceError] = field(default_factory=dict)
 
     # -- input -----------------------------------------------------------
 
@@ -198,9 +201,13 @@ class DeltaSubscription:
         resources: list[CachedResource] = []
         removed: list[str] = []
         removed_names: list[discovery_pb2.ResourceName] = []
+        errors: list[discovery_pb2.ResourceError] = []
         for name in sorted(candidates):
             if not (self.wildcard or name in self.names):
                 continue
+            error = forward_error(view.error(self.type_url, name), name, self.errors_sent)
+            if error is not None:
+                errors.append(error)
             found = view.lookup(self.type_url, name, self.params_for(name))
             if found is UNKNOWN:
                 continue
@@ -220,10 +227,24 @@ class DeltaSubscription:
                 resources.append(found)
                 self.held[name] = Held.of(found)
 
-        if not resources and not removed and not removed_names and not self.must_answer:
+        if not (resources or removed or removed_names or errors or self.must_answer):
             return None
         self.must_answer = False
         nonce = nonces.next()
         self.inflight_nonce = nonce
         self.inflight_versions = ",".join(f"{r.name}={r.version}" for r in resources)
-        return DeltaResponsePlan(self.type_url, nonce, resources, removed, removed_names)
+        return DeltaResponsePlan(self.type_url, nonce, resources, removed, removed_names,
+                                 errors)
+
+
+def forward_error(error: discovery_pb2.ResourceError | None, name: str,
+                  sent: dict[str, discovery_pb2.ResourceError]
+                  ) -> discovery_pb2.ResourceError | None:
+    """The origin's error for ``name`` if this client has not been told it yet."""
+    if error is None:
+        sent.pop(name, None)
+        return None
+    if sent.get(name) == error:
+        return None
+    sent[name] = error
+    return error

@@ -18,6 +18,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import EMPTY_PARAMS, Params, params_of
+from relay.protocol.delta import forward_error
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.view import NonceSource, ResourceView
@@ -37,11 +38,13 @@ class SotwResponsePlan:
     # names subscribed with a ResourceLocator: sent wrapped in Resource, so
     # that their constraints travel with them
     wrapped: frozenset[str] = frozenset()
+    errors: list[discovery_pb2.ResourceError] = field(default_factory=list)
 
     def head(self) -> discovery_pb2.DiscoveryResponse:
         """The response without its resources (they are appended pre-encoded)."""
         return discovery_pb2.DiscoveryResponse(
-            type_url=self.type_url, nonce=self.nonce, version_info=self.version_info)
+            type_url=self.type_url, nonce=self.nonce, version_info=self.version_info,
+            resource_errors=self.errors)
 
 
 def state_version(held: dict[str, Held]) -> str:
@@ -81,6 +84,8 @@ class SotwSubscription:
     # set after a cluster push: the next request is answered in full even if
     # it looks like a plain ACK (Envoy re-requests endpoints to warm clusters)
     answer_next_request: bool = False
+    # name -> the origin's error as last forwarded, so each is sent once
+    errors_sent: dict[str, discovery_pb2.ResourceError] = field(default_factory=dict)
 
     @property
     def full_state(self) -> bool:
@@ -207,22 +212,26 @@ class SotwSubscription:
     def _full_state_response(self, view: ResourceView,
                              nonces: NonceSource) -> SotwResponsePlan | None:
         resources: list[CachedResource] = []
+        errors: list[discovery_pb2.ResourceError] = []
         for name in sorted(self._subscribed(view)):
+            error = view.error(self.type_url, name)
             found = view.lookup(self.type_url, name, self.params_for(name))
-            if found is UNKNOWN:
+            if found is UNKNOWN and error is None:
                 # Absence would mean deletion to the client: wait until the
                 # origin has said whether it exists (the cache will tell us).
                 return None
-            if found is not ABSENT:
-                assert isinstance(found, CachedResource)
+            forwarded = forward_error(error, name, self.errors_sent)
+            if forwarded is not None:
+                errors.append(forwarded)
+            if isinstance(found, CachedResource):
                 resources.append(found)
         self.pending = set()
         self.recheck_all = False
         new_held = {r.name: Held.of(r) for r in resources}
-        if new_held == self.held and not self.must_answer:
+        if new_held == self.held and not self.must_answer and not errors:
             return None
         self.held = new_held
-        return self._emit(resources, nonces)
+        return self._emit(resources, nonces, errors)
 
     def _changes_response(self, view: ResourceView,
                           nonces: NonceSource) -> SotwResponsePlan | None:
@@ -230,9 +239,13 @@ class SotwSubscription:
         self.pending = set()
         self.recheck_all = False
         resources: list[CachedResource] = []
+        errors: list[discovery_pb2.ResourceError] = []
         for name in sorted(candidates):
             if not (self.wildcard or name in self.names):
                 continue
+            forwarded = forward_error(view.error(self.type_url, name), name, self.errors_sent)
+            if forwarded is not None:
+                errors.append(forwarded)
             found = view.lookup(self.type_url, name, self.params_for(name))
             if found is UNKNOWN:
                 continue
@@ -245,11 +258,12 @@ class SotwSubscription:
             if held is None or not held.is_current(found):
                 resources.append(found)
                 self.held[name] = Held.of(found)
-        if not resources and not self.must_answer:
+        if not resources and not errors and not self.must_answer:
             return None
-        return self._emit(resources, nonces)
+        return self._emit(resources, nonces, errors)
 
-    def _emit(self, resources: list[CachedResource], nonces: NonceSource) -> SotwResponsePlan:
+    def _emit(self, resources: list[CachedResource], nonces: NonceSource,
+              errors: list[discovery_pb2.ResourceError] | None = None) -> SotwResponsePlan:
         self.must_answer = False
         self.answer_next_request = False  # this response already answers it
         nonce = nonces.next()
@@ -257,4 +271,5 @@ class SotwSubscription:
         self.inflight_nonce = nonce
         self.version_info = state_version(self.held)
         wrapped = frozenset(r.name for r in resources if r.name in self.locator_params)
-        return SotwResponsePlan(self.type_url, nonce, self.version_info, resources, wrapped)
+        return SotwResponsePlan(self.type_url, nonce, self.version_info, resources, wrapped,
+                                errors or [])

@@ -6,6 +6,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from envoy.service.discovery.v3 import discovery_pb2
+
 from relay.cache import ABSENT, UNKNOWN, Missing, ResourceCache
 from relay.constraints import Params, select_variant
 from relay.resource import CachedResource
@@ -24,6 +26,9 @@ class ResourceView(Protocol):
 
     def names(self, type_url: str) -> Iterable[str]:
         """Every name of the type that exists."""
+
+    def error(self, type_url: str, name: str) -> discovery_pb2.ResourceError | None:
+        """The origin's current error for a name, if any."""
 
 
 AmbiguityListener = Callable[[str, str], None]
@@ -68,6 +73,9 @@ class CacheView:
 
     def names(self, type_url: str) -> Iterable[str]:
         return self._cache.names(type_url)
+
+    def error(self, type_url: str, name: str) -> discovery_pb2.ResourceError | None:
+        return self._cache.error(type_url, name)
 
     def _ambiguous(self, type_url: str, name: str, variant_keys: frozenset[str]) -> None:
         if self._on_ambiguous is not None:

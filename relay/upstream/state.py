@@ -265,8 +265,10 @@ class UpstreamState:
             return [ack]
         wanted = [r for r in upserts if sub.wildcard or r.name in sub.locators]
         removed = [n for n in response.removed_resources if sub.wildcard or n in sub.locators]
+        errors = [e for e in response.resource_errors
+                  if sub.wildcard or e.resource_name.name in sub.locators]
         self.cache.apply(type_url, wanted, removed, removed_variants,
-                         complete=True if sub.wildcard else None)
+                         complete=True if sub.wildcard else None, errors=errors)
         # Everything subscribed before this response has now been answered.
         self.cache.settle(type_url, self._unsettled.pop(type_url, set()))
         # Variants changed: a client answered from cache may need its own locator.
