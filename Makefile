@@ -4,13 +4,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # Reinstall when the project's metadata changes.
 STAMP  := $(VENV)/.installed
+# gRPC's Node.js xDS client, a second real client for the interop tests;
+# skipped (and its test with it) where npm is missing.
+NODE_DIR   := tests/interop/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 
 .PHONY: run test lint bench clean
 
 run: $(STAMP)
 	$(BIN)/xds-relay demo
 
-test: $(STAMP)
+test: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -28,5 +32,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+$(NODE_STAMP): $(NODE_DIR)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --prefix $(NODE_DIR) --ignore-scripts --no-audit --no-fund --loglevel=error && \
+		touch $(NODE_STAMP); \
+	else echo "npm not found: the Node.js xDS interop test will be skipped"; fi
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache $(NODE_DIR)/node_modules

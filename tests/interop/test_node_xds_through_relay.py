@@ -62,6 +62,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 from types import TracebackType
@@ -86,17 +87,32 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = REPO_ROOT / "tests" / "interop" / "node"
 CLIENT_JS = NODE_DIR / "client.js"
 INSTALL_HINT = "npm ci --prefix tests/interop/node"
+#: Exits 1 with a one-line reason unless both packages resolve to their entry files.
+RESOLVE_PROBE = """
+try { for (const p of ['@grpc/grpc-js', '@grpc/grpc-js-xds']) require.resolve(p); }
+catch (err) { console.error(err.message.split('\\n')[0]); process.exit(1); }
+"""
 #: Loading grpc-js-xds takes ~1.4 s warm but can take ~20 s from a cold page cache.
 STARTUP_TIMEOUT = 45.0
 
 
 def node_or_skip() -> str:
-    """The ``node`` executable, or skip the test with the reason it cannot run."""
+    """The ``node`` executable, or skip the test with the reason it cannot run.
+
+    Besides ``node_modules`` existing, both packages must resolve to their entry files: a
+    partial tree (say one whose ``build/`` directories a ``.gitignore`` kept out of git)
+    skips with the install hint instead of failing inside the child.
+    """
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not on PATH; the Node.js xDS interop test needs Node >= 18.3")
-    if not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js-xds").is_dir():
+    if not (NODE_DIR / "node_modules").is_dir():
         pytest.skip(f"{NODE_DIR / 'node_modules'} is missing; install it with `{INSTALL_HINT}`")
+    probe = subprocess.run([node, "-e", RESOLVE_PROBE], cwd=NODE_DIR, capture_output=True,
+                           text=True, timeout=30, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"{NODE_DIR / 'node_modules'} is incomplete ({probe.stderr.strip()}); "
+                    f"reinstall it with `{INSTALL_HINT}`")
     return node
 
 
