@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from relay.sources.files import FileSource
 
 log = logging.getLogger("relay")
+
+# Longest sleep of the TTL task: a resource cached meanwhile with a shorter
+# TTL is noticed this late at most.
+_TTL_TICK = 0.1
 
 # Downstream clients hold their streams open for hours; keep them alive
 # through idle NATs and load balancers, and let many share one connection.
@@ -100,8 +105,18 @@ class Relay:
         self.admin_port = await self.admin.start(admin.host, admin.port)
         if self.upstream is not None:
             self._tasks.append(asyncio.create_task(self.upstream.run(), name="upstream"))
+        self._tasks.append(asyncio.create_task(self._expire_ttls(), name="ttl"))
         log.info("serving xDS on %s:%d, admin on %s:%d", self.config.server.address.host,
                  self.xds_port, admin.host, self.admin_port)
+
+    async def _expire_ttls(self) -> None:
+        """Remove resources whose TTL lapsed without a heartbeat (never invents one)."""
+        while True:
+            deadline = self.cache.next_expiry()
+            delay = _TTL_TICK if deadline is None else \
+                min(_TTL_TICK, max(0.0, deadline - time.monotonic()))
+            await asyncio.sleep(delay)
+            self.cache.expire()
 
     async def stop(self, grace: float | None = 0.5) -> None:
         """Stop serving; close downstream streams and the origin stream."""

@@ -20,6 +20,7 @@ those parameters once the origin has answered a subscription made with them
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -49,6 +50,8 @@ class CacheChange:
     type_url: str
     names: frozenset[str]
     became_synced: bool = False
+    # names whose origin heartbeat arrived (the resource itself is unchanged)
+    heartbeats: frozenset[str] = frozenset()
 
 
 ChangeListener = Callable[[CacheChange], None]
@@ -62,14 +65,17 @@ class _TypeEntry:
     complete: bool = False
     settled: set[tuple[str, Params]] = field(default_factory=set)
     errors: dict[str, discovery_pb2.ResourceError] = field(default_factory=dict)
+    # (name, variant key) -> clock time when its TTL lapses without a heartbeat
+    expires: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 class ResourceCache:
     """Resources by type URL, name and variant key, with change notification."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._types: dict[str, _TypeEntry] = {}
         self._listeners: list[ChangeListener] = []
+        self._clock = clock
 
     def add_listener(self, listener: ChangeListener) -> None:
         """Call ``listener`` after every write that changes what readers see."""
@@ -159,9 +165,15 @@ class ResourceCache:
             if entry.errors.get(name) != error:
                 entry.errors[name] = error
                 changed.add(name)
+        now = self._clock()
         for resource in upserts:
             if entry.errors.pop(resource.name, None) is not None:
                 changed.add(resource.name)
+            ttl = resource.ttl_seconds
+            if ttl is None:
+                entry.expires.pop((resource.name, resource.variant_key), None)
+            else:
+                entry.expires[(resource.name, resource.variant_key)] = now + ttl
             by_key = entry.variants.setdefault(resource.name, {})
             old = by_key.get(resource.variant_key)
             if old is None or old.version != resource.version or \
@@ -173,7 +185,10 @@ class ResourceCache:
             if entry.variants.pop(name, None) is not None or name not in entry.absent:
                 changed.add(name)
             entry.absent.add(name)
+            for key in [k for k in entry.expires if k[0] == name]:
+                del entry.expires[key]
         for name, variant_key in removed_variants:
+            entry.expires.pop((name, variant_key), None)
             held = entry.variants.get(name)
             if held is not None and held.pop(variant_key, None) is not None:
                 changed.add(name)
@@ -201,6 +216,43 @@ class ResourceCache:
             stale_variants = [(n, k) for n, by_key in entry.variants.items() if n in keep
                               for k in by_key if (n, k) not in wanted]
         return self.apply(type_url, resources, gone, stale_variants, complete=True)
+
+    def heartbeat(self, type_url: str, beats: Iterable[tuple[str, str, str]]) -> frozenset[str]:
+        """The origin confirmed these (name, variant key, version): restart their TTL.
+
+        A heartbeat for a version the cache does not hold changes nothing.
+        Returns the names that were refreshed; listeners hear of them as
+        heartbeats, not as changes.
+        """
+        entry = self._types.get(type_url)
+        if entry is None:
+            return frozenset()
+        now = self._clock()
+        refreshed = set()
+        for name, variant_key, version in beats:
+            variant = entry.variants.get(name, {}).get(variant_key)
+            if variant is None or variant.version != version:
+                continue
+            ttl = variant.ttl_seconds
+            if ttl is not None:
+                entry.expires[(name, variant_key)] = now + ttl
+            refreshed.add(name)
+        result = frozenset(refreshed)
+        if result:
+            self._notify(CacheChange(type_url, frozenset(), heartbeats=result))
+        return result
+
+    def next_expiry(self) -> float | None:
+        """When the next TTL lapses (clock time), if any resource has one."""
+        return min((d for e in self._types.values() for d in e.expires.values()), default=None)
+
+    def expire(self) -> None:
+        """Remove every variant whose TTL lapsed without a heartbeat."""
+        now = self._clock()
+        for type_url, entry in list(self._types.items()):
+            lapsed = [key for key, deadline in entry.expires.items() if deadline <= now]
+            if lapsed:
+                self.apply(type_url, [], removed_variants=lapsed)
 
     def forget(self, type_url: str, names: Iterable[str]) -> None:
         """Drop names nobody subscribes to any more (no listener is told)."""

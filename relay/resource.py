@@ -64,6 +64,37 @@ class CachedResource:
         return cls(type_url, name, version, resource, constraints)
 
     @property
+    def ttl_seconds(self) -> float | None:
+        """The TTL the origin gave this resource, if any."""
+        if not self.resource.HasField("ttl"):
+            return None
+        seconds: float = self.resource.ttl.ToTimedelta().total_seconds()
+        return seconds
+
+    @property
+    def do_not_cache(self) -> bool:
+        return bool(self.resource.cache_control.do_not_cache)
+
+    @cached_property
+    def _heartbeat(self) -> discovery_pb2.Resource:
+        beat = discovery_pb2.Resource()
+        beat.CopyFrom(self.resource)
+        beat.ClearField("resource")
+        return beat
+
+    @cached_property
+    def heartbeat_entry(self) -> bytes:
+        """This resource without its body (a heartbeat) as a delta ``resources`` entry."""
+        return length_delimited_field(_RESOURCES_FIELD, self._heartbeat.SerializeToString())
+
+    @cached_property
+    def sotw_heartbeat_entry(self) -> bytes:
+        """A heartbeat wrapped in ``Any``, for SotW clients that accept ``Resource``."""
+        wrapped = any_pb2.Any(type_url="type.googleapis.com/envoy.service.discovery.v3.Resource",
+                              value=self._heartbeat.SerializeToString())
+        return length_delimited_field(_RESOURCES_FIELD, wrapped.SerializeToString())
+
+    @property
     def body(self) -> any_pb2.Any:
         body: any_pb2.Any = self.resource.resource
         return body

@@ -26,6 +26,9 @@ class Subscriber(Hashable, Protocol):
     def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
         """Names of ``type_url`` changed in the cache (``everything``: re-check all)."""
 
+    def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
+        """The origin sent heartbeats for these names (nothing changed)."""
+
 
 @dataclass(frozen=True)
 class Interest:
@@ -144,15 +147,23 @@ class SubscriptionIndex:
                 if type_url in per_type:
                     subscriber.resources_changed(type_url, change.names, True)
             return
+        for subscriber, names in self._affected(type_url, change.names).items():
+            subscriber.resources_changed(type_url, frozenset(names), False)
+        for subscriber, names in self._affected(type_url, change.heartbeats).items():
+            subscriber.heartbeats_received(type_url, frozenset(names))
+
+    def _affected(self, type_url: str, names: frozenset[str]) -> dict[Subscriber, set[str]]:
+        """Subscribers of any of ``names`` (and wildcard subscribers), with their names."""
         affected: dict[Subscriber, set[str]] = {}
+        if not names:
+            return affected
         by_name = self._by_name.get(type_url, {})
-        for name in change.names:
+        for name in names:
             for subscriber in by_name.get(name, ()):
                 affected.setdefault(subscriber, set()).add(name)
         for subscriber in self._wildcard.get(type_url, ()):
-            affected[subscriber] = set(change.names)
-        for subscriber, names in affected.items():
-            subscriber.resources_changed(type_url, frozenset(names), False)
+            affected[subscriber] = set(names)
+        return affected
 
     def _interest_changed(self, type_url: str) -> None:
         for listener in self._listeners:

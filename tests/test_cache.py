@@ -127,3 +127,47 @@ def test_forget_variants_keeps_only_the_listed_ones() -> None:
     found = cache.variants(CLUSTER, "a")
     assert not isinstance(found, type(UNKNOWN)) and list(found) == [env("canary").key]
     assert not cache.is_settled(CLUSTER, "a", prod)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def with_ttl(name: str, version: str, seconds: int) -> CachedResource:
+    resource = discovery_pb2.Resource(name=name, version=version)
+    resource.ttl.seconds = seconds
+    return CachedResource(CLUSTER, name, version, resource)
+
+
+def test_invariant_22_ttl_lapses_without_heartbeat_and_heartbeat_restarts_it() -> None:
+    clock = FakeClock()
+    cache = ResourceCache(clock)
+    changes: list[CacheChange] = []
+    cache.add_listener(changes.append)
+    cache.apply(CLUSTER, [with_ttl("a", "1", 10), res("b", "1")])
+    assert cache.next_expiry() == 110.0
+    clock.now = 108.0
+    assert cache.heartbeat(CLUSTER, [("a", "", "1")]) == frozenset({"a"})
+    assert changes[-1] == CacheChange(CLUSTER, frozenset(), heartbeats=frozenset({"a"}))
+    assert cache.next_expiry() == 118.0
+    clock.now = 117.0
+    cache.expire()
+    assert not isinstance(cache.variants(CLUSTER, "a"), type(UNKNOWN))
+    clock.now = 118.0
+    cache.expire()
+    assert cache.variants(CLUSTER, "a") is ABSENT
+    assert changes[-1] == CacheChange(CLUSTER, frozenset({"a"}))
+    assert cache.next_expiry() is None
+    assert cache.variants(CLUSTER, "b") is not ABSENT  # no TTL, never lapses
+
+
+def test_heartbeat_for_another_version_changes_nothing() -> None:
+    clock = FakeClock()
+    cache = ResourceCache(clock)
+    cache.apply(CLUSTER, [with_ttl("a", "1", 10)])
+    assert cache.heartbeat(CLUSTER, [("a", "", "2"), ("zz", "", "1")]) == frozenset()
+    assert cache.next_expiry() == 110.0

@@ -9,6 +9,7 @@ by the subscription) and go out together once the client answers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -34,6 +35,8 @@ class DeltaResponsePlan:
     # variants that went out with constraints are removed by name + constraints
     removed_names: list[discovery_pb2.ResourceName] = field(default_factory=list)
     errors: list[discovery_pb2.ResourceError] = field(default_factory=list)
+    # resources confirmed by an origin heartbeat: sent without their body
+    heartbeats: list[CachedResource] = field(default_factory=list)
 
     def head(self) -> discovery_pb2.DeltaDiscoveryResponse:
         """The response without its resources (they are appended pre-encoded)."""
@@ -60,6 +63,7 @@ class DeltaSubscription:
     # names to re-evaluate on the next response; ``recheck_all`` means every name
     pending: set[str] = field(default_factory=set)
     recheck_all: bool = False
+    pending_heartbeats: set[str] = field(default_factory=set)
     # a response is owed even if it would be empty (first wildcard request)
     must_answer: bool = False
     inflight_nonce: str | None = None
@@ -175,6 +179,10 @@ class DeltaSubscription:
             self.recheck_all = True
         return self.interest() != before
 
+    def heartbeats_received(self, names: frozenset[str]) -> None:
+        """The origin confirmed these names unchanged: pass the heartbeat on."""
+        self.pending_heartbeats.update(names)
+
     def interest(self) -> Interest:
         params = frozenset((name, p) for name in self.names if (p := self.params_for(name)))
         return Interest(frozenset(self.names), self.wildcard, params)
@@ -183,7 +191,8 @@ class DeltaSubscription:
 
     def has_work(self) -> bool:
         return self.inflight_nonce is None and (
-            bool(self.pending) or self.recheck_all or self.must_answer)
+            bool(self.pending) or self.recheck_all or self.must_answer or
+            bool(self.pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource) -> DeltaResponsePlan | None:
         """The response to send now, if any (none while one is in flight)."""
@@ -227,14 +236,36 @@ class DeltaSubscription:
                 resources.append(found)
                 self.held[name] = Held.of(found)
 
-        if not (resources or removed or removed_names or errors or self.must_answer):
+        heartbeats = heartbeats_due(self.pending_heartbeats, resources, view, self.type_url,
+                                    self.held, self.params_for,
+                                    lambda n: self.wildcard or n in self.names)
+        self.pending_heartbeats = set()
+        if not (resources or removed or removed_names or errors or heartbeats or
+                self.must_answer):
             return None
         self.must_answer = False
         nonce = nonces.next()
         self.inflight_nonce = nonce
         self.inflight_versions = ",".join(f"{r.name}={r.version}" for r in resources)
         return DeltaResponsePlan(self.type_url, nonce, resources, removed, removed_names,
-                                 errors)
+                                 errors, heartbeats)
+
+
+def heartbeats_due(names: set[str], sending: list[CachedResource], view: ResourceView,
+                   type_url: str, held: dict[str, Held], params_for: Callable[[str], Params],
+                   subscribed: Callable[[str], bool]) -> list[CachedResource]:
+    """Resources to send as heartbeats: confirmed, held by the client, not being sent."""
+    out = []
+    being_sent = {r.name for r in sending}
+    for name in sorted(names - being_sent):
+        if not subscribed(name):
+            continue
+        found = view.lookup(type_url, name, params_for(name))
+        current = held.get(name)
+        if isinstance(found, CachedResource) and current is not None and \
+                current.is_current(found):
+            out.append(found)
+    return out
 
 
 def forward_error(error: discovery_pb2.ResourceError | None, name: str,

@@ -18,7 +18,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import EMPTY_PARAMS, Params, params_of
-from relay.protocol.delta import forward_error
+from relay.protocol.delta import forward_error, heartbeats_due
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.view import NonceSource, ResourceView
@@ -39,6 +39,8 @@ class SotwResponsePlan:
     # that their constraints travel with them
     wrapped: frozenset[str] = frozenset()
     errors: list[discovery_pb2.ResourceError] = field(default_factory=list)
+    # names sent as heartbeats (wrapped Resource without a body)
+    heartbeats: frozenset[str] = frozenset()
 
     def head(self) -> discovery_pb2.DiscoveryResponse:
         """The response without its resources (they are appended pre-encoded)."""
@@ -73,6 +75,10 @@ class SotwSubscription:
     held: dict[str, Held] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)
     recheck_all: bool = False
+    pending_heartbeats: set[str] = field(default_factory=set)
+    # the client announced xds.config.supports-resource-in-sotw: resources with
+    # a TTL go wrapped in Resource, and heartbeats reach it
+    wrap_ttl: bool = False
     must_answer: bool = False
     started: bool = False
     legacy_wildcard: bool = False
@@ -185,6 +191,11 @@ class SotwSubscription:
             self.recheck_all = True
         return self.interest() != before
 
+    def heartbeats_received(self, names: frozenset[str]) -> None:
+        """The origin confirmed these names unchanged (only Resource-aware clients hear it)."""
+        if self.wrap_ttl:
+            self.pending_heartbeats.update(names)
+
     def interest(self) -> Interest:
         params = frozenset((name, p) for name in self.names if (p := self.params_for(name)))
         return Interest(frozenset(self.names), self.wildcard, params)
@@ -193,7 +204,8 @@ class SotwSubscription:
 
     def has_work(self) -> bool:
         return self.started and self.inflight_nonce is None and (
-            bool(self.pending) or self.recheck_all or self.must_answer)
+            bool(self.pending) or self.recheck_all or self.must_answer or
+            bool(self.pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource) -> SotwResponsePlan | None:
         """The response to send now, if any (none while one is in flight)."""
@@ -228,8 +240,14 @@ class SotwSubscription:
         self.pending = set()
         self.recheck_all = False
         new_held = {r.name: Held.of(r) for r in resources}
+        beats = frozenset(n for n in self.pending_heartbeats
+                          if n in self.held and n in new_held and self.held[n] == new_held[n])
+        self.pending_heartbeats = set()
         if new_held == self.held and not self.must_answer and not errors:
-            return None
+            if not beats:
+                return None
+            # Unchanged state: a heartbeat response, all others in full.
+            return self._emit(resources, nonces, errors, beats)
         self.held = new_held
         return self._emit(resources, nonces, errors)
 
@@ -258,18 +276,25 @@ class SotwSubscription:
             if held is None or not held.is_current(found):
                 resources.append(found)
                 self.held[name] = Held.of(found)
-        if not resources and not errors and not self.must_answer:
+        beats = heartbeats_due(self.pending_heartbeats, resources, view, self.type_url,
+                               self.held, self.params_for,
+                               lambda n: self.wildcard or n in self.names)
+        self.pending_heartbeats = set()
+        if not resources and not errors and not beats and not self.must_answer:
             return None
-        return self._emit(resources, nonces, errors)
+        return self._emit(resources + beats, nonces, errors,
+                          frozenset(r.name for r in beats))
 
     def _emit(self, resources: list[CachedResource], nonces: NonceSource,
-              errors: list[discovery_pb2.ResourceError] | None = None) -> SotwResponsePlan:
+              errors: list[discovery_pb2.ResourceError] | None = None,
+              heartbeats: frozenset[str] = frozenset()) -> SotwResponsePlan:
         self.must_answer = False
         self.answer_next_request = False  # this response already answers it
         nonce = nonces.next()
         self.last_nonce = nonce
         self.inflight_nonce = nonce
         self.version_info = state_version(self.held)
-        wrapped = frozenset(r.name for r in resources if r.name in self.locator_params)
+        wrapped = frozenset(r.name for r in resources if r.name in self.locator_params or
+                            (self.wrap_ttl and r.ttl_seconds is not None))
         return SotwResponsePlan(self.type_url, nonce, self.version_info, resources, wrapped,
-                                errors or [])
+                                errors or [], heartbeats)

@@ -32,6 +32,10 @@ from relay.xds_types import CLUSTER, ENDPOINT, push_rank, short_name
 log = logging.getLogger("relay.downstream")
 
 Variant = Literal["sotw", "delta"]
+
+# A SotW client announcing this accepts resources wrapped in Resource (TTLs,
+# heartbeats); others get bare resources.
+SUPPORTS_RESOURCE_IN_SOTW = "xds.config.supports-resource-in-sotw"
 # The generated messages carry no type information; this names what flows.
 Request: TypeAlias = Any  # DiscoveryRequest | DeltaDiscoveryRequest
 
@@ -117,6 +121,13 @@ class DownstreamStream:
             self._origin_changed = True
             self._wake.set()
 
+    def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
+        state = self.states.get(type_url)
+        if state is not None:
+            state.heartbeats_received(names)
+            self._origin_changed = True
+            self._wake.set()
+
     # -- requests ------------------------------------------------------------
 
     def type_url_of(self, request: Request) -> str:
@@ -146,6 +157,8 @@ class DownstreamStream:
             state = (DeltaSubscription(type_url) if self.variant == "delta"
                      else SotwSubscription(type_url))
             state.set_node_params(self.node_params.get(type_url, EMPTY_PARAMS))
+            if isinstance(state, SotwSubscription) and self.node is not None:
+                state.wrap_ttl = SUPPORTS_RESOURCE_IN_SOTW in self.node.client_features
             self.states[type_url] = state
         outcome = state.on_request(request)
         metrics = self.serving.metrics
@@ -258,7 +271,10 @@ def _only_removes(plan: DeltaResponsePlan | SotwResponsePlan) -> bool:
 def encode_plan(plan: DeltaResponsePlan | SotwResponsePlan) -> bytes:
     """Serialize a planned response around its pre-encoded resources."""
     if isinstance(plan, DeltaResponsePlan):
-        return encode_delta_response(plan.head(), (r.delta_entry for r in plan.resources))
+        return encode_delta_response(plan.head(), [
+            *(r.delta_entry for r in plan.resources),
+            *(r.heartbeat_entry for r in plan.heartbeats)])
     return encode_sotw_response(plan.head(), (
+        r.sotw_heartbeat_entry if r.name in plan.heartbeats else
         r.sotw_wrapped_entry if r.name in plan.wrapped else r.sotw_entry
         for r in plan.resources))

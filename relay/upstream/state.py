@@ -251,7 +251,7 @@ class UpstreamState:
         """Check and apply one origin response; its ACK or NACK, then any resubscription."""
         type_url = response.type_url
         try:
-            upserts, removed_variants = self._check(response)
+            upserts, removed_variants, heartbeats = self._check(response)
         except UnusableResponse as error:
             self.last_nack[type_url] = str(error)
             log.warning("NACK to origin type=%s nonce=%s: %s", short_name(type_url),
@@ -269,13 +269,17 @@ class UpstreamState:
                   if sub.wildcard or e.resource_name.name in sub.locators]
         self.cache.apply(type_url, wanted, removed, removed_variants,
                          complete=True if sub.wildcard else None, errors=errors)
+        self.cache.heartbeat(type_url, [b for b in heartbeats
+                                        if sub.wildcard or b[0] in sub.locators])
         # Everything subscribed before this response has now been answered.
         self.cache.settle(type_url, self._unsettled.pop(type_url, set()))
         # Variants changed: a client answered from cache may need its own locator.
         return [ack, *self._sync_type(type_url, now)]
 
     def _check(self, response: discovery_pb2.DeltaDiscoveryResponse
-               ) -> tuple[list[CachedResource], list[tuple[str, str]]]:
+               ) -> tuple[list[CachedResource], list[tuple[str, str]],
+                          list[tuple[str, str, str]]]:
+        """Parse a response: its upserts, removed variants and heartbeats."""
         type_url = response.type_url
         if not type_url:
             raise UnusableResponse("response has no type_url")
@@ -284,6 +288,7 @@ class UpstreamState:
         body_class = message_class(type_url)
         seen: set[tuple[str, str]] = set()
         upserts: list[CachedResource] = []
+        heartbeats: list[tuple[str, str, str]] = []
         for resource in response.resources:
             name = resource_name_of(resource)
             if not name:
@@ -299,7 +304,8 @@ class UpstreamState:
                 raise UnusableResponse(f"resource {name!r} appears more than once")
             seen.add(key)
             if not resource.HasField("resource"):
-                continue  # a heartbeat: nothing changes
+                heartbeats.append((name, constraints.key, resource.version))
+                continue  # a heartbeat: nothing changes, the TTL restarts
             body = resource.resource
             if body.type_url != type_url:
                 raise UnusableResponse(
@@ -324,7 +330,7 @@ class UpstreamState:
                     f"removed resource {removed.name!r} has invalid dynamic parameter "
                     f"constraints: {error}") from None
             removed_variants.append((removed.name, constraints.key))
-        return upserts, removed_variants
+        return upserts, removed_variants, heartbeats
 
     def _request(self, type_url: str, *, initial_versions: dict[str, str] | None = None,
                  nonce: str = "", error: str | None = None) -> Request:
