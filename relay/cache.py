@@ -67,6 +67,8 @@ class _TypeEntry:
     errors: dict[str, discovery_pb2.ResourceError] = field(default_factory=dict)
     # (name, variant key) -> clock time when its TTL lapses without a heartbeat
     expires: dict[tuple[str, str], float] = field(default_factory=dict)
+    # alias -> canonical name (VHDS-style aliases in Resource.aliases)
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 class ResourceCache:
@@ -94,6 +96,8 @@ class ResourceCache:
         if entry is None or not entry.synced:
             return UNKNOWN
         found = entry.variants.get(name)
+        if not found and name in entry.aliases:
+            found = entry.variants.get(entry.aliases[name])
         if found:
             return found
         if entry.complete or name in entry.absent:
@@ -104,6 +108,13 @@ class ResourceCache:
         """The origin's current error for a name, if any."""
         entry = self._types.get(type_url)
         return entry.errors.get(name) if entry is not None else None
+
+    def aliases_of(self, type_url: str, name: str) -> set[str]:
+        """The aliases under which the cached resource ``name`` is known."""
+        entry = self._types.get(type_url)
+        if entry is None:
+            return set()
+        return {alias for alias, canonical in entry.aliases.items() if canonical == name}
 
     def is_complete(self, type_url: str) -> bool:
         """Whether the cache holds every resource of the type (wildcard or files)."""
@@ -181,6 +192,9 @@ class ResourceCache:
                 by_key[resource.variant_key] = resource
                 changed.add(resource.name)
             entry.absent.discard(resource.name)
+            for alias in resource.resource.aliases:
+                entry.aliases[alias] = resource.name
+                entry.absent.discard(alias)
         for name in removed_names:
             if entry.variants.pop(name, None) is not None or name not in entry.absent:
                 changed.add(name)
@@ -195,6 +209,15 @@ class ResourceCache:
                 if not held:
                     del entry.variants[name]
                     entry.absent.add(name)
+        if entry.aliases:
+            # Subscribers by alias hear of their canonical resource's changes;
+            # the aliases of a resource that is gone are gone with it.
+            aliased = {a for a, c in entry.aliases.items() if c in changed}
+            for alias in aliased:
+                if entry.aliases[alias] not in entry.variants:
+                    del entry.aliases[alias]
+                    entry.absent.add(alias)
+            changed |= aliased
         if complete is not None:
             entry.complete = complete
         became_synced = not entry.synced
@@ -254,12 +277,20 @@ class ResourceCache:
             if lapsed:
                 self.apply(type_url, [], removed_variants=lapsed)
 
-    def forget(self, type_url: str, names: Iterable[str]) -> None:
-        """Drop names nobody subscribes to any more (no listener is told)."""
+    def forget(self, type_url: str, names: Iterable[str], keep: Iterable[str] = ()) -> None:
+        """Drop names nobody subscribes to any more (no listener is told).
+
+        A forgotten alias takes its canonical resource along unless that is
+        in ``keep`` or another alias still points at it.
+        """
         entry = self._types.get(type_url)
         if entry is None:
             return
         gone = set(names)
+        for alias in [a for a in gone if a in entry.aliases]:
+            canonical = entry.aliases.pop(alias)
+            if canonical not in set(keep) and canonical not in entry.aliases.values():
+                gone.add(canonical)
         for name in gone:
             entry.variants.pop(name, None)
             entry.absent.discard(name)

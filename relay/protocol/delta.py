@@ -225,7 +225,8 @@ class DeltaSubscription:
                 if held is not None and held.resource_name is not None:
                     removed_names.append(held.resource_name)
                 elif held is not None or name in self.unanswered:
-                    removed.append(name)
+                    # A resource subscribed by alias went out under its own name.
+                    removed.append((held.canonical or name) if held else name)
                 self.unanswered.discard(name)
                 continue
             assert isinstance(found, CachedResource)
@@ -234,7 +235,7 @@ class DeltaSubscription:
             if held is None or not held.is_current(found):
                 # Moving to another variant is one update, never remove-then-add.
                 resources.append(found)
-                self.held[name] = Held.of(found)
+                self.held[name] = Held.of(found, name)
 
         heartbeats = heartbeats_due(self.pending_heartbeats, resources, view, self.type_url,
                                     self.held, self.params_for,

@@ -21,10 +21,13 @@ class Held:
     version: str
     variant_key: str | None = None
     resource_name: discovery_pb2.ResourceName | None = None
+    # the resource's own name, when the client subscribed to it by an alias
+    canonical: str = ""
 
     @classmethod
-    def of(cls, resource: CachedResource) -> Held:
-        return cls(resource.version, resource.variant_key, resource.resource_name)
+    def of(cls, resource: CachedResource, subscribed_as: str = "") -> Held:
+        canonical = resource.name if subscribed_as and subscribed_as != resource.name else ""
+        return cls(resource.version, resource.variant_key, resource.resource_name, canonical)
 
     def is_current(self, resource: CachedResource) -> bool:
         """Whether the client already has exactly this variant at this version."""

@@ -200,7 +200,7 @@ class UpstreamState:
                 subscribe[name] = new - old
             if old - new:
                 unsubscribe[name] = old - new
-                self._forget(type_url, name, new, old - new, wildcard)
+                self._forget(type_url, name, new, old - new, wildcard, set(target))
         unsettled = self._unsettled.setdefault(type_url, set())
         unsettled |= {(n, p) for n, ps in subscribe.items() for p in ps}
         unsettled -= {(n, p) for n, ps in unsubscribe.items() for p in ps}
@@ -223,12 +223,12 @@ class UpstreamState:
         return [request]
 
     def _forget(self, type_url: str, name: str, kept: set[Params], dropped: set[Params],
-                wildcard: bool) -> None:
+                wildcard: bool, still_subscribed: set[str]) -> None:
         """Drop cached variants that no remaining subscription keeps current."""
         if wildcard:
             return  # the wildcard subscription still brings every variant
         if not kept:
-            self.cache.forget(type_url, [name])
+            self.cache.forget(type_url, [name], keep=still_subscribed)
             return
         found = self.cache.variants(type_url, name)
         keep = [key for key, variant in found.items()
@@ -263,8 +263,10 @@ class UpstreamState:
             # A response for a type we no longer subscribe to raced our
             # unsubscribe: nothing in it is wanted, but it was valid: ACK it.
             return [ack]
-        wanted = [r for r in upserts if sub.wildcard or r.name in sub.locators]
-        removed = [n for n in response.removed_resources if sub.wildcard or n in sub.locators]
+        wanted = [r for r in upserts if sub.wildcard or r.name in sub.locators
+                  or any(alias in sub.locators for alias in r.resource.aliases)]
+        removed = [n for n in response.removed_resources if sub.wildcard or n in sub.locators
+                   or self.cache.aliases_of(type_url, n) & sub.locators.keys()]
         errors = [e for e in response.resource_errors
                   if sub.wildcard or e.resource_name.name in sub.locators]
         self.cache.apply(type_url, wanted, removed, removed_variants,
