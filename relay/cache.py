@@ -187,8 +187,10 @@ class ResourceCache:
                 entry.expires[(resource.name, resource.variant_key)] = now + ttl
             by_key = entry.variants.setdefault(resource.name, {})
             old = by_key.get(resource.variant_key)
+            # A do-not-cache resource is news each time it is fetched: the
+            # subscribers that asked for a fresh copy are waiting for it.
             if old is None or old.version != resource.version or \
-                    old.resource != resource.resource:
+                    resource.do_not_cache or old.resource != resource.resource:
                 by_key[resource.variant_key] = resource
                 changed.add(resource.name)
             entry.absent.discard(resource.name)

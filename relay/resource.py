@@ -8,6 +8,7 @@ never serializes a resource N times.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -19,6 +20,24 @@ from relay.encoding import length_delimited_field
 
 # Field numbers of ``resources`` in DeltaDiscoveryResponse and DiscoveryResponse.
 _RESOURCES_FIELD = 2
+
+_arrivals = itertools.count(1)
+_last_arrival = 0
+
+
+def _next_arrival() -> int:
+    global _last_arrival
+    _last_arrival = next(_arrivals)
+    return _last_arrival
+
+
+def arrival_clock() -> int:
+    """The arrival stamp of the newest resource so far (0 before any).
+
+    A subscriber records it when it subscribes: a do-not-cache resource
+    stamped earlier arrived before it asked and is not served to it.
+    """
+    return _last_arrival
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +54,7 @@ class CachedResource:
     version: str
     resource: discovery_pb2.Resource = field(repr=False)
     constraints: Constraints = UNCONSTRAINED
+    arrival: int = field(default_factory=_next_arrival, repr=False)
 
     @property
     def variant_key(self) -> str:

@@ -51,6 +51,7 @@ class Interest:
 
 
 InterestListener = Callable[[str], None]
+RefetchListener = Callable[[str, frozenset[str]], None]
 
 _NOTHING = Interest()
 
@@ -64,6 +65,16 @@ class SubscriptionIndex:
         self._locators: dict[str, Counter[tuple[str, Params]]] = defaultdict(Counter)
         self._per_subscriber: dict[Subscriber, dict[str, Interest]] = {}
         self._listeners: list[InterestListener] = []
+        self._refetch_listeners: list[RefetchListener] = []
+
+    def add_refetch_listener(self, listener: RefetchListener) -> None:
+        """Call ``listener(type_url, names)`` when a subscriber needs a fresh copy."""
+        self._refetch_listeners.append(listener)
+
+    def request_refetch(self, type_url: str, names: frozenset[str]) -> None:
+        """A subscriber may not be served these (do-not-cache) from cache: fetch again."""
+        for listener in self._refetch_listeners:
+            listener(type_url, names)
 
     def add_interest_listener(self, listener: InterestListener) -> None:
         """Call ``listener(type_url)`` whenever the union for a type changes."""

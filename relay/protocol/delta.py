@@ -19,7 +19,7 @@ from relay.constraints import EMPTY_PARAMS, Params, params_of
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.view import NonceSource, ResourceView
-from relay.resource import CachedResource
+from relay.resource import CachedResource, arrival_clock
 from relay.subscriptions import Interest
 from relay.xds_types import LEGACY_WILDCARD_TYPES, WILDCARD
 
@@ -64,6 +64,11 @@ class DeltaSubscription:
     pending: set[str] = field(default_factory=set)
     recheck_all: bool = False
     pending_heartbeats: set[str] = field(default_factory=set)
+    # arrival stamp when each name (or wildcard) was subscribed; names whose
+    # do-not-cache copy is older need a fresh fetch (``refetch``)
+    since: dict[str, int] = field(default_factory=dict)
+    wildcard_since: int = 0
+    refetch: set[str] = field(default_factory=set)
     # a response is owed even if it would be empty (first wildcard request)
     must_answer: bool = False
     inflight_nonce: str | None = None
@@ -122,6 +127,7 @@ class DeltaSubscription:
             else:
                 self.locator_params[name] = params
             self.names.add(name)
+            self.since[name] = arrival_clock()
             self.unanswered.add(name)
             self.pending.add(name)
             if not first:
@@ -151,6 +157,7 @@ class DeltaSubscription:
         return outcome
 
     def _start_wildcard(self) -> None:
+        self.wildcard_since = arrival_clock()
         self.wildcard = True
         self.must_answer = True
         self.recheck_all = True
@@ -230,6 +237,9 @@ class DeltaSubscription:
                 self.unanswered.discard(name)
                 continue
             assert isinstance(found, CachedResource)
+            if found.do_not_cache and found.arrival <= self.since.get(name, self.wildcard_since):
+                self.refetch.add(name)  # fetched before we asked: not ours to reuse
+                continue
             self.unanswered.discard(name)
             held = self.held.get(name)
             if held is None or not held.is_current(found):

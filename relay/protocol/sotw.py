@@ -22,7 +22,7 @@ from relay.protocol.delta import forward_error, heartbeats_due
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.view import NonceSource, ResourceView
-from relay.resource import CachedResource
+from relay.resource import CachedResource, arrival_clock
 from relay.subscriptions import Interest
 from relay.xds_types import FULL_STATE_TYPES, LEGACY_WILDCARD_TYPES, WILDCARD
 
@@ -76,6 +76,9 @@ class SotwSubscription:
     pending: set[str] = field(default_factory=set)
     recheck_all: bool = False
     pending_heartbeats: set[str] = field(default_factory=set)
+    # arrival stamp when each name was subscribed; see DeltaSubscription.since
+    since: dict[str, int] = field(default_factory=dict)
+    refetch: set[str] = field(default_factory=set)
     # the client announced xds.config.supports-resource-in-sotw: resources with
     # a TTL go wrapped in Resource, and heartbeats reach it
     wrap_ttl: bool = False
@@ -163,6 +166,7 @@ class SotwSubscription:
         for name in added:
             if not first:
                 self.held.pop(name, None)
+            self.since[name] = arrival_clock()
             self.pending.add(name)
         if added and self.full_state:
             self.must_answer = True
@@ -236,6 +240,8 @@ class SotwSubscription:
             if forwarded is not None:
                 errors.append(forwarded)
             if isinstance(found, CachedResource):
+                if self._stale_for_us(found):
+                    return None  # wait for the fresh copy rather than omit it
                 resources.append(found)
         self.pending = set()
         self.recheck_all = False
@@ -272,6 +278,8 @@ class SotwSubscription:
                 self.held.pop(name, None)
                 continue
             assert isinstance(found, CachedResource)
+            if self._stale_for_us(found):
+                continue
             held = self.held.get(name)
             if held is None or not held.is_current(found):
                 resources.append(found)
@@ -284,6 +292,16 @@ class SotwSubscription:
             return None
         return self._emit(resources + beats, nonces, errors,
                           frozenset(r.name for r in beats))
+
+    def _stale_for_us(self, found: CachedResource) -> bool:
+        """A do-not-cache copy fetched before this client asked: fetch it afresh."""
+        held = self.held.get(found.name)
+        if not found.do_not_cache or (held is not None and held.is_current(found)):
+            return False
+        if found.arrival <= self.since.get(found.name, 0):
+            self.refetch.add(found.name)
+            return True
+        return False
 
     def _emit(self, resources: list[CachedResource], nonces: NonceSource,
               errors: list[discovery_pb2.ResourceError] | None = None,

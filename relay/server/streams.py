@@ -214,6 +214,10 @@ class DownstreamStream:
             yield self._sent(plan)
         for plan in deferred:
             yield self._sent(plan)
+        for type_url, state in self.states.items():
+            if state.refetch:
+                self.serving.index.request_refetch(type_url, frozenset(state.refetch))
+                state.refetch = set()
 
     def _sent(self, plan: DeltaResponsePlan | SotwResponsePlan) -> bytes:
         self.serving.metrics.push(self.variant, plan.type_url)

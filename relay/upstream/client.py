@@ -45,11 +45,16 @@ class UpstreamClient:
         self.connected_event = asyncio.Event()
         self.ever_connected = False
         state.index.add_interest_listener(self.interest_changed)
+        state.index.add_refetch_listener(self.refetch)
 
     def interest_changed(self, type_url: str) -> None:
         """Called by the subscription index when the union for a type changes."""
         self._send(self.state.on_interest_changed(type_url, time.monotonic()))
         self._timer_changed.set()
+
+    def refetch(self, type_url: str, names: frozenset[str]) -> None:
+        """Called by the subscription index when a client needs a fresh copy."""
+        self._send(self.state.on_refetch(type_url, names))
 
     def _send(self, requests: list[Request]) -> None:
         if self._outbox is not None:

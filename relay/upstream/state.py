@@ -90,6 +90,8 @@ class UpstreamState:
         # locators subscribed on this stream that the origin has not answered yet
         self._unsettled: dict[str, set[tuple[str, Params]]] = {}
         self.last_nack: dict[str, str] = {}
+        # names re-subscribed to get a fresh do-not-cache copy, per type
+        self._refetching: dict[str, set[str]] = {}
 
     # -- connection lifecycle ---------------------------------------------
 
@@ -145,6 +147,24 @@ class UpstreamState:
         if wildcard:
             self._lingering.pop((type_url, WILDCARD, EMPTY_PARAMS), None)
         return self._sync_type(type_url, now)
+
+    def on_refetch(self, type_url: str, names: frozenset[str]) -> list[Request]:
+        """Subscribe these names again so the origin resends them (do-not-cache).
+
+        A name already being refetched is not asked for twice; the next
+        response for the type ends the wait.
+        """
+        sub = self._subscribed.get(type_url)
+        if sub is None or not self.connected:
+            return []
+        asking = self._refetching.setdefault(type_url, set())
+        fresh = {n: set(sub.locators[n]) for n in names if n in sub.locators and n not in asking}
+        if not fresh:
+            return []
+        asking.update(fresh)
+        request = self._request(type_url)
+        _add_locators(request, fresh, subscribe=True)
+        return [request]
 
     def on_tick(self, now: float) -> list[Request]:
         """Drop lingering subscriptions whose time is up."""
@@ -275,6 +295,7 @@ class UpstreamState:
                                         if sub.wildcard or b[0] in sub.locators])
         # Everything subscribed before this response has now been answered.
         self.cache.settle(type_url, self._unsettled.pop(type_url, set()))
+        self._refetching.pop(type_url, None)
         # Variants changed: a client answered from cache may need its own locator.
         return [ack, *self._sync_type(type_url, now)]
 
