@@ -27,7 +27,7 @@ def aware_node(name: str) -> base_pb2.Node:
     return n
 
 
-async def test_invariant_22_heartbeats_reach_clients_as_heartbeats() -> None:
+async def test_invariant_18_22_heartbeats_reach_clients_as_heartbeats() -> None:
     origin = ScriptedOrigin(auto=False)
     async with running_stack(origin) as stack:
         delta, aware, plain = stack.client(), stack.client(delta=False), stack.client(delta=False)
