@@ -143,8 +143,8 @@ logging: {{level: warning}}
             proc.start()
             procs.append(proc)
             pipes.append(ours)
-        for pipe in pipes:
-            assert await loop.run_in_executor(None, pipe.recv) == "ready"
+        for pipe, proc in zip(pipes, procs, strict=True):
+            await _wait_for(loop, pipe, proc, "ready")
         await asyncio.sleep(0.5)
         rss_after = rss_kib(relay.pid)
         all_latencies, median_latencies = [], []
@@ -158,8 +158,8 @@ logging: {{level: warning}}
             sent = time.monotonic()
             origin.set(message)
             times: list[float] = []
-            for pipe in pipes:
-                times.extend(await loop.run_in_executor(None, pipe.recv))
+            for pipe, proc in zip(pipes, procs, strict=True):
+                times.extend(await _wait_for(loop, pipe, proc))
             all_latencies.append(max(times) - sent)
             median_latencies.append(statistics.median(times) - sent)
         # Includes the 0.2 s pauses, in which the relay idles.
@@ -187,6 +187,18 @@ logging: {{level: warning}}
         relay.wait(10)
         os.unlink(config.name)
         await origin.stop()
+
+
+async def _wait_for(loop: asyncio.AbstractEventLoop, pipe: Connection, proc: mp.Process,
+                    expected: str | None = None) -> Any:
+    """A worker's next message; fails (rather than hangs) if the worker died."""
+    while not await loop.run_in_executor(None, pipe.poll, 1.0):
+        if not proc.is_alive():
+            raise RuntimeError(f"client worker exited with code {proc.exitcode}")
+    message = pipe.recv()
+    if expected is not None and message != expected:
+        raise RuntimeError(f"client worker said {message!r}, expected {expected!r}")
+    return message
 
 
 async def _wait_ready(admin_port: int) -> None:

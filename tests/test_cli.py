@@ -102,3 +102,14 @@ upstream: {{files: "{REPO / 'config/resources'}"}}
             proc.kill()
         stderr = proc.stderr.read() if proc.stderr else ""
     assert "serving xDS on" in stderr
+
+
+def test_readme_config_example_is_valid() -> None:
+    from relay.config import parse_config
+
+    readme = (REPO / "README.md").read_text()
+    example = readme.split("```yaml", 1)[1].split("```", 1)[0]
+    config = parse_config(example, "README.md")
+    assert config.node.id == "relay-zone-a"
+    assert str(config.upstream.address) == "origin.internal:18000"
+    assert config.server.batch_window == 0.005
