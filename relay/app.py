@@ -45,6 +45,12 @@ _SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_concurrent_streams", 1_000_000),
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # New streams wait in gRPC's queue until the event loop takes them, one per
+    # turn. When thousands of clients reconnect at once (a relay restart),
+    # gRPC's defaults (1000, hard limit 3000) cancel the excess with a bare
+    # CANCELLED; queue them instead.
+    ("grpc.server.max_pending_requests", 20_000),
+    ("grpc.server.max_pending_requests_hard_limit", 50_000),
 ]
 
 
@@ -78,6 +84,7 @@ class Relay:
         self.admin = AdminServer(self.cache, self.registry, self.is_ready)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
         self.xds_port = 0
         self.admin_port = 0
 
@@ -119,7 +126,10 @@ class Relay:
             self.cache.expire()
 
     async def stop(self, grace: float | None = 0.5) -> None:
-        """Stop serving; close downstream streams and the origin stream."""
+        """Stop serving; close downstream streams and the origin stream. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -128,6 +138,9 @@ class Relay:
         self._tasks = []
         await self.admin.stop()
         if self._server is not None:
+            # Streams never end on their own: close them with a status the
+            # clients understand, rather than leaving gRPC to cancel them.
+            self.serving.close_streams("the relay is shutting down")
             await self._server.stop(grace)
             self._server = None
         self.meter_provider.shutdown()  # type: ignore[attr-defined]

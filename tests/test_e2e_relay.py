@@ -389,3 +389,22 @@ async def test_invariant_6_missing_name_reported_then_delivered_when_created() -
         created = await client.recv()  # no new subscribe needed
         assert names_of(created) == ["later"]
         assert list(created.removed_resources) == []
+
+
+async def test_stopping_closes_every_stream_with_unavailable(
+        caplog: pytest.LogCaptureFixture) -> None:
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"))
+    async with running_stack(origin) as stack:
+        delta, sotw = stack.client(delta=True), stack.client(delta=False)
+        for client in (delta, sotw):
+            await client.send(node=node(), type_url=CLUSTER)
+            await client.ack(await client.recv())
+        await stack.relay.stop(grace=2)
+        for client in (delta, sotw):
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await client.recv()
+            assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert failure.value.details() == "the relay is shutting down"
+    # gRPC logs an ERROR for every handler it has to cancel itself.
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []

@@ -51,6 +51,11 @@ class ServingContext:
     batch_window: float = 0.0
     streams: set[DownstreamStream] = field(default_factory=set)
 
+    def close_streams(self, reason: str) -> None:
+        """Ask every downstream stream to end (see :meth:`DownstreamStream.close`)."""
+        for stream in list(self.streams):
+            stream.close(reason)
+
     def client_statuses(self) -> list[dict[str, Any]]:
         """Every connected client's status (see :meth:`DownstreamStream.status`)."""
         return sorted((s.status() for s in self.streams),
@@ -81,6 +86,7 @@ class DownstreamStream:
         self._nonces = NonceSource()
         self._wake = asyncio.Event()
         self._origin_changed = False
+        self._closing: str | None = None
 
     def __hash__(self) -> int:
         return id(self)
@@ -111,6 +117,11 @@ class DownstreamStream:
             }
         return {"node_id": self.node_id, "peer": self.peer, "variant": self.variant,
                 "types": types}
+
+    def close(self, reason: str) -> None:
+        """End the stream with UNAVAILABLE and ``reason``; the client reconnects."""
+        self._closing = reason
+        self._wake.set()
 
     # -- notifications from the subscription index -------------------------
 
@@ -236,6 +247,8 @@ class DownstreamStream:
         reader = asyncio.create_task(self._read(requests))
         try:
             while True:
+                if self._closing is not None:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, self._closing)
                 for response in self.ready_responses():
                     await context.write(response)
                 if reader.done():
