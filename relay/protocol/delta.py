@@ -9,18 +9,17 @@ by the subscription) and go out together once the client answers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
-from relay.constraints import EMPTY_PARAMS, Params, params_of
+from relay.constraints import Params, params_of
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
+from relay.protocol.subscription import SubscriptionState, forward_error, heartbeats_due
 from relay.protocol.view import NonceSource, ResourceView
 from relay.resource import CachedResource, arrival_clock
-from relay.subscriptions import Interest
 from relay.xds_types import LEGACY_WILDCARD_TYPES, WILDCARD
 
 
@@ -46,38 +45,15 @@ class DeltaResponsePlan:
 
 
 @dataclass
-class DeltaSubscription:
+class DeltaSubscription(SubscriptionState):
     """Delta protocol state of one type on one stream."""
 
-    type_url: str
-    wildcard: bool = False
-    names: set[str] = field(default_factory=set)
-    # dynamic parameters of names subscribed with a ResourceLocator
-    locator_params: dict[str, Params] = field(default_factory=dict)
-    # the node's dynamic parameters for this type: they apply to plain names
-    node_params: Params = EMPTY_PARAMS
-    # name -> what the client holds, as far as we know
-    held: dict[str, Held] = field(default_factory=dict)
     # subscribed names not yet answered with a resource or a removal
     unanswered: set[str] = field(default_factory=set)
-    # names to re-evaluate on the next response; ``recheck_all`` means every name
-    pending: set[str] = field(default_factory=set)
-    recheck_all: bool = False
-    pending_heartbeats: set[str] = field(default_factory=set)
-    # arrival stamp when each name (or wildcard) was subscribed; names whose
-    # do-not-cache copy is older need a fresh fetch (``refetch``)
-    since: dict[str, int] = field(default_factory=dict)
+    # arrival stamp when the wildcard was subscribed (see ``since``)
     wildcard_since: int = 0
-    refetch: set[str] = field(default_factory=set)
-    # a response is owed even if it would be empty (first wildcard request)
-    must_answer: bool = False
-    inflight_nonce: str | None = None
     inflight_versions: str = ""  # "name=version,..." of the response in flight
-    started: bool = False
-    last_nack: Nack | None = None
     acked_nonce: str | None = None
-    # name -> the origin's error as last forwarded, so each is sent once
-    errors_sent: dict[str, discovery_pb2.ResourceError] = field(default_factory=dict)
 
     # -- input -----------------------------------------------------------
 
@@ -162,37 +138,9 @@ class DeltaSubscription:
         self.must_answer = True
         self.recheck_all = True
 
-    def resources_changed(self, names: frozenset[str], everything: bool) -> None:
-        """The cache changed these names (or, with ``everything``, possibly any)."""
-        if everything:
-            self.recheck_all = True
-        self.pending.update(names)
-
-    def params_for(self, name: str) -> Params:
-        """A locator's own parameters, else the node's for this type."""
-        return self.locator_params.get(name, self.node_params)
-
-    def set_node_params(self, params: Params) -> bool:
-        """The node's parameters for this type changed: re-evaluate plain names.
-
-        Returns whether the subscription's interest changed.
-        """
-        if params == self.node_params:
-            return False
-        before = self.interest()
-        self.node_params = params
-        self.pending.update(n for n in self.names if n not in self.locator_params)
-        if self.wildcard:
-            self.recheck_all = True
-        return self.interest() != before
-
     def heartbeats_received(self, names: frozenset[str]) -> None:
         """The origin confirmed these names unchanged: pass the heartbeat on."""
         self.pending_heartbeats.update(names)
-
-    def interest(self) -> Interest:
-        params = frozenset((name, p) for name in self.names if (p := self.params_for(name)))
-        return Interest(frozenset(self.names), self.wildcard, params)
 
     # -- output ----------------------------------------------------------
 
@@ -260,33 +208,3 @@ class DeltaSubscription:
         self.inflight_versions = ",".join(f"{r.name}={r.version}" for r in resources)
         return DeltaResponsePlan(self.type_url, nonce, resources, removed, removed_names,
                                  errors, heartbeats)
-
-
-def heartbeats_due(names: set[str], sending: list[CachedResource], view: ResourceView,
-                   type_url: str, held: dict[str, Held], params_for: Callable[[str], Params],
-                   subscribed: Callable[[str], bool]) -> list[CachedResource]:
-    """Resources to send as heartbeats: confirmed, held by the client, not being sent."""
-    out = []
-    being_sent = {r.name for r in sending}
-    for name in sorted(names - being_sent):
-        if not subscribed(name):
-            continue
-        found = view.lookup(type_url, name, params_for(name))
-        current = held.get(name)
-        if isinstance(found, CachedResource) and current is not None and \
-                current.is_current(found):
-            out.append(found)
-    return out
-
-
-def forward_error(error: discovery_pb2.ResourceError | None, name: str,
-                  sent: dict[str, discovery_pb2.ResourceError]
-                  ) -> discovery_pb2.ResourceError | None:
-    """The origin's error for ``name`` if this client has not been told it yet."""
-    if error is None:
-        sent.pop(name, None)
-        return None
-    if sent.get(name) == error:
-        return None
-    sent[name] = error
-    return error

@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
-from relay.constraints import EMPTY_PARAMS, Params, params_of
-from relay.protocol.delta import forward_error, heartbeats_due
+from relay.constraints import params_of
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
+from relay.protocol.subscription import SubscriptionState, forward_error, heartbeats_due
 from relay.protocol.view import NonceSource, ResourceView
 from relay.resource import CachedResource, arrival_clock
-from relay.subscriptions import Interest
 from relay.xds_types import FULL_STATE_TYPES, LEGACY_WILDCARD_TYPES, WILDCARD
 
 
@@ -61,40 +60,20 @@ def state_version(held: dict[str, Held]) -> str:
 
 
 @dataclass
-class SotwSubscription:
+class SotwSubscription(SubscriptionState):
     """SotW protocol state of one type on one stream."""
 
-    type_url: str
-    wildcard: bool = False
-    names: set[str] = field(default_factory=set)
-    # dynamic parameters of names subscribed with a ResourceLocator
-    locator_params: dict[str, Params] = field(default_factory=dict)
-    # the node's dynamic parameters for this type: they apply to plain names
-    node_params: Params = EMPTY_PARAMS
-    # name -> what the client holds, as far as we know
-    held: dict[str, Held] = field(default_factory=dict)
-    pending: set[str] = field(default_factory=set)
-    recheck_all: bool = False
-    pending_heartbeats: set[str] = field(default_factory=set)
-    # arrival stamp when each name was subscribed; see DeltaSubscription.since
-    since: dict[str, int] = field(default_factory=dict)
-    refetch: set[str] = field(default_factory=set)
     # the client announced xds.config.supports-resource-in-sotw: resources with
     # a TTL go wrapped in Resource, and heartbeats reach it
     wrap_ttl: bool = False
-    must_answer: bool = False
-    started: bool = False
     legacy_wildcard: bool = False
     last_nonce: str | None = None       # nonce of the latest response sent
-    inflight_nonce: str | None = None   # that response, until the client answers it
+    # (``inflight_nonce`` is that response, until the client answers it)
     version_info: str = ""              # of the latest response sent
     acked_version: str = ""
-    last_nack: Nack | None = None
     # set after a cluster push: the next request is answered in full even if
     # it looks like a plain ACK (Envoy re-requests endpoints to warm clusters)
     answer_next_request: bool = False
-    # name -> the origin's error as last forwarded, so each is sent once
-    errors_sent: dict[str, discovery_pb2.ResourceError] = field(default_factory=dict)
 
     @property
     def full_state(self) -> bool:
@@ -171,38 +150,10 @@ class SotwSubscription:
         if added and self.full_state:
             self.must_answer = True
 
-    def resources_changed(self, names: frozenset[str], everything: bool) -> None:
-        """The cache changed these names (or, with ``everything``, possibly any)."""
-        if everything:
-            self.recheck_all = True
-        self.pending.update(names)
-
-    def params_for(self, name: str) -> Params:
-        """A locator's own parameters, else the node's for this type."""
-        return self.locator_params.get(name, self.node_params)
-
-    def set_node_params(self, params: Params) -> bool:
-        """The node's parameters for this type changed: re-evaluate plain names.
-
-        Returns whether the subscription's interest changed.
-        """
-        if params == self.node_params:
-            return False
-        before = self.interest()
-        self.node_params = params
-        self.pending.update(n for n in self.names if n not in self.locator_params)
-        if self.wildcard:
-            self.recheck_all = True
-        return self.interest() != before
-
     def heartbeats_received(self, names: frozenset[str]) -> None:
         """The origin confirmed these names unchanged (only Resource-aware clients hear it)."""
         if self.wrap_ttl:
             self.pending_heartbeats.update(names)
-
-    def interest(self) -> Interest:
-        params = frozenset((name, p) for name in self.names if (p := self.params_for(name)))
-        return Interest(frozenset(self.names), self.wildcard, params)
 
     # -- output ----------------------------------------------------------
 
