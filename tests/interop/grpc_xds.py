@@ -109,6 +109,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import grpc
 from envoy.config.cluster.v3 import cluster_pb2
@@ -132,6 +133,7 @@ __all__ = [
     "ENDPOINT_TYPE",
     "LISTENER_TYPE",
     "ROUTE_TYPE",
+    "ClientProcess",
     "RpcResult",
     "XdsClientProcess",
     "bootstrap_json",
@@ -346,40 +348,34 @@ class RpcResult:
         )
 
 
-class XdsClientProcess:
-    """``tests.interop.xds_client_main --stdin`` running with a given bootstrap.
+class ClientProcess:
+    """An xDS client in a child process, driven line by line over stdin/stdout.
 
-    Use as ``async with XdsClientProcess("xds:///svc", bootstrap) as client:``; each
-    :meth:`call` makes one RPC in the child and returns what happened.
+    Subclasses say how to :meth:`start` the child and how to make one
+    :meth:`call`; this class keeps its stderr, waits for a backend and closes
+    the child (``quit``, then kill).
     """
 
-    def __init__(
-        self,
-        target: str,
-        bootstrap: str,
-        *,
-        rpc_timeout: float = 5.0,
-        wait_for_ready: bool = True,
-        trace: bool = False,
-    ) -> None:
+    backend_timeout = 5.0
+
+    def __init__(self, target: str, bootstrap: str, *, rpc_timeout: float = 5.0,
+                 trace: bool = False) -> None:
         self.target = target
         self.bootstrap = bootstrap
         self.rpc_timeout = rpc_timeout
-        self.wait_for_ready = wait_for_ready
         self.trace = trace
         self.results: list[RpcResult] = []
         self._proc: asyncio.subprocess.Process | None = None
         self._stderr: list[str] = []
         self._stderr_task: asyncio.Task[None] | None = None
 
-    async def start(self) -> XdsClientProcess:
-        """Spawn the child; it connects to the xDS server on its first RPC."""
-        args = [
-            sys.executable, "-m", "tests.interop.xds_client_main",
-            "--target", self.target, "--stdin",
-            "--rpc-timeout", str(self.rpc_timeout),
-            "--wait-for-ready" if self.wait_for_ready else "--no-wait-for-ready",
-        ]
+    async def start(self) -> Self:
+        raise NotImplementedError
+
+    async def call(self) -> RpcResult:
+        raise NotImplementedError
+
+    async def _spawn(self, *args: str) -> asyncio.subprocess.Process:
         self._proc = await asyncio.create_subprocess_exec(
             *args,
             cwd=REPO_ROOT,
@@ -389,7 +385,7 @@ class XdsClientProcess:
             stderr=asyncio.subprocess.PIPE,
         )
         self._stderr_task = asyncio.create_task(self._drain_stderr())
-        return self
+        return self._proc
 
     async def _drain_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
@@ -398,27 +394,13 @@ class XdsClientProcess:
 
     @property
     def stderr(self) -> str:
-        """What the child logged so far (NACK reasons, traces)."""
+        """What the child logged so far (NACK reasons, errors, traces)."""
         return "".join(self._stderr)
 
-    async def call(self) -> RpcResult:
-        """Make one RPC through the child's channel."""
-        proc = self._proc
-        if proc is None or proc.stdin is None or proc.stdout is None:
-            raise RuntimeError("XdsClientProcess not started")
-        proc.stdin.write(b"call\n")
-        await proc.stdin.drain()
-        line = await asyncio.wait_for(proc.stdout.readline(), self.rpc_timeout + 10.0)
-        if not line:
-            raise RuntimeError(f"xds client exited ({proc.returncode}); stderr:\n{self.stderr}")
-        result = RpcResult.from_line(line.decode())
-        self.results.append(result)
-        return result
-
-    async def wait_for_backend(
-        self, label: str, timeout: float = 5.0, interval: float = 0.02
-    ) -> RpcResult:
-        """Call until an RPC is answered by backend ``label``; raise after ``timeout`` s."""
+    async def wait_for_backend(self, label: str, timeout: float | None = None,
+                               interval: float = 0.02) -> RpcResult:
+        """Call until an RPC is answered by backend ``label``; fail after ``timeout`` s."""
+        timeout = self.backend_timeout if timeout is None else timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         seen: list[RpcResult] = []
@@ -430,12 +412,11 @@ class XdsClientProcess:
             if loop.time() >= deadline:
                 raise AssertionError(
                     f"no RPC reached backend {label!r} within {timeout}s; "
-                    f"last results: {seen[-3:]}; client stderr:\n{self.stderr[-4000:]}"
-                )
+                    f"last results: {seen[-3:]}; client stderr:\n{self.stderr[-4000:]}")
             await asyncio.sleep(interval)
 
     async def close(self) -> int | None:
-        """Ask the child to exit (killing it if it does not) and return its exit code."""
+        """Ask the child to quit (killing it if it does not) and return its exit code."""
         proc, self._proc = self._proc, None
         if proc is None:
             return None
@@ -453,13 +434,49 @@ class XdsClientProcess:
             await self._stderr_task
         return proc.returncode
 
-    async def __aenter__(self) -> XdsClientProcess:
-        return await self.start()
+    async def __aenter__(self) -> Self:
+        try:
+            return await self.start()
+        except BaseException:
+            await self.close()
+            raise
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
+
+
+class XdsClientProcess(ClientProcess):
+    """``tests.interop.xds_client_main --stdin`` running with a given bootstrap.
+
+    Use as ``async with XdsClientProcess("xds:///svc", bootstrap) as client:``; each
+    :meth:`call` makes one RPC in the child and returns what happened.
+    """
+
+    def __init__(self, target: str, bootstrap: str, *, rpc_timeout: float = 5.0,
+                 wait_for_ready: bool = True, trace: bool = False) -> None:
+        super().__init__(target, bootstrap, rpc_timeout=rpc_timeout, trace=trace)
+        self.wait_for_ready = wait_for_ready
+
+    async def start(self) -> Self:
+        """Spawn the child; it connects to the xDS server on its first RPC."""
+        await self._spawn(
+            sys.executable, "-m", "tests.interop.xds_client_main",
+            "--target", self.target, "--stdin",
+            "--rpc-timeout", str(self.rpc_timeout),
+            "--wait-for-ready" if self.wait_for_ready else "--no-wait-for-ready")
+        return self
+
+    async def call(self) -> RpcResult:
+        """Make one RPC through the child's channel."""
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            raise RuntimeError("XdsClientProcess not started")
+        proc.stdin.write(b"call\n")
+        await proc.stdin.drain()
+        line = await asyncio.wait_for(proc.stdout.readline(), self.rpc_timeout + 10.0)
+        if not line:
+            raise RuntimeError(f"xds client exited ({proc.returncode}); stderr:\n{self.stderr}")
+        result = RpcResult.from_line(line.decode())
+        self.results.append(result)
+        return result

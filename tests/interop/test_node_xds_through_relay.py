@@ -59,13 +59,12 @@ one stream, opened on the channel's first RPC::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -77,9 +76,9 @@ from tests.interop import grpc_xds
 from tests.interop.grpc_xds import (
     DEFAULT_CLUSTER,
     DEFAULT_ROUTE,
+    ClientProcess,
     RpcResult,
     bootstrap_json,
-    client_env,
     start_backend,
 )
 
@@ -116,51 +115,28 @@ def node_or_skip() -> str:
     return node
 
 
-class NodeXdsClient:
+class NodeXdsClient(ClientProcess):
     """``node tests/interop/node/client.js`` with a given bootstrap.
 
     Use as ``async with NodeXdsClient(node, "xds:///svc", bootstrap) as client:``; entering
     waits until the child has loaded grpc-js-xds, and each :meth:`call` makes one RPC.
     """
 
+    backend_timeout = 10.0
+
     def __init__(self, node: str, target: str, bootstrap: str, *,
                  rpc_timeout: float = 5.0, trace: bool = False) -> None:
+        super().__init__(target, bootstrap, rpc_timeout=rpc_timeout, trace=trace)
         self.node = node
-        self.target = target
-        self.bootstrap = bootstrap
-        self.rpc_timeout = rpc_timeout
-        self.trace = trace
-        self.results: list[RpcResult] = []
-        self._proc: asyncio.subprocess.Process | None = None
-        self._stderr: list[str] = []
-        self._stderr_task: asyncio.Task[None] | None = None
 
-    async def start(self) -> NodeXdsClient:
+    async def start(self) -> Self:
         """Spawn the child and wait for its ``{"ready": true}`` line."""
-        self._proc = await asyncio.create_subprocess_exec(
-            self.node, str(CLIENT_JS),
-            "--target", self.target, "--rpc-timeout", str(self.rpc_timeout),
-            cwd=REPO_ROOT,
-            env=client_env(self.bootstrap, trace=self.trace),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        self._stderr_task = asyncio.create_task(self._drain_stderr())
+        await self._spawn(self.node, str(CLIENT_JS),
+                          "--target", self.target, "--rpc-timeout", str(self.rpc_timeout))
         ready = await self._read_line(STARTUP_TIMEOUT)
         if ready != {"ready": True}:
             raise RuntimeError(f"unexpected first line from client.js: {ready!r}")
         return self
-
-    async def _drain_stderr(self) -> None:
-        assert self._proc is not None and self._proc.stderr is not None
-        async for line in self._proc.stderr:
-            self._stderr.append(line.decode(errors="replace"))
-
-    @property
-    def stderr(self) -> str:
-        """What the child logged so far (errors, traces)."""
-        return "".join(self._stderr)
 
     async def _command(self, command: str) -> dict[str, object]:
         proc = self._proc
@@ -190,53 +166,6 @@ class NodeXdsClient:
         """Close the child's channel (it unsubscribes) but keep the process running."""
         answer = await self._command("close")
         assert answer == {"closed": True}, answer
-
-    async def wait_for_backend(self, label: str, timeout: float = 10.0,
-                               interval: float = 0.02) -> RpcResult:
-        """Call until an RPC is answered by backend ``label``; fail after ``timeout`` s."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        seen: list[RpcResult] = []
-        while True:
-            result = await self.call()
-            if result.ok and result.backend == label:
-                return result
-            seen.append(result)
-            if loop.time() >= deadline:
-                raise AssertionError(
-                    f"no RPC reached backend {label!r} within {timeout}s; "
-                    f"last results: {seen[-3:]}; client stderr:\n{self.stderr[-4000:]}")
-            await asyncio.sleep(interval)
-
-    async def close(self) -> int | None:
-        """Ask the child to quit (killing it if it does not) and return its exit code."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return None
-        if proc.stdin is not None and not proc.stdin.is_closing():
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.write(b"quit\n")
-                await proc.stdin.drain()
-            proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 5.0)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-        if self._stderr_task is not None:
-            await self._stderr_task
-        return proc.returncode
-
-    async def __aenter__(self) -> NodeXdsClient:
-        try:
-            return await self.start()
-        except BaseException:
-            await self.close()
-            raise
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
 
 
 def downstream_counts(registry: CollectorRegistry, metric: str) -> Counter[tuple[str, str]]:
