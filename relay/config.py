@@ -23,7 +23,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from envoy.config.core.v3 import base_pb2
@@ -379,6 +379,9 @@ class ServerConfig(_Section):
     # burst, so that one change spread over several per-type responses goes
     # out to each client in make-before-break order (0 disables).
     batch_window: DurationField = 0.005
+    # On SIGTERM: stop taking new streams and close the open ones spread over
+    # this long, so that clients reconnect elsewhere a few at a time.
+    drain_period: DurationField = 10.0
 
 
 class BackoffConfig(_Section):
@@ -422,6 +425,8 @@ class LoggingConfig(_Section):
     """Logging; ``level`` is normalized to lowercase."""
 
     level: str = "info"
+    # text: one key=value line per record; json: one JSON object per line
+    format: Literal["text", "json"] = "text"
 
     @field_validator("level")
     @classmethod
@@ -694,6 +699,8 @@ node:                           # required: the identity presented to the origin
     team: platform
 server:
   address: 0.0.0.0:18000        # downstream xDS (gRPC); IPv6 as "[::]:18000"
+  batch_window: 5ms             # let an origin burst gather before pushing; 0 disables
+  drain_period: 10s             # on SIGTERM, close client streams spread over this long
 upstream:                       # required: exactly one of address or files
   address: 127.0.0.1:18001      # origin control plane, followed over Delta ADS
   # files: config/resources     # or: serve a directory of YAML/JSON resource files
@@ -704,4 +711,5 @@ admin:
   address: 127.0.0.1:19000      # /ready /healthz /config_dump /metrics
 logging:
   level: info                   # debug, info, warning or error
+  format: text                  # text (key=value) or json (one object per line)
 """

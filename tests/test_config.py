@@ -182,7 +182,7 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      server:
        addr: "0.0.0.0:1"
      upstream: {address: "a:1"}
-     """, 3, "server.addr", "address, batch_window"),
+     """, 3, "server.addr", "address, batch_window, drain_period"),
     ("""
      node: {id: a}
      upstream:
@@ -200,8 +200,8 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      node: {id: a}
      upstream: {address: "a:1"}
      logging:
-       format: json
-     """, 4, "logging.format", "level"),
+       colour: true
+     """, 4, "logging.colour", "level, format"),
 ])
 def test_unknown_keys_at_every_level(text: str, line: int, field: str, allowed: str) -> None:
     err = config_error(text)
