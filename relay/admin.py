@@ -1,4 +1,4 @@
-"""Admin HTTP endpoints: ``/ready``, ``/healthz``, ``/config_dump``, ``/metrics``.
+"""Admin HTTP endpoints: ``/ready``, ``/healthz``, ``/config_dump``, ``/clients``, ``/metrics``.
 
 A deliberately small HTTP/1.1 server on asyncio streams: GET only, one
 request per connection. It serves operators and probes, not traffic.
@@ -39,10 +39,12 @@ class AdminServer:
     """Serves the admin endpoints for one relay."""
 
     def __init__(self, cache: ResourceCache, registry: CollectorRegistry | None,
-                 is_ready: Callable[[], bool]) -> None:
+                 not_ready_reason: Callable[[], str | None],
+                 clients: Callable[[], list[dict[str, Any]]] = list) -> None:
         self.cache = cache
         self.registry = registry
-        self.is_ready = is_ready
+        self.not_ready_reason = not_ready_reason
+        self.clients = clients
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -64,8 +66,12 @@ class AdminServer:
         if url.path == "/healthz":
             return Reply(200, b"ok\n")
         if url.path == "/ready":
-            return Reply(200, b"ready\n") if self.is_ready() else \
-                Reply(503, b"not ready: not yet synced with the origin\n")
+            reason = self.not_ready_reason()
+            return Reply(200, b"ready\n") if reason is None else \
+                Reply(503, f"not ready: {reason}\n".encode())
+        if url.path == "/clients":
+            return Reply(200, json.dumps({"clients": self.clients()}, indent=2).encode() + b"\n",
+                         "application/json")
         if url.path == "/config_dump":
             body = json.dumps(self.config_dump(query.get("type"), query.get("name")), indent=2)
             return Reply(200, body.encode() + b"\n", "application/json")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ import grpc
 from relay.admin import AdminServer
 from relay.cache import ResourceCache
 from relay.config import RelayConfig, node_proto
-from relay.server.services import discovery_handlers
+from relay.server.services import DRAINING, discovery_handlers
 from relay.server.streams import ServingContext
 from relay.subscriptions import SubscriptionIndex
 from relay.telemetry import new_metrics, prometheus_provider
@@ -54,6 +55,18 @@ _SERVER_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
+def drain_schedule(count: int, period: float) -> list[float]:
+    """When to close each of ``count`` streams, in seconds from the drain's start.
+
+    Evenly spread: the first at once, the rest ``period / count`` apart, so the
+    reconnect rate elsewhere is ``count / period`` per second at most.
+    """
+    if count == 0:
+        return []
+    step = period / count
+    return [i * step for i in range(count)]
+
+
 class Relay:
     """A relay built from a validated config. ``start`` it, then ``stop`` it."""
 
@@ -81,7 +94,8 @@ class Relay:
             self.upstream = UpstreamClient(
                 str(upstream.address), state,
                 Backoff(upstream.backoff.initial, upstream.backoff.max), self.metrics)
-        self.admin = AdminServer(self.cache, self.registry, self.is_ready)
+        self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
+                                 self.serving.client_statuses)
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
@@ -90,11 +104,43 @@ class Relay:
 
     def is_ready(self) -> bool:
         """Serving, and synced with the origin (or the files loaded)."""
+        return self.not_ready_reason() is None
+
+    def not_ready_reason(self) -> str | None:
+        """Why ``/ready`` says 503, or None when ready."""
+        if self.serving.draining:
+            return "draining"
         if self._server is None:
-            return False
+            return "not serving yet"
         if self.files is not None:
-            return True
-        return self.upstream is not None and self.upstream.connected_event.is_set()
+            return None
+        if self.upstream is not None and self.upstream.connected_event.is_set():
+            return None
+        return "not yet synced with the origin"
+
+    async def drain(self, period: float | None = None) -> None:
+        """Stop taking streams and close the open ones spread over ``period``.
+
+        ``/ready`` turns 503 at once, so that load balancers stop sending
+        clients here; the clients already connected are told to go away a few
+        at a time (``UNAVAILABLE``), so that they reconnect elsewhere without
+        a thundering herd. The origin stream stays up meanwhile: the clients
+        not yet closed still get updates. ``stop`` afterwards.
+        """
+        if period is None:
+            period = self.config.server.drain_period
+        self.serving.draining = True
+        streams = list(self.serving.streams)
+        random.shuffle(streams)
+        log.info("draining: closing %d client streams over %.1fs", len(streams), period)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for stream, offset in zip(streams, drain_schedule(len(streams), period), strict=True):
+            await asyncio.sleep(max(0.0, started + offset - loop.time()))
+            stream.close(DRAINING)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.serving.idle.wait(), 1.0)
+        log.info("drained in %.1fs", loop.time() - started)
 
     async def start(self) -> None:
         """Bind the servers and start following the origin."""

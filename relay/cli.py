@@ -31,8 +31,9 @@ def _parser() -> argparse.ArgumentParser:
         "run", help="run one relay from a config file",
         description="Run one relay. It serves xDS on server.address, follows the origin at "
                     "upstream.address (or the files in upstream.files) and serves /ready, "
-                    "/healthz, /config_dump and /metrics on admin.address. Stops on SIGINT or "
-                    "SIGTERM.")
+                    "/healthz, /config_dump, /clients and /metrics on admin.address. SIGTERM "
+                    "drains (readiness off, client streams closed spread over "
+                    "server.drain_period) and exits 0; SIGINT stops at once.")
     run.add_argument("--config", "-c", required=True, type=Path, metavar="FILE",
                      help="the relay's YAML config")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
@@ -93,16 +94,26 @@ def configure_logging(level: str) -> None:
 
 
 async def _run(config: RelayConfig) -> int:
+    """Run until a signal: SIGTERM drains first (see ``Relay.drain``); SIGINT,
+    or a second signal during the drain, stops at once."""
     from relay.app import Relay
 
     relay = Relay(config)
     await relay.start()
-    stop = asyncio.Event()
+    signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+            loop.add_signal_handler(signum, signals.put_nowait, signum)
+    received = await signals.get()
+    if received == signal.SIGTERM:
+        log.info("SIGTERM: draining over %.1fs (signal again to stop now)",
+                 config.server.drain_period)
+        drain = asyncio.create_task(relay.drain())
+        again = asyncio.create_task(signals.get())
+        await asyncio.wait({drain, again}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (drain, again):
+            task.cancel()
     log.info("shutting down")
     await relay.stop(grace=1.0)
     return 0

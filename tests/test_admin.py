@@ -15,20 +15,21 @@ from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
 
 
-def admin(ready: bool = True) -> tuple[AdminServer, ResourceCache]:
+def admin(not_ready: str | None = None) -> tuple[AdminServer, ResourceCache]:
     cache = ResourceCache()
     for msg, type_url, name in ((cluster("a"), CLUSTER, "a"), (endpoints("a", 9), ENDPOINT, "a")):
         cache.apply(type_url, [CachedResource(type_url, name, "v1", discovery_pb2.Resource(
             name=name, version="v1", resource=pack(msg)))])
     provider, registry = prometheus_provider()
     new_metrics(provider).push("delta", CLUSTER)
-    return AdminServer(cache, registry, lambda: ready), cache
+    return AdminServer(cache, registry, lambda: not_ready), cache
 
 
 def test_ready_reflects_sync_state() -> None:
-    assert admin(True)[0].route("GET", "/ready").status == 200
-    assert admin(False)[0].route("GET", "/ready").status == 503
-    assert admin(False)[0].route("GET", "/healthz").status == 200
+    assert admin()[0].route("GET", "/ready").status == 200
+    reply = admin("draining")[0].route("GET", "/ready")
+    assert (reply.status, reply.body) == (503, b"not ready: draining\n")
+    assert admin("draining")[0].route("GET", "/healthz").status == 200
 
 
 def test_config_dump_lists_resources_with_versions_and_filters() -> None:

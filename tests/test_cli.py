@@ -7,9 +7,20 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+import grpc
+import pytest
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.server.services import DRAINING
+from relay.xds_types import CLUSTER
+
+DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,18 +79,24 @@ def test_demo_shows_a_client_served_through_the_relay() -> None:
     assert "-> ClusterLoadAssignment: service_a, service_b" in result.stdout
 
 
-def test_run_serves_files_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    admin = free_port()
+def test_run_serves_files_and_drains_on_sigterm(tmp_path: Path) -> None:
+    admin, xds = free_port(), free_port()
     config = tmp_path / "origin.yaml"
     config.write_text(f"""
 node: {{id: cli-test}}
-server: {{address: "127.0.0.1:0"}}
+server: {{address: "127.0.0.1:{xds}", drain_period: 1s}}
 admin: {{address: "127.0.0.1:{admin}"}}
 upstream: {{files: "{REPO / 'config/resources'}"}}
 """)
     proc = subprocess.Popen([sys.executable, "-m", "relay", "run", "--config", str(config)],
                             cwd=REPO, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    hold_open = threading.Event()
+
+    def requests() -> Iterator[discovery_pb2.DeltaDiscoveryRequest]:
+        yield discovery_pb2.DeltaDiscoveryRequest(node={"id": "client"}, type_url=CLUSTER)
+        hold_open.wait(30)
+
     try:
         deadline = time.monotonic() + 20
         status = 0
@@ -95,13 +112,28 @@ upstream: {{files: "{REPO / 'config/resources'}"}}
                 f"http://127.0.0.1:{admin}/config_dump?type=Cluster", timeout=5) as reply:
             dump = reply.read().decode()
         assert '"service_a"' in dump and '"service_b"' in dump
-        proc.send_signal(signal.SIGTERM)
+        with grpc.insecure_channel(f"127.0.0.1:{xds}") as channel:
+            stream = channel.stream_stream(
+                DELTA_ADS, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+                response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)(requests())
+            first = next(stream)
+            assert sorted(r.name for r in first.resources) == ["service_a", "service_b"]
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            with pytest.raises(grpc.RpcError) as closed:
+                next(stream)
+            assert closed.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert closed.value.details() == DRAINING
         assert proc.wait(10) == 0
+        assert time.monotonic() - sent < 5
     finally:
+        hold_open.set()
         if proc.poll() is None:
             proc.kill()
         stderr = proc.stderr.read() if proc.stderr else ""
     assert "serving xDS on" in stderr
+    assert "SIGTERM: draining over 1.0s" in stderr
+    assert "draining: closing 1 client streams over 1.0s" in stderr
 
 
 def test_readme_config_example_is_valid() -> None:

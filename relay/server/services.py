@@ -18,6 +18,9 @@ from relay.protocol.view import NonceSource
 from relay.server.streams import DownstreamStream, ServingContext, Variant, encode_plan
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
+# The status message of streams refused or closed while the relay drains.
+DRAINING = "the relay is draining; connect to another replica"
+
 
 def _identity(data: bytes) -> bytes:
     return data
@@ -29,6 +32,8 @@ def _stream_handler(serving: ServingContext, variant: Variant,
                           else discovery_pb2.DiscoveryRequest)
 
     async def behaviour(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
+        if serving.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
         stream = DownstreamStream(serving, variant, context.peer(), fixed_type_url)
         await stream.serve(requests, context)
 

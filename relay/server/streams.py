@@ -50,6 +50,13 @@ class ServingContext:
     view: CacheView
     batch_window: float = 0.0
     streams: set[DownstreamStream] = field(default_factory=set)
+    # set when the relay drains: new streams are refused
+    draining: bool = False
+    # set while no stream is open
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
 
     def close_streams(self, reason: str) -> None:
         """Ask every downstream stream to end (see :meth:`DownstreamStream.close`)."""
@@ -244,6 +251,7 @@ class DownstreamStream:
         metrics = self.serving.metrics
         metrics.downstream_streams.add(1, {"variant": self.variant})
         self.serving.streams.add(self)
+        self.serving.idle.clear()
         reader = asyncio.create_task(self._read(requests))
         try:
             while True:
@@ -267,6 +275,8 @@ class DownstreamStream:
         finally:
             reader.cancel()
             self.serving.streams.discard(self)
+            if not self.serving.streams:
+                self.serving.idle.set()
             self.serving.index.remove(self)
             metrics.downstream_streams.add(-1, {"variant": self.variant})
 
