@@ -19,6 +19,7 @@ import grpc
 from relay.admin import AdminServer
 from relay.cache import ResourceCache
 from relay.config import RelayConfig, node_proto
+from relay.server.ecosystem import Health, add_ecosystem_services
 from relay.server.services import DRAINING, discovery_handlers
 from relay.server.streams import ServingContext
 from relay.subscriptions import SubscriptionIndex
@@ -26,6 +27,7 @@ from relay.telemetry import new_metrics, prometheus_provider
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
 from relay.upstream.state import UpstreamState
+from relay.xds_types import short_name
 
 if TYPE_CHECKING:
     from relay.sources.files import FileSource
@@ -94,6 +96,8 @@ class Relay:
             self.upstream = UpstreamClient(
                 str(upstream.address), state,
                 Backoff(upstream.backoff.initial, upstream.backoff.max), self.metrics)
+        self._observe_state()
+        self.health = Health()
         self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
                                  self.serving.client_statuses)
         self._server: grpc.aio.Server | None = None
@@ -101,6 +105,31 @@ class Relay:
         self._stopped = False
         self.xds_port = 0
         self.admin_port = 0
+
+    def _observe_state(self) -> None:
+        """Gauges counted from the relay's state when Prometheus scrapes."""
+        metrics = self.metrics
+        metrics.observe("xds_relay_cache_resources", "Resource names cached", ("type",),
+                        lambda: {(short_name(t),): names
+                                 for t, (names, _) in self.cache.counts().items()})
+        metrics.observe("xds_relay_cache_variants", "Resource variants cached (a name "
+                        "without variants counts one)", ("type",),
+                        lambda: {(short_name(t),): variants
+                                 for t, (_, variants) in self.cache.counts().items()})
+        metrics.observe("xds_relay_downstream_subscriptions",
+                        "Downstream streams subscribed to a type", ("variant", "type"),
+                        self.serving.subscription_counts)
+        if self.upstream is not None:
+            state = self.upstream.state
+            metrics.observe("xds_relay_upstream_subscriptions",
+                            "Resource locators subscribed on the origin stream (wildcard "
+                            "counts one)", ("type",),
+                            lambda: {(short_name(t),): n
+                                     for t, n in state.subscription_counts().items()})
+
+    async def set_not_serving(self) -> None:
+        """Turn every gRPC health status NOT_SERVING, for good (when draining starts)."""
+        await self.health.set_not_serving()
 
     def is_ready(self) -> bool:
         """Serving, and synced with the origin (or the files loaded)."""
@@ -149,6 +178,7 @@ class Relay:
             self._tasks.append(asyncio.create_task(self.files.run(), name="file-source"))
         server = grpc.aio.server(options=_SERVER_OPTIONS)
         server.add_generic_rpc_handlers(discovery_handlers(self.serving))
+        await add_ecosystem_services(server, self.serving, self.health)
         self.xds_port = server.add_insecure_port(str(self.config.server.address))
         if self.xds_port == 0:
             raise OSError(f"cannot listen on {self.config.server.address}")

@@ -153,6 +153,11 @@ class ResourceCache:
     def type_urls(self) -> list[str]:
         return sorted(self._types)
 
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """Per type URL: how many names are cached, and how many variants in all."""
+        return {type_url: (len(entry.variants), sum(len(v) for v in entry.variants.values()))
+                for type_url, entry in self._types.items()}
+
     # -- writing ---------------------------------------------------------
 
     def apply(self, type_url: str, upserts: Sequence[CachedResource],

@@ -9,6 +9,7 @@ never serializes a resource N times.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -55,6 +56,8 @@ class CachedResource:
     resource: discovery_pb2.Resource = field(repr=False)
     constraints: Constraints = UNCONSTRAINED
     arrival: int = field(default_factory=_next_arrival, repr=False)
+    # when the relay received it (time.monotonic), for the push latency metric
+    received: float = field(default_factory=time.monotonic, repr=False)
 
     @property
     def variant_key(self) -> str:

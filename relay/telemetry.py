@@ -8,13 +8,17 @@ URLs (short names), stream variant, outcome. Never a client or resource name.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from prometheus_client import CollectorRegistry
 
 from relay.xds_types import short_name
+
+# Seconds; from a same-host push (sub-millisecond) to a large fan-out (seconds).
+PUSH_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                        1.0, 2.5, 5.0, 10.0)
 
 
 class HotCounter:
@@ -32,8 +36,8 @@ class HotCounter:
         meter.create_observable_counter(name, callbacks=[self._observe],
                                         description=description)
 
-    def add(self, *labels: str) -> None:
-        self.counts[labels] += 1
+    def add(self, *labels: str, amount: int = 1) -> None:
+        self.counts[labels] += amount
 
     def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
         for labels, value in list(self.counts.items()):
@@ -63,16 +67,35 @@ class Metrics:
             "xds_relay_upstream_reconnects", description="Origin streams opened after the first")
         self.upstream_responses = meter.create_counter(
             "xds_relay_upstream_responses", description="Origin responses by outcome")
-        self.upstream_subscriptions = meter.create_up_down_counter(
-            "xds_relay_upstream_subscriptions", description="Names subscribed upstream")
+        self.downstream_coalesced = HotCounter(
+            meter, "xds_relay_downstream_coalesced_updates",
+            "Updates to a client superseded by a newer one before they were sent",
+            ("variant", "type"))
+        self.push_latency = meter.create_histogram(
+            "xds_relay_push_latency", unit="s",
+            description="From receiving an origin update to sending it to a client, "
+                        "per pushed response",
+            explicit_bucket_boundaries_advisory=PUSH_LATENCY_BUCKETS)
         self.variant_conflicts = meter.create_counter(
             "xds_relay_variant_conflicts",
             description="Lookups where several variants matched one client (an origin error)")
         self.source_errors = meter.create_counter(
             "xds_relay_source_errors", description="Unusable files or origin responses")
 
+        self._meter = meter
+
     def push(self, variant: str, type_url: str) -> None:
         self.downstream_pushes.add(variant, short_name(type_url))
+
+    def observe(self, name: str, description: str, label_names: tuple[str, ...],
+                read: Callable[[], Mapping[tuple[str, ...], int]]) -> None:
+        """A gauge read from the relay's state at scrape time (``read`` gives
+        a value per label tuple), for what is cheaper to count than to track."""
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            for labels, value in read().items():
+                yield Observation(value, dict(zip(label_names, labels, strict=True)))
+
+        self._meter.create_observable_gauge(name, callbacks=[callback], description=description)
 
 
 def prometheus_provider() -> tuple[MeterProvider, CollectorRegistry]:

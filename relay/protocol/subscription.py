@@ -52,11 +52,18 @@ class SubscriptionState:
     # name -> the origin's error as last forwarded, so each is sent once
     errors_sent: dict[str, discovery_pb2.ResourceError] = field(default_factory=dict)
 
-    def resources_changed(self, names: frozenset[str], everything: bool) -> None:
-        """The cache changed these names (or, with ``everything``, possibly any)."""
+    def resources_changed(self, names: frozenset[str], everything: bool) -> int:
+        """The cache changed these names (or, with ``everything``, possibly any).
+
+        Returns how many of them were already waiting behind a response the
+        client has not answered: the change before this one will never reach
+        it (coalesced, latest wins).
+        """
         if everything:
             self.recheck_all = True
+        coalesced = len(self.pending & names) if self.inflight_nonce and self.pending else 0
         self.pending.update(names)
+        return coalesced
 
     def params_for(self, name: str) -> Params:
         """A locator's own parameters, else the node's for this type."""

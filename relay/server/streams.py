@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
@@ -58,6 +60,14 @@ class ServingContext:
     def __post_init__(self) -> None:
         self.idle.set()
 
+    def subscription_counts(self) -> Counter[tuple[str, ...]]:
+        """Streams subscribed to each type, by (variant, short type name)."""
+        counts: Counter[tuple[str, ...]] = Counter()
+        for stream in self.streams:
+            for type_url in stream.states:
+                counts[stream.variant, short_name(type_url)] += 1
+        return counts
+
     def close_streams(self, reason: str) -> None:
         """Ask every downstream stream to end (see :meth:`DownstreamStream.close`)."""
         for stream in list(self.streams):
@@ -94,6 +104,9 @@ class DownstreamStream:
         self._wake = asyncio.Event()
         self._origin_changed = False
         self._closing: str | None = None
+        # per type, when the client's latest request arrived: resources newer
+        # than that are pushes, and count towards the push latency
+        self._requested_at: dict[str, float] = {}
 
     def __hash__(self) -> int:
         return id(self)
@@ -135,7 +148,10 @@ class DownstreamStream:
     def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
         state = self.states.get(type_url)
         if state is not None:
-            state.resources_changed(names, everything)
+            coalesced = state.resources_changed(names, everything)
+            if coalesced:
+                self.serving.metrics.downstream_coalesced.add(
+                    self.variant, short_name(type_url), amount=coalesced)
             self._origin_changed = True
             self._wake.set()
 
@@ -179,6 +195,7 @@ class DownstreamStream:
                 state.wrap_ttl = SUPPORTS_RESOURCE_IN_SOTW in self.node.client_features
             self.states[type_url] = state
         outcome = state.on_request(request)
+        self._requested_at[type_url] = time.monotonic()
         metrics = self.serving.metrics
         if outcome.nack is not None:
             metrics.downstream_nacks.add(self.variant, short_name(type_url))
@@ -238,7 +255,13 @@ class DownstreamStream:
                 state.refetch = set()
 
     def _sent(self, plan: DeltaResponsePlan | SotwResponsePlan) -> bytes:
-        self.serving.metrics.push(self.variant, plan.type_url)
+        metrics = self.serving.metrics
+        metrics.push(self.variant, plan.type_url)
+        if plan.resources:
+            newest = max(r.received for r in plan.resources)
+            if newest > self._requested_at.get(plan.type_url, 0.0):
+                metrics.push_latency.record(time.monotonic() - newest,
+                                            {"type": short_name(plan.type_url)})
         return encode_plan(plan)
 
     async def serve(self, requests: AsyncIterator[Request],

@@ -93,6 +93,11 @@ class UpstreamState:
         # names re-subscribed to get a fresh do-not-cache copy, per type
         self._refetching: dict[str, set[str]] = {}
 
+    def subscription_counts(self) -> dict[str, int]:
+        """Per type URL: resource locators subscribed on the stream (a wildcard counts one)."""
+        return {type_url: sum(len(params) for params in sub.locators.values()) + sub.wildcard
+                for type_url, sub in self._subscribed.items()}
+
     # -- connection lifecycle ---------------------------------------------
 
     def on_connect(self, now: float) -> list[Request]:

@@ -205,3 +205,19 @@ def test_not_synced_type_waits() -> None:
     view.synced = True
     plan = state.next_response(view, nonces)
     assert plan is not None  # invariant 29: answered once synced
+
+
+def test_changes_behind_an_unanswered_response_are_counted_as_coalesced() -> None:
+    state, view, nonces = setup(a="1", b="1")
+    state.on_request(Req(type_url=CLUSTER, resource_names_subscribe=["a", "b"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and state.inflight_nonce == plan.nonce
+    # The first change behind the unanswered response waits; the next one
+    # for the same name supersedes it.
+    assert state.resources_changed(frozenset({"a"}), everything=False) == 0
+    assert state.resources_changed(frozenset({"a", "b"}), everything=False) == 1
+    assert state.resources_changed(frozenset({"a", "b"}), everything=False) == 2
+    state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce))
+    assert state.inflight_nonce is None
+    # Nothing in flight: a change goes out with the next response, nothing lost.
+    assert state.resources_changed(frozenset({"a"}), everything=False) == 0

@@ -1,0 +1,111 @@
+"""/metrics after known traffic: the named series and their exact values."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+from google.rpc import status_pb2
+from prometheus_client.parser import text_string_to_metric_families
+
+from relay.xds_types import CLUSTER, ENDPOINT, WILDCARD
+from tests.harness import ScriptedOrigin, cluster, endpoints, node, running_stack
+
+Labels = frozenset[tuple[str, str]]
+
+
+async def scrape(admin_port: int) -> dict[tuple[str, Labels], float]:
+    """Every sample of /metrics, fetched over real HTTP, keyed by name and labels."""
+    def fetch() -> str:
+        url = f"http://127.0.0.1:{admin_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return str(reply.read().decode())
+
+    text = await asyncio.get_running_loop().run_in_executor(None, fetch)
+    # The exporter labels every series with the instrumentation scope; drop those.
+    return {(s.name, frozenset((k, v) for k, v in s.labels.items()
+                               if not k.startswith("otel_scope_"))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def series(samples: dict[tuple[str, Labels], float], name: str) -> dict[Labels, float]:
+    return {labels: value for (n, labels), value in samples.items() if n == name}
+
+
+def labels(**pairs: str) -> Labels:
+    return frozenset(pairs.items())
+
+
+async def test_metrics_count_known_traffic_exactly() -> None:
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"), cluster("b"), endpoints("a", 1001), version="v1")
+    async with running_stack(origin) as stack:
+        delta, sotw = stack.client(delta=True), stack.client(delta=False)
+        await delta.send(node=node("d"), type_url=CLUSTER, resource_names_subscribe=[WILDCARD])
+        await delta.ack(await delta.recv())
+        await delta.send(type_url=ENDPOINT, resource_names_subscribe=["a"])
+        await delta.ack(await delta.recv())
+        await sotw.send(node=node("s"), type_url=CLUSTER)
+        first = await sotw.recv()
+        await sotw.ack(first)
+
+        # One origin update reaches both clients as a push.
+        origin.set(cluster("a", timeout_s=2), version="v2")
+        await delta.ack(await delta.recv())
+        rejected = await sotw.recv()
+
+        # Both clients now hold back their answer: of three more updates the
+        # first goes out to the delta client at once, the last waits, and the
+        # ones in between are coalesced (one for delta, two for SotW).
+        origin.set(cluster("a", timeout_s=3), version="v3")
+        held_back = await delta.recv()
+        for version, timeout in (("v4", 4), ("v5", 5)):
+            await asyncio.sleep(0.1)
+            origin.set(cluster("a", timeout_s=timeout), version=version)
+        await asyncio.sleep(0.1)
+        await delta.ack(held_back)
+        latest = await delta.recv()
+        assert [r.version for r in latest.resources] == ["v5"]
+        await delta.ack(latest)
+        await sotw.send(type_url=CLUSTER, response_nonce=rejected.nonce,
+                        version_info=first.version_info,
+                        error_detail=status_pb2.Status(code=3, message="bad cluster"))
+        await sotw.ack(await sotw.recv())
+
+        samples = await scrape(stack.relay.admin_port)
+
+    assert series(samples, "xds_relay_upstream_connected") == {labels(): 1}
+    assert series(samples, "xds_relay_upstream_subscriptions") == {
+        labels(type="Cluster"): 1, labels(type="ClusterLoadAssignment"): 1}
+    assert series(samples, "xds_relay_cache_resources") == {
+        labels(type="Cluster"): 2, labels(type="ClusterLoadAssignment"): 1}
+    assert series(samples, "xds_relay_cache_variants") == {
+        labels(type="Cluster"): 2, labels(type="ClusterLoadAssignment"): 1}
+    assert series(samples, "xds_relay_downstream_streams") == {
+        labels(variant="delta"): 1, labels(variant="sotw"): 1}
+    assert series(samples, "xds_relay_downstream_subscriptions") == {
+        labels(variant="delta", type="Cluster"): 1,
+        labels(variant="delta", type="ClusterLoadAssignment"): 1,
+        labels(variant="sotw", type="Cluster"): 1}
+    assert series(samples, "xds_relay_downstream_pushes_total") == {
+        labels(variant="delta", type="Cluster"): 4,   # first fetch, v2, v3, v5
+        labels(variant="delta", type="ClusterLoadAssignment"): 1,
+        labels(variant="sotw", type="Cluster"): 3}    # from cache, v2, v5
+    assert series(samples, "xds_relay_downstream_acks_total") == {
+        labels(variant="delta", type="Cluster"): 4,
+        labels(variant="delta", type="ClusterLoadAssignment"): 1,
+        labels(variant="sotw", type="Cluster"): 2}
+    assert series(samples, "xds_relay_downstream_nacks_total") == {
+        labels(variant="sotw", type="Cluster"): 1}
+    assert series(samples, "xds_relay_downstream_coalesced_updates_total") == {
+        labels(variant="delta", type="Cluster"): 1, labels(variant="sotw", type="Cluster"): 2}
+    assert series(samples, "xds_relay_upstream_responses_total") == {
+        labels(type="Cluster", outcome="ack"): 5,
+        labels(type="ClusterLoadAssignment", outcome="ack"): 1}
+    # Push latency counts responses carrying a resource received after the
+    # client's latest request: delta first fetch (it waited for the origin),
+    # v2, v3 and the endpoints; SotW v2. v5 went out in answer to an ACK or
+    # NACK, and the SotW first answer came from cache.
+    assert series(samples, "xds_relay_push_latency_seconds_count") == {
+        labels(type="Cluster"): 4, labels(type="ClusterLoadAssignment"): 1}
+    assert series(samples, "xds_relay_push_latency_seconds_sum")[labels(type="Cluster")] > 0
