@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from relay.config import ConfigError, RelayConfig, load_config
+from relay.logs import configure_logging
 
 log = logging.getLogger("relay")
 
@@ -71,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "run":
             config = load_config(args.config)
-            configure_logging(args.log_level or config.logging.level)
+            configure_logging(args.log_level or config.logging.level, config.logging.format)
             return asyncio.run(_run(config))
         configure_logging("info")
         from relay.demo import run_demo
@@ -83,14 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()), stream=sys.stderr,
-        format="%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s")
-    # gRPC's own logger is chatty about cancelled streams at INFO.
-    logging.getLogger("grpc").setLevel(logging.WARNING)
 
 
 async def _run(config: RelayConfig) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -87,6 +88,7 @@ node: {{id: cli-test}}
 server: {{address: "127.0.0.1:{xds}", drain_period: 1s}}
 admin: {{address: "127.0.0.1:{admin}"}}
 upstream: {{files: "{REPO / 'config/resources'}"}}
+logging: {{format: json}}
 """)
     proc = subprocess.Popen([sys.executable, "-m", "relay", "run", "--config", str(config)],
                             cwd=REPO, text=True, stdout=subprocess.PIPE,
@@ -131,9 +133,17 @@ upstream: {{files: "{REPO / 'config/resources'}"}}
         if proc.poll() is None:
             proc.kill()
         stderr = proc.stderr.read() if proc.stderr else ""
-    assert "serving xDS on" in stderr
-    assert "SIGTERM: draining over 1.0s" in stderr
-    assert "draining: closing 1 client streams over 1.0s" in stderr
+    records = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    messages = [(r["level"], r["logger"], r["msg"]) for r in records]
+    assert ("info", "relay", f"serving xDS on 127.0.0.1:{xds}, admin on 127.0.0.1:{admin}") \
+        in messages
+    assert messages[-4:] == [
+        ("info", "relay", "SIGTERM: draining over 1.0s (signal again to stop now)"),
+        ("info", "relay", "draining: closing 1 client streams over 1.0s"),
+        ("info", "relay", messages[-2][2]),
+        ("info", "relay", "shutting down")]
+    assert messages[-2][2].startswith("drained in ")
+    assert all(r["time"].endswith("Z") for r in records)
 
 
 def test_readme_config_example_is_valid() -> None:

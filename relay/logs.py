@@ -1,0 +1,47 @@
+"""Log output: ``key=value`` text for people, or one JSON object per line for
+log pipelines (``logging.format: json``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Literal
+
+TEXT_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, msg, and
+    the exception text when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+    def formatTime(self, record: logging.LogRecord,
+                   datefmt: str | None = None) -> str:
+        from datetime import UTC, datetime
+
+        stamp = datetime.fromtimestamp(record.created, UTC)
+        return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def configure_logging(level: str, style: Literal["text", "json"] = "text") -> None:
+    """Log to stderr at ``level`` in the given style (replacing earlier set-up)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if style == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper()))
+    # gRPC's own logger is chatty about cancelled streams at INFO.
+    logging.getLogger("grpc").setLevel(logging.WARNING)
