@@ -159,6 +159,7 @@ class Relay:
         if period is None:
             period = self.config.server.drain_period
         self.serving.draining = True
+        await self.set_not_serving()
         streams = list(self.serving.streams)
         random.shuffle(streams)
         log.info("draining: closing %d client streams over %.1fs", len(streams), period)

@@ -6,6 +6,7 @@ import asyncio
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from relay.app import drain_schedule
 from relay.server.services import DRAINING
@@ -42,10 +43,16 @@ async def test_drain_refuses_new_streams_and_closes_open_ones_spread_over_the_pe
             await client.ack(await client.recv())
         loop = asyncio.get_running_loop()
         started = loop.time()
+        health = health_pb2_grpc.HealthStub(stack.channel)
+        status = await health.Check(health_pb2.HealthCheckRequest(service=""))
+        assert status.status == health_pb2.HealthCheckResponse.SERVING
         drain = asyncio.create_task(stack.relay.drain(period=2.0))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.05)
         assert stack.relay.admin.route("GET", "/ready").status == 503
         assert stack.relay.admin.route("GET", "/ready").body == b"not ready: draining\n"
+        health = health_pb2_grpc.HealthStub(stack.channel)
+        status = await health.Check(health_pb2.HealthCheckRequest(service=""))
+        assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
         late = stack.client(delta=True)
         await late.send(node=node("late"), type_url=CLUSTER)

@@ -1,0 +1,100 @@
+"""The gRPC ecosystem services served beside xDS on the same port.
+
+* ``grpc.health.v1.Health``: ``""`` (what Kubernetes gRPC probes ask) and
+  every xDS service are SERVING while the relay serves, NOT_SERVING once it
+  drains;
+* server reflection, so that ``grpcurl`` and friends can list and call them;
+* CSDS (``envoy.service.status.v3.ClientStatusDiscoveryService``): what each
+  connected client holds, computed by :mod:`relay.server.status`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.status.v3 import csds_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from relay.server.status import UnsupportedMatcher, client_status
+from relay.server.streams import ServingContext
+from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
+
+CSDS_SERVICE = "envoy.service.status.v3.ClientStatusDiscoveryService"
+HEALTH_SERVICE = "grpc.health.v1.Health"
+REFLECTION_SERVICE: str = reflection.SERVICE_NAME
+
+# The services whose health is reported by name, besides the overall "".
+XDS_SERVICES: tuple[str, ...] = (ADS_SERVICE, *(s.service for s in PER_TYPE_SERVICES))
+
+
+def served_services() -> list[str]:
+    """Every gRPC service on the xDS port, sorted: what reflection lists."""
+    return sorted({*XDS_SERVICES, CSDS_SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE})
+
+
+class Health:
+    """The relay's ``grpc.health.v1.Health`` statuses.
+
+    Overall (``""``) SERVING from the start; the xDS services too once
+    :meth:`set_serving` ran; :meth:`set_not_serving` turns every status
+    NOT_SERVING for good.
+    """
+
+    def __init__(self) -> None:
+        self.servicer = health.aio.HealthServicer()
+
+    async def set_serving(self) -> None:
+        for service in ("", *XDS_SERVICES):
+            await self.servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def set_not_serving(self) -> None:
+        """Every status NOT_SERVING, and later :meth:`set_serving` calls ignored."""
+        await self.servicer.enter_graceful_shutdown()
+
+
+def _csds_handlers(serving: ServingContext) -> grpc.GenericRpcHandler:
+    async def fetch(request: csds_pb2.ClientStatusRequest,
+                    context: grpc.aio.ServicerContext) -> csds_pb2.ClientStatusResponse:
+        try:
+            return client_status(request, serving.streams, serving.cache)
+        except UnsupportedMatcher as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            raise  # abort raises; this only tells the type checker
+
+    async def stream(requests: AsyncIterator[csds_pb2.ClientStatusRequest],
+                     context: grpc.aio.ServicerContext) -> None:
+        async for request in requests:
+            await context.write(await fetch(request, context))
+
+    serialize = csds_pb2.ClientStatusResponse.SerializeToString
+    deserialize = csds_pb2.ClientStatusRequest.FromString
+    return grpc.method_handlers_generic_handler(CSDS_SERVICE, {
+        "FetchClientStatus": grpc.unary_unary_rpc_method_handler(
+            fetch, request_deserializer=deserialize, response_serializer=serialize),
+        "StreamClientStatus": grpc.stream_stream_rpc_method_handler(
+            stream, request_deserializer=deserialize, response_serializer=serialize),
+    })
+
+
+def _import_service_descriptors() -> None:
+    """Load the xDS service definitions, so that reflection can describe them."""
+    import envoy.service.cluster.v3.cds_pb2
+    import envoy.service.discovery.v3.ads_pb2
+    import envoy.service.endpoint.v3.eds_pb2
+    import envoy.service.listener.v3.lds_pb2
+    import envoy.service.route.v3.rds_pb2
+    import envoy.service.route.v3.srds_pb2
+    import envoy.service.runtime.v3.rtds_pb2
+    import envoy.service.secret.v3.sds_pb2  # noqa: F401
+
+
+async def add_ecosystem_services(server: grpc.aio.Server, serving: ServingContext,
+                                 health_status: Health) -> None:
+    """Register health, reflection and CSDS on ``server`` and report SERVING."""
+    health_pb2_grpc.add_HealthServicer_to_server(health_status.servicer, server)
+    server.add_generic_rpc_handlers([_csds_handlers(serving)])
+    _import_service_descriptors()
+    reflection.enable_server_reflection(served_services(), server)
+    await health_status.set_serving()
