@@ -74,7 +74,9 @@ class Relay:
 
     def __init__(self, config: RelayConfig) -> None:
         self.config = config
-        provider, self.registry = prometheus_provider()
+        otlp = config.metrics.otlp
+        provider, self.registry = prometheus_provider(
+            otlp.endpoint if otlp else None, otlp.interval if otlp else 15.0)
         self.meter_provider = provider
         self.metrics = new_metrics(provider)
         self.cache = ResourceCache()

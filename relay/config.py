@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from envoy.config.core.v3 import base_pb2
@@ -438,6 +439,28 @@ class LoggingConfig(_Section):
         return level
 
 
+class OtlpConfig(_Section):
+    """Push metrics to an OpenTelemetry collector over OTLP/HTTP (JSON encoding)."""
+
+    # the collector's metrics URL, e.g. http://otel-collector:4318/v1/metrics
+    endpoint: str
+    interval: PositiveDurationField = 15.0
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        url = urlsplit(value)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value
+
+
+class MetricsConfig(_Section):
+    """Metrics are always scraped at the admin address's /metrics; OTLP is optional."""
+
+    otlp: OtlpConfig | None = None
+
+
 class RelayConfig(_Section):
     """The whole relay configuration (the root of the YAML document)."""
 
@@ -446,6 +469,7 @@ class RelayConfig(_Section):
     upstream: UpstreamConfig
     admin: AdminConfig = AdminConfig()
     logging: LoggingConfig = LoggingConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
 
 # --------------------------------------------------------------------------- loading
@@ -712,4 +736,8 @@ admin:
 logging:
   level: info                   # debug, info, warning or error
   format: text                  # text (key=value) or json (one object per line)
+metrics:                        # always scraped at http://ADMIN/metrics (Prometheus)
+  # otlp:                       # and optionally pushed to an OpenTelemetry collector
+  #   endpoint: http://otel-collector:4318/v1/metrics   # OTLP/HTTP, JSON encoding
+  #   interval: 15s
 """

@@ -98,16 +98,32 @@ class Metrics:
         self._meter.create_observable_gauge(name, callbacks=[callback], description=description)
 
 
-def prometheus_provider() -> tuple[MeterProvider, CollectorRegistry]:
-    """A meter provider whose readings a private Prometheus registry serves.
+def prometheus_provider(otlp_endpoint: str | None = None, otlp_interval: float = 15.0
+                        ) -> tuple[MeterProvider, CollectorRegistry]:
+    """A meter provider whose readings a private Prometheus registry serves,
+    and, with ``otlp_endpoint``, are also pushed there every ``otlp_interval``
+    seconds (OTLP/HTTP, JSON).
 
-    Private, so that several relays in one process (tests, the demo) keep apart.
+    The registry is private, so that several relays in one process (tests,
+    the demo) keep apart.
     """
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics.export import MetricReader
 
     registry = CollectorRegistry()
-    reader = PrometheusMetricReader(disable_target_info=True, registry=registry)
-    return SdkMeterProvider(metric_readers=[reader]), registry
+    readers: list[MetricReader] = [
+        PrometheusMetricReader(disable_target_info=True, registry=registry)]
+    if otlp_endpoint is not None:
+        # The JSON exporter, not the protobuf one: that one needs the
+        # opentelemetry-proto package, whose modules clash with the older
+        # copies xds-protos ships under the same names.
+        from opentelemetry.exporter.otlp.json.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        readers.append(PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=otlp_endpoint),
+            export_interval_millis=otlp_interval * 1000))
+    return SdkMeterProvider(metric_readers=readers), registry
 
 
 def new_metrics(provider: MeterProvider | None = None) -> Metrics:
