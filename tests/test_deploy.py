@@ -1,0 +1,682 @@
+"""The deployment files agree with each other and with the relay's config schema.
+
+Neither Docker nor Kubernetes runs here, so the Dockerfile, docker-compose.yml,
+deploy/compose/ and deploy/kubernetes/ are parsed and cross-checked instead:
+every relay config validates, and a port, address, path or grace period
+changed in one file only makes a test here fail, naming both places.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import functools
+import json
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+from envoy.config.bootstrap.v3 import bootstrap_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401 (Any type)
+from google.protobuf import json_format
+
+from relay.config import (
+    AdminConfig,
+    RelayConfig,
+    ServerConfig,
+    parse_config,
+    parse_duration,
+)
+
+# Parsed files are cached (functools.cache) and shared between tests, which only read them.
+REPO = Path(__file__).resolve().parent.parent
+DOCKERFILE = REPO / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+COMPOSE = REPO / "docker-compose.yml"
+KUBERNETES = REPO / "deploy" / "kubernetes"
+RESOURCES = REPO / "config" / "resources"
+
+ZONE_RELAYS = ("relay-zone-a", "relay-zone-b")
+ENVOYS = {"envoy-zone-a": "relay-zone-a", "envoy-zone-b": "relay-zone-b"}
+ALL_INTERFACES = ("0.0.0.0", "::")
+
+LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
+CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _relative(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def _relay_config(text: str, source: str) -> RelayConfig:
+    # upstream.files is relative to the working directory: the repository here,
+    # WORKDIR in the image.
+    with contextlib.chdir(REPO):
+        return parse_config(text, source)
+
+
+def _config_flag(args: list[str], where: str) -> str:
+    assert "--config" in args, f"{where}: no --config in {args}"
+    index = args.index("--config")
+    assert index + 1 < len(args), f"{where}: --config without a value in {args}"
+    return args[index + 1]
+
+
+def _url_port_and_path(text: str, where: str) -> tuple[int, str]:
+    match = re.search(r"http://127\.0\.0\.1:(\d+)(/[\w/]*)", text)
+    assert match is not None, f"{where}: no http://127.0.0.1:PORT/PATH in {text!r}"
+    return int(match.group(1)), match.group(2)
+
+
+def _binds_all_interfaces(config: RelayConfig, where: str) -> None:
+    for section in ("server", "admin"):
+        address = getattr(config, section).address
+        assert address.host in ALL_INTERFACES, (
+            f"{where}: {section}.address is {address}; inside a container it must bind "
+            f"{' or '.join(ALL_INTERFACES)} to be reachable")
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    args: str
+
+    def exec_form(self) -> list[str]:
+        value = json.loads(self.args)
+        assert isinstance(value, list), f"Dockerfile: {self.keyword} is not a JSON list"
+        return [str(item) for item in value]
+
+
+@functools.cache
+def _instructions() -> list[Instruction]:
+    """Every instruction of the Dockerfile, continuation lines joined."""
+    instructions: list[Instruction] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        keyword, _, args = (pending + line).partition(" ")
+        instructions.append(Instruction(keyword.upper(), args.strip()))
+        pending = ""
+    return instructions
+
+
+def _final_stage() -> list[Instruction]:
+    """The instructions from the last FROM on: what the image runs with."""
+    instructions = _instructions()
+    starts = [i for i, ins in enumerate(instructions) if ins.keyword == "FROM"]
+    assert starts, "Dockerfile: no FROM"
+    return instructions[starts[-1]:]
+
+
+def _only(keyword: str) -> Instruction:
+    found = [ins for ins in _final_stage() if ins.keyword == keyword]
+    assert len(found) == 1, f"Dockerfile: expected one {keyword} in the final stage, got {found}"
+    return found[0]
+
+
+def _image_config_path() -> str:
+    return _config_flag(_only("CMD").exec_form(), "Dockerfile CMD")
+
+
+def _image_copies() -> dict[str, str]:
+    """Final-stage COPY from the build context: image path -> repository path."""
+    workdir = PurePosixPath("/")
+    copies: dict[str, str] = {}
+    for ins in _final_stage():
+        if ins.keyword == "WORKDIR":
+            workdir = workdir / ins.args
+        if ins.keyword != "COPY" or "--from=" in ins.args:
+            continue
+        *sources, dest = shlex.split(ins.args)
+        for source in sources:
+            copies[str(workdir / dest)] = source
+    return copies
+
+
+def _image_user() -> str:
+    return _only("USER").args.split(":")[0]
+
+
+def test_dockerfile_exposes_the_default_server_and_admin_ports() -> None:
+    exposed = {int(port.split("/")[0]) for port in _only("EXPOSE").args.split()}
+    defaults = {ServerConfig().address.port, AdminConfig().address.port}
+    assert exposed == defaults, (
+        f"Dockerfile EXPOSE {sorted(exposed)} != the relay's default server and admin ports "
+        f"{sorted(defaults)} (relay/config.py)")
+
+
+def test_dockerfile_entrypoint_is_the_console_script() -> None:
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    entrypoint = _only("ENTRYPOINT").exec_form()
+    assert entrypoint == ["xds-relay"], f"Dockerfile ENTRYPOINT is {entrypoint}"
+    assert entrypoint[0] in scripts, (
+        f"Dockerfile ENTRYPOINT {entrypoint[0]!r} is not a console script of pyproject.toml "
+        f"({sorted(scripts)})")
+
+
+def test_dockerfile_cmd_reads_the_config_where_kubernetes_mounts_it() -> None:
+    cmd = _only("CMD").exec_form()
+    assert cmd[0] == "run", f"Dockerfile CMD should start the relay with 'run', got {cmd}"
+    container = _deployment_container()
+    assert _image_config_path() == _config_flag(container["args"], "Deployment args"), (
+        "Dockerfile CMD and relay-deployment.yaml args name different config files")
+
+
+def test_dockerfile_runs_as_a_non_root_user_that_kubernetes_names() -> None:
+    user = _image_user()
+    assert user not in ("root", "0"), f"Dockerfile USER is {user!r}"
+    assert user.isdigit(), f"Dockerfile USER {user!r} should be numeric for runAsNonRoot checks"
+    pod_security = _deployment()["spec"]["template"]["spec"]["securityContext"]
+    assert pod_security.get("runAsUser") == int(user), (
+        f"relay-deployment.yaml runAsUser {pod_security.get('runAsUser')} != Dockerfile USER "
+        f"{user}")
+
+
+def test_dockerfile_healthcheck_asks_healthz_on_the_default_admin_port() -> None:
+    check = _only("HEALTHCHECK").args
+    assert " CMD " in f" {check}", f"Dockerfile HEALTHCHECK has no CMD: {check!r}"
+    port, path = _url_port_and_path(check, "Dockerfile HEALTHCHECK")
+    assert (port, path) == (AdminConfig().address.port, "/healthz"), (
+        f"Dockerfile HEALTHCHECK asks :{port}{path}, expected "
+        f":{AdminConfig().address.port}/healthz")
+    assert _only("STOPSIGNAL").args == "SIGTERM", "the relay drains on SIGTERM"
+
+
+def test_dockerfile_default_config_validates_and_serves_copied_resources() -> None:
+    copies = _image_copies()
+    image_path = _image_config_path()
+    assert image_path in copies, (
+        f"Dockerfile copies no config to {image_path}, the path its CMD runs with "
+        f"(COPY targets: {sorted(copies)})")
+    source = REPO / copies[image_path]
+    config = _relay_config(source.read_text(), _relative(source))
+    _binds_all_interfaces(config, _relative(source))
+    exposed = {int(port) for port in _only("EXPOSE").args.split()}
+    listened = {config.server.address.port, config.admin.address.port}
+    assert listened == exposed, (
+        f"{_relative(source)} listens on {sorted(listened)}, Dockerfile EXPOSE {sorted(exposed)}")
+    assert config.upstream.files is not None, f"{_relative(source)}: expected upstream.files"
+    relative = config.upstream.files.relative_to(REPO)
+    workdir = [ins.args for ins in _final_stage() if ins.keyword == "WORKDIR"][-1]
+    in_image = str(PurePosixPath(workdir) / relative)
+    filled = [target for target, src in copies.items()
+              if (relative.as_posix() + "/").startswith(src.rstrip("/") + "/")
+              and in_image == target + relative.as_posix()[len(src.rstrip("/")):]]
+    assert filled, (
+        f"upstream.files {relative} resolves to {in_image} in the image, which no COPY fills "
+        f"from {relative} (COPY: {copies})")
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    excluded = False
+    parts = PurePosixPath(path).parts
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        bare = pattern.lstrip("!").strip("/")
+        matched = any(fnmatch.fnmatch(prefix, bare) or fnmatch.fnmatch(prefix, f"**/{bare}")
+                      for prefix in prefixes)
+        if matched:
+            excluded = not negate
+    return excluded
+
+
+def test_dockerignore_keeps_everything_the_dockerfile_copies() -> None:
+    patterns = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    copied = [src for ins in _instructions() if ins.keyword == "COPY"
+              and "--from=" not in ins.args for src in shlex.split(ins.args)[:-1]]
+    assert copied, "Dockerfile copies nothing from the build context"
+    for source in copied:
+        assert (REPO / source).exists(), f"Dockerfile COPY {source}: not in the repository"
+        assert not _ignored(source.rstrip("/"), patterns), (
+            f"Dockerfile COPY {source} is excluded by .dockerignore")
+    for heavy in (".venv", ".git", "tests"):
+        assert _ignored(heavy, patterns), f".dockerignore should exclude {heavy}"
+
+
+# --------------------------------------------------------------------------- compose
+
+
+@functools.cache
+def _compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict) and "services" in data, "docker-compose.yml: no services"
+    return data["services"]
+
+
+def _service(name: str) -> dict[str, Any]:
+    services = _compose()
+    assert name in services, f"docker-compose.yml: no service {name!r} ({sorted(services)})"
+    return services[name]
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: str
+    read_only: bool
+
+
+def _mounts(name: str) -> list[Mount]:
+    mounts = []
+    for volume in _service(name).get("volumes", []):
+        assert isinstance(volume, str), f"{name}: use the short volume syntax SRC:DST[:ro]"
+        source, target, *mode = volume.split(":")
+        mounts.append(Mount(source, target, mode == ["ro"]))
+    return mounts
+
+
+def _mount_at(name: str, target: str) -> Mount:
+    found = [m for m in _mounts(name) if m.target == target]
+    assert len(found) == 1, f"docker-compose.yml {name}: nothing mounted at {target}"
+    return found[0]
+
+
+def _relay_services() -> list[str]:
+    return [name for name, svc in _compose().items()
+            if "build" in svc or str(svc.get("image", "")).startswith("xds-relay")]
+
+
+@functools.cache
+def _compose_relay_config(name: str) -> tuple[RelayConfig, Path]:
+    command = _service(name).get("command") or _only("CMD").exec_form()
+    mount = _mount_at(name, _config_flag(command, f"docker-compose.yml {name}"))
+    path = (REPO / mount.source).resolve()
+    assert path.is_file(), f"docker-compose.yml {name}: mounted config {mount.source} is missing"
+    return _relay_config(path.read_text(), _relative(path)), path
+
+
+@functools.cache
+def _envoy_bootstrap(name: str) -> tuple[dict[str, Any], Path]:
+    command = _service(name)["command"]
+    assert "-c" in command, f"docker-compose.yml {name}: no -c BOOTSTRAP in {command}"
+    mount = _mount_at(name, command[command.index("-c") + 1])
+    path = (REPO / mount.source).resolve()
+    assert path.is_file(), f"docker-compose.yml {name}: bootstrap {mount.source} is missing"
+    return yaml.safe_load(path.read_text()), path
+
+
+@dataclass(frozen=True)
+class Published:
+    host_ip: str
+    host_port: int
+    container_port: int
+
+
+def _published(name: str) -> list[Published]:
+    ports = []
+    for entry in _service(name).get("ports", []):
+        parts = str(entry).split("/")[0].split(":")
+        assert len(parts) in (2, 3), f"{name}: port {entry!r} should be [IP:]HOST:CONTAINER"
+        host_ip = parts[0] if len(parts) == 3 else "0.0.0.0"
+        ports.append(Published(host_ip, int(parts[-2]), int(parts[-1])))
+    return ports
+
+
+def _depends_healthy(name: str, on: str) -> None:
+    depends = _service(name).get("depends_on", {})
+    assert isinstance(depends, dict) and on in depends, (
+        f"docker-compose.yml {name}: should depend on {on} (depends_on: {depends})")
+    assert depends[on].get("condition") == "service_healthy", (
+        f"docker-compose.yml {name}: depends_on {on} should wait for service_healthy")
+    assert "healthcheck" in _service(on), f"docker-compose.yml {on}: no healthcheck to wait for"
+
+
+def _static_cluster(bootstrap: dict[str, Any], name: str, where: str) -> dict[str, Any]:
+    clusters = {c["name"]: c for c in bootstrap.get("static_resources", {}).get("clusters", [])}
+    assert name in clusters, f"{where}: ADS names cluster {name!r}, static: {sorted(clusters)}"
+    return clusters[name]
+
+
+def _ads_cluster_name(bootstrap: dict[str, Any], where: str) -> str:
+    services = bootstrap["dynamic_resources"]["ads_config"]["grpc_services"]
+    assert len(services) == 1, f"{where}: expected one ADS gRPC service, got {services}"
+    return str(services[0]["envoy_grpc"]["cluster_name"])
+
+
+def _cluster_addresses(cluster: dict[str, Any]) -> list[tuple[str, int]]:
+    return [(e["endpoint"]["address"]["socket_address"]["address"],
+             e["endpoint"]["address"]["socket_address"]["port_value"])
+            for group in cluster["load_assignment"]["endpoints"]
+            for e in group["lb_endpoints"]]
+
+
+@functools.cache
+def _sample_resources() -> list[dict[str, Any]]:
+    resources: list[dict[str, Any]] = []
+    for path in sorted(RESOURCES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            resources += doc.get("resources", [doc])
+    return resources
+
+
+def test_compose_has_an_origin_two_zone_relays_and_their_envoys() -> None:
+    expected = {"origin", *ZONE_RELAYS, *ENVOYS}
+    assert set(_compose()) == expected, f"docker-compose.yml services: {sorted(_compose())}"
+    assert sorted(_relay_services()) == sorted(["origin", *ZONE_RELAYS])
+
+
+@pytest.mark.parametrize("name", ["origin", *ZONE_RELAYS])
+def test_compose_relay_config_is_mounted_read_only_validates_and_binds_all(name: str) -> None:
+    config, path = _compose_relay_config(name)
+    _binds_all_interfaces(config, _relative(path))
+    for mount in _mounts(name):
+        assert mount.read_only, f"docker-compose.yml {name}: mount {mount.source} should be :ro"
+
+
+def test_compose_origin_serves_the_mounted_sample_resources() -> None:
+    config, path = _compose_relay_config("origin")
+    assert config.upstream.files == RESOURCES, (
+        f"{_relative(path)}: upstream.files is {config.upstream.files}, expected config/resources")
+    workdir = [ins.args for ins in _final_stage() if ins.keyword == "WORKDIR"][-1]
+    target = str(PurePosixPath(workdir) / "config" / "resources")
+    mount = _mount_at("origin", target)
+    assert (REPO / mount.source).resolve() == RESOURCES, (
+        f"docker-compose.yml origin: {target} mounts {mount.source}, not config/resources")
+
+
+@pytest.mark.parametrize("name", ZONE_RELAYS)
+def test_compose_zone_relay_follows_the_origin_service(name: str) -> None:
+    config, path = _compose_relay_config(name)
+    upstream = config.upstream.address
+    assert upstream is not None, f"{_relative(path)}: expected upstream.address"
+    assert upstream.host == "origin", (
+        f"{_relative(path)}: upstream.address {upstream} should name the compose service origin")
+    origin, origin_path = _compose_relay_config("origin")
+    assert upstream.port == origin.server.address.port, (
+        f"{_relative(path)}: upstream port {upstream.port} != {_relative(origin_path)} "
+        f"server.address port {origin.server.address.port}")
+    _depends_healthy(name, "origin")
+
+
+@pytest.mark.parametrize(("envoy", "relay"), ENVOYS.items())
+def test_compose_envoy_connects_to_its_zone_relay(envoy: str, relay: str) -> None:
+    bootstrap, path = _envoy_bootstrap(envoy)
+    where = _relative(path)
+    cluster = _static_cluster(bootstrap, _ads_cluster_name(bootstrap, where), where)
+    config, relay_path = _compose_relay_config(relay)
+    expected = (relay, config.server.address.port)
+    assert _cluster_addresses(cluster) == [expected], (
+        f"{where}: xDS cluster points at {_cluster_addresses(cluster)}, expected {expected} "
+        f"(service {relay}, server.address of {_relative(relay_path)})")
+    locality = bootstrap["node"]["locality"]
+    relay_locality = {"region": config.node.locality.region, "zone": config.node.locality.zone}
+    assert locality == relay_locality, (
+        f"{where}: node.locality {locality} != {_relative(relay_path)} locality {relay_locality}")
+    _depends_healthy(envoy, relay)
+
+
+@pytest.mark.parametrize("envoy", ENVOYS)
+def test_envoy_bootstrap_uses_delta_ads_v3_over_a_static_http2_cluster(envoy: str) -> None:
+    bootstrap, path = _envoy_bootstrap(envoy)
+    where = _relative(path)
+    # Field names, enum values and the typed options must be a valid Bootstrap.
+    json_format.ParseDict(bootstrap, bootstrap_pb2.Bootstrap())
+    dynamic = bootstrap["dynamic_resources"]
+    ads = dynamic["ads_config"]
+    assert (ads["api_type"], ads["transport_api_version"]) == ("DELTA_GRPC", "V3"), (
+        f"{where}: ads_config should be DELTA_GRPC over V3, got {ads}")
+    for kind in ("cds_config", "lds_config"):
+        assert dynamic.get(kind) == {"ads": {}, "resource_api_version": "V3"}, (
+            f"{where}: {kind} should come over ADS, V3: {dynamic.get(kind)}")
+    cluster = _static_cluster(bootstrap, _ads_cluster_name(bootstrap, where), where)
+    options = cluster.get("typed_extension_protocol_options", {}).get(HTTP_OPTIONS, {})
+    http2 = "http2_protocol_options" in cluster or "http2_protocol_options" in options.get(
+        "explicit_http_config", {})
+    assert http2, f"{where}: xDS cluster {cluster['name']} needs HTTP/2 for gRPC"
+    assert bootstrap["node"]["id"] == envoy, f"{where}: node.id should be {envoy}"
+
+
+def test_envoy_subscriptions_find_what_the_sample_resources_hold() -> None:
+    # Envoy's only xDS source is ADS: resources that point elsewhere would never resolve.
+    resources = _sample_resources()
+    listeners = [r for r in resources if r["@type"] == LISTENER_TYPE]
+    clusters = [r for r in resources if r["@type"] == CLUSTER_TYPE]
+    assert listeners and clusters, "config/resources should hold a listener and a cluster"
+    for cluster in clusters:
+        if cluster.get("type") == "EDS":
+            source = cluster["eds_cluster_config"]["eds_config"]
+            assert "ads" in source, f"cluster {cluster['name']}: EDS not over ADS: {source}"
+    for listener in listeners:
+        for chain in listener["filter_chains"]:
+            for filt in chain["filters"]:
+                rds = filt.get("typed_config", {}).get("rds")
+                if rds is not None:
+                    assert "ads" in rds["config_source"], (
+                        f"listener {listener['name']}: RDS not over ADS: {rds}")
+
+
+@pytest.mark.parametrize("envoy", ENVOYS)
+def test_compose_envoy_publishes_its_admin_and_a_sample_listener(envoy: str) -> None:
+    bootstrap, path = _envoy_bootstrap(envoy)
+    admin_port = bootstrap["admin"]["address"]["socket_address"]["port_value"]
+    assert admin_port == 9901, f"{_relative(path)}: Envoy admin on {admin_port}, expected 9901"
+    listener_ports = {r["address"]["socket_address"]["port_value"]
+                      for r in _sample_resources() if r["@type"] == LISTENER_TYPE}
+    published = {p.container_port for p in _published(envoy)}
+    assert published == {admin_port} | listener_ports, (
+        f"docker-compose.yml {envoy} publishes container ports {sorted(published)}; Envoy "
+        f"listens on admin {admin_port} and sample listeners {sorted(listener_ports)}")
+
+
+@pytest.mark.parametrize("name", ["origin", *ZONE_RELAYS])
+def test_compose_relay_publishes_and_probes_its_configured_ports(name: str) -> None:
+    config, path = _compose_relay_config(name)
+    listened = {config.server.address.port, config.admin.address.port}
+    published = {p.container_port for p in _published(name)}
+    assert published == listened, (
+        f"docker-compose.yml {name} publishes container ports {sorted(published)}, "
+        f"{_relative(path)} listens on {sorted(listened)}")
+    test = _service(name)["healthcheck"]["test"]
+    port, probe = _url_port_and_path(" ".join(test), f"docker-compose.yml {name} healthcheck")
+    assert port == config.admin.address.port, (
+        f"docker-compose.yml {name} healthcheck asks port {port}, {_relative(path)} admin is on "
+        f"{config.admin.address.port}")
+    assert probe in ("/ready", "/healthz"), f"{name} healthcheck asks {probe}"
+
+
+def test_compose_published_host_ports_do_not_collide() -> None:
+    seen: dict[int, str] = {}
+    for name in _compose():
+        for port in _published(name):
+            assert port.host_port not in seen, (
+                f"docker-compose.yml: host port {port.host_port} published by both "
+                f"{seen[port.host_port]} and {name}")
+            seen[port.host_port] = name
+
+
+@pytest.mark.parametrize("name", ["origin", *ZONE_RELAYS])
+def test_compose_stop_grace_period_outlasts_the_drain(name: str) -> None:
+    config, path = _compose_relay_config(name)
+    grace = _service(name).get("stop_grace_period")
+    assert grace is not None, f"docker-compose.yml {name}: no stop_grace_period (default 10s)"
+    assert parse_duration(grace) > config.server.drain_period, (
+        f"docker-compose.yml {name}: stop_grace_period {grace} should exceed "
+        f"{_relative(path)} server.drain_period {config.server.drain_period:g}s")
+
+
+# --------------------------------------------------------------------------- Kubernetes
+
+
+@functools.cache
+def _manifest(filename: str, kind: str) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all((KUBERNETES / filename).read_text()) if d]
+    found = [d for d in docs if d.get("kind") == kind]
+    assert len(found) == 1, f"deploy/kubernetes/{filename}: expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def _deployment() -> dict[str, Any]:
+    return _manifest("relay-deployment.yaml", "Deployment")
+
+
+def _deployment_container() -> dict[str, Any]:
+    containers = _deployment()["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, f"relay-deployment.yaml: expected one container: {containers}"
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _pod_labels() -> dict[str, str]:
+    labels: dict[str, str] = _deployment()["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def _container_port(name_or_number: str | int) -> int:
+    ports = {p["name"]: p["containerPort"] for p in _deployment_container()["ports"]}
+    if isinstance(name_or_number, int):
+        assert name_or_number in ports.values(), (
+            f"relay-deployment.yaml: port {name_or_number} not among container ports {ports}")
+        return name_or_number
+    assert name_or_number in ports, (
+        f"relay-deployment.yaml: no container port named {name_or_number!r} ({ports})")
+    return int(ports[name_or_number])
+
+
+@functools.cache
+def _configmap_config() -> RelayConfig:
+    configmap = _manifest("relay-configmap.yaml", "ConfigMap")
+    filename = PurePosixPath(_config_flag(_deployment_container()["args"], "Deployment")).name
+    assert filename in configmap["data"], (
+        f"relay-configmap.yaml: no key {filename!r} (keys: {sorted(configmap['data'])})")
+    return _relay_config(configmap["data"][filename],
+                         f"deploy/kubernetes/relay-configmap.yaml:data.{filename}")
+
+
+def test_kubernetes_configmap_config_validates_and_follows_an_origin() -> None:
+    config = _configmap_config()
+    _binds_all_interfaces(config, "relay-configmap.yaml")
+    assert config.upstream.address is not None, "the Kubernetes relay should follow an origin"
+
+
+def test_kubernetes_configmap_is_mounted_where_the_container_reads_it() -> None:
+    container = _deployment_container()
+    config_path = PurePosixPath(_config_flag(container["args"], "relay-deployment.yaml args"))
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert str(config_path.parent) in mounts, (
+        f"relay-deployment.yaml: args read {config_path}, mounts are {sorted(mounts)}")
+    mount = mounts[str(config_path.parent)]
+    assert mount.get("readOnly") is True, "the config volume should be mounted readOnly"
+    volumes = {v["name"]: v for v in _deployment()["spec"]["template"]["spec"]["volumes"]}
+    volume = volumes[mount["name"]]
+    configmap = _manifest("relay-configmap.yaml", "ConfigMap")
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"], (
+        f"volume {mount['name']} mounts ConfigMap {volume['configMap']['name']}, "
+        f"relay-configmap.yaml defines {configmap['metadata']['name']}")
+    items = volume["configMap"].get("items")
+    files = {i["path"]: i["key"] for i in items} if items else {k: k for k in configmap["data"]}
+    assert files.get(config_path.name) in configmap["data"], (
+        f"volume {mount['name']} puts no ConfigMap key at {config_path.name} ({files})")
+
+
+def test_kubernetes_ports_match_the_config_and_the_service() -> None:
+    config = _configmap_config()
+    service = _manifest("relay-service.yaml", "Service")
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    expected = {"grpc-xds": config.server.address.port, "http-admin": config.admin.address.port}
+    for name, config_port in expected.items():
+        assert name in ports, f"relay-service.yaml: no port {name!r} ({sorted(ports)})"
+        target = _container_port(ports[name]["targetPort"])
+        assert target == config_port, (
+            f"relay-service.yaml {name} targets container port {target}, the ConfigMap's "
+            f"config listens on {config_port}")
+    assert ports["grpc-xds"].get("appProtocol") == "grpc", "grpc-xds needs appProtocol: grpc"
+    assert _container_port("xds") == config.server.address.port
+    assert _container_port("admin") == config.admin.address.port
+
+
+def test_kubernetes_probes_ask_ready_and_healthz_on_the_admin_port() -> None:
+    container = _deployment_container()
+    admin = _configmap_config().admin.address.port
+    for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/healthz")):
+        assert probe in container, f"relay-deployment.yaml: no {probe}"
+        get = container[probe].get("httpGet")
+        assert get is not None, f"relay-deployment.yaml {probe}: expected httpGet"
+        assert (get["path"], _container_port(get["port"])) == (path, admin), (
+            f"relay-deployment.yaml {probe} asks {get['path']} on {get['port']}, expected "
+            f"{path} on the admin port {admin}")
+
+
+def test_kubernetes_prometheus_scrapes_metrics_on_the_admin_port() -> None:
+    annotations = _deployment()["spec"]["template"]["metadata"]["annotations"]
+    admin = _configmap_config().admin.address.port
+    assert annotations.get("prometheus.io/scrape") == "true"
+    assert annotations.get("prometheus.io/port") == str(admin), (
+        f"prometheus.io/port {annotations.get('prometheus.io/port')} != admin port {admin}")
+    assert annotations.get("prometheus.io/path") == "/metrics"
+
+
+def test_kubernetes_selectors_match_the_pod_labels() -> None:
+    labels = _pod_labels()
+    selectors = {
+        "Deployment spec.selector": _deployment()["spec"]["selector"]["matchLabels"],
+        "Service spec.selector": _manifest("relay-service.yaml", "Service")["spec"]["selector"],
+        "PodDisruptionBudget spec.selector":
+            _manifest("relay-pdb.yaml", "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+    }
+    for spread in _deployment()["spec"]["template"]["spec"].get("topologySpreadConstraints", []):
+        selectors["topologySpreadConstraints"] = spread["labelSelector"]["matchLabels"]
+    for where, selector in selectors.items():
+        assert selector and selector.items() <= labels.items(), (
+            f"{where} {selector} does not select the pod labels {labels}")
+
+
+def test_kubernetes_termination_grace_outlasts_prestop_and_drain() -> None:
+    spec = _deployment()["spec"]["template"]["spec"]
+    drain = _configmap_config().server.drain_period
+    pre_stop = _deployment_container().get("lifecycle", {}).get("preStop", {})
+    command = pre_stop.get("exec", {}).get("command", [])
+    pause = float(command[1]) if command[:1] == ["sleep"] else 0.0
+    grace = spec["terminationGracePeriodSeconds"]
+    assert grace > pause + drain, (
+        f"relay-deployment.yaml terminationGracePeriodSeconds {grace} should exceed preStop "
+        f"{pause:g}s + the ConfigMap's server.drain_period {drain:g}s")
+
+
+def test_kubernetes_relay_is_replicated_non_root_and_bounded() -> None:
+    deployment = _deployment()
+    replicas = deployment["spec"]["replicas"]
+    assert replicas >= 2, f"relay-deployment.yaml: {replicas} replica(s), expected 2 or more"
+    pdb = _manifest("relay-pdb.yaml", "PodDisruptionBudget")["spec"]
+    if "maxUnavailable" in pdb:
+        assert 0 < pdb["maxUnavailable"] < replicas, f"PDB maxUnavailable {pdb}"
+    else:
+        assert 0 < pdb["minAvailable"] < replicas, f"PDB minAvailable {pdb}"
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    container = _deployment_container()
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    for bound in ("requests", "limits"):
+        assert {"cpu", "memory"} <= container["resources"][bound].keys(), (
+            f"relay-deployment.yaml: resources.{bound} should set cpu and memory")
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+    listed = sorted(kustomization["resources"])
+    present = sorted(p.name for p in KUBERNETES.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert listed == present, (
+        f"kustomization.yaml resources {listed} != manifests in deploy/kubernetes {present}")
+    images = {i["name"] for i in kustomization.get("images", [])}
+    image = _deployment_container()["image"].split(":")[0]
+    assert not images or image in images, (
+        f"kustomization.yaml images {sorted(images)} do not name the Deployment's {image}")
