@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.request
 
 from google.rpc import status_pb2
@@ -109,3 +110,41 @@ async def test_metrics_count_known_traffic_exactly() -> None:
     assert series(samples, "xds_relay_push_latency_seconds_count") == {
         labels(type="Cluster"): 4, labels(type="ClusterLoadAssignment"): 1}
     assert series(samples, "xds_relay_push_latency_seconds_sum")[labels(type="Cluster")] > 0
+
+
+async def test_clients_endpoint_shows_each_client_subscriptions_acks_and_nacks() -> None:
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"), cluster("b"), endpoints("a", 1001), version="v1")
+    async with running_stack(origin) as stack:
+        delta, sotw = stack.client(delta=True), stack.client(delta=False)
+        await delta.send(node=node("delta-1"), type_url=ENDPOINT, resource_names_subscribe=["a"])
+        answer = await delta.recv()
+        await delta.ack(answer)
+        await sotw.send(node=node("sotw-1"), type_url=CLUSTER)
+        first = await sotw.recv()
+        await sotw.ack(first)
+        origin.set(cluster("a", timeout_s=2), version="v2")
+        rejected = await sotw.recv()
+        await sotw.send(type_url=CLUSTER, response_nonce=rejected.nonce,
+                        version_info=first.version_info,
+                        error_detail=status_pb2.Status(code=3, message="bad cluster"))
+        await asyncio.sleep(0.1)
+
+        def fetch() -> bytes:
+            url = f"http://127.0.0.1:{stack.relay.admin_port}/clients"
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                return bytes(reply.read())
+
+        clients = json.loads(await asyncio.get_running_loop().run_in_executor(None, fetch))
+    for client in clients["clients"]:
+        assert client.pop("peer").startswith("ipv4:127.0.0.1:")
+    assert clients == {"clients": [
+        {"node_id": "delta-1", "variant": "delta", "types": {ENDPOINT: {
+            "subscribed": ["a"], "wildcard": False, "versions": {"a": "v1"},
+            "acked": answer.nonce, "last_nack": None}}},
+        {"node_id": "sotw-1", "variant": "sotw", "types": {CLUSTER: {
+            "subscribed": [], "wildcard": True, "versions": {"a": "v2", "b": "v1"},
+            "acked": first.version_info,
+            "last_nack": {"nonce": rejected.nonce, "version": rejected.version_info,
+                          "message": "bad cluster"}}}},
+    ]}

@@ -119,7 +119,10 @@ class DownstreamStream:
         return self.node.id if self.node is not None else ""
 
     def status(self) -> dict[str, Any]:
-        """What this client subscribes to, what it ACKed and its last NACK, per type.
+        """What this client subscribes to, holds, ACKed and last NACKed, per type.
+
+        ``acked`` is the version_info of the last ACKed response for SotW, and
+        its nonce for delta (whose versions are per resource: ``versions``).
 
         For the admin endpoints and CSDS; names are sorted for stable output.
         """
@@ -131,6 +134,8 @@ class DownstreamStream:
             types[type_url] = {
                 "subscribed": sorted(state.names),
                 "wildcard": state.wildcard,
+                # what the client was last sent (or declared it has), per name
+                "versions": {name: held.version for name, held in sorted(state.held.items())},
                 "acked": acked,
                 "last_nack": None if nack is None else {
                     "nonce": nack.nonce, "version": nack.version, "message": nack.message},
