@@ -97,7 +97,7 @@ xds-relay demo is running
   relay:  xDS clients connect to 127.0.0.1:{relay.xds_port}
           (ADS SotW and delta, and the per-type discovery services)
   admin:  http://127.0.0.1:{relay.admin_port}/metrics  (Prometheus scrape)
-          http://127.0.0.1:{relay.admin_port}/config_dump  /ready  /healthz
+          http://127.0.0.1:{relay.admin_port}/config_dump  /clients  /ready  /healthz
 """, flush=True)
         for line in await show_client_served(relay.xds_port):
             print(f"  a client received through the relay -> {line}", flush=True)
