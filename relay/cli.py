@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
                     "server.drain_period) and exits 0; SIGINT stops at once.")
     run.add_argument("--config", "-c", required=True, type=Path, metavar="FILE",
                      help="the relay's YAML config")
+    run.add_argument("--node-id", metavar="ID",
+                     help="override node.id from the config, e.g. with the pod's name so that "
+                          "each replica is told apart by its origin")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                      help="override logging.level from the config")
 
@@ -72,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "run":
             config = load_config(args.config)
+            if args.node_id:
+                config = config.model_copy(update={
+                    "node": config.node.model_copy(update={"id": args.node_id})})
             configure_logging(args.log_level or config.logging.level, config.logging.format)
             return asyncio.run(_run(config))
         configure_logging("info")

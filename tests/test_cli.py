@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -155,3 +156,36 @@ def test_readme_config_example_is_valid() -> None:
     assert config.node.id == "relay-zone-a"
     assert str(config.upstream.address) == "origin.internal:18000"
     assert config.server.batch_window == 0.005
+
+
+async def test_run_node_id_flag_overrides_the_config(tmp_path: Path) -> None:
+    from tests.harness import ScriptedOrigin, cluster
+
+    origin = await ScriptedOrigin().start()
+    origin.set(cluster("a"))
+    xds = free_port()
+    config = tmp_path / "relay.yaml"
+    config.write_text(f"""
+node: {{id: from-config}}
+server: {{address: "127.0.0.1:{xds}"}}
+admin: {{address: "127.0.0.1:0"}}
+upstream: {{address: "127.0.0.1:{origin.port}"}}
+""")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "relay", "run", "--config", str(config), "--node-id", "pod-7",
+        cwd=REPO, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{xds}") as channel:
+            call = channel.stream_stream(
+                DELTA_ADS, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+                response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)(
+                    wait_for_ready=True)
+            await call.write(discovery_pb2.DeltaDiscoveryRequest(type_url=CLUSTER))
+            request = await origin.next_request(timeout=20)
+            assert request.node.id == "pod-7"
+            assert request.node.cluster == "xds-relay"
+            call.cancel()
+    finally:
+        proc.terminate()
+        await proc.wait()
+        await origin.stop()

@@ -587,6 +587,19 @@ def test_kubernetes_configmap_is_mounted_where_the_container_reads_it() -> None:
         f"volume {mount['name']} puts no ConfigMap key at {config_path.name} ({files})")
 
 
+def test_kubernetes_each_replica_presents_its_pod_name_as_node_id() -> None:
+    container = _deployment_container()
+    args = container["args"]
+    assert "--node-id" in args, f"relay-deployment.yaml: no --node-id in {args}"
+    value = args[args.index("--node-id") + 1]
+    match = re.fullmatch(r"\$\((\w+)\)", value)
+    assert match, f"relay-deployment.yaml: --node-id {value!r} is not a $(VAR) reference"
+    env = {e["name"]: e for e in container.get("env", [])}
+    assert env.get(match.group(1), {}).get("valueFrom") == {
+        "fieldRef": {"fieldPath": "metadata.name"}}, (
+        f"relay-deployment.yaml: env {match.group(1)} should come from metadata.name")
+
+
 def test_kubernetes_ports_match_the_config_and_the_service() -> None:
     config = _configmap_config()
     service = _manifest("relay-service.yaml", "Service")
