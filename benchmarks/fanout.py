@@ -118,7 +118,7 @@ async def measure(n: int, rounds: int, workers: int, per_channel: int) -> dict[s
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
         config.write(f"""
 node: {{id: bench-relay}}
-server: {{address: "127.0.0.1:{xds_port}"}}
+server: {{address: "127.0.0.1:{xds_port}", drain_period: 0s}}
 admin: {{address: "127.0.0.1:{admin_port}"}}
 upstream: {{address: "127.0.0.1:{origin.port}"}}
 logging: {{level: warning}}

@@ -78,7 +78,7 @@ class Relay:
         provider, self.registry = prometheus_provider(
             otlp.endpoint if otlp else None, otlp.interval if otlp else 15.0)
         self.meter_provider = provider
-        self.metrics = new_metrics(provider)
+        self.metrics = new_metrics(provider, self.registry)
         self.cache = ResourceCache()
         self.index = SubscriptionIndex()
         self.cache.add_listener(self.index.on_cache_change)

@@ -71,3 +71,21 @@ async def test_real_http_round_trip() -> None:
         assert raw.startswith(b"HTTP/1.1 200 OK\r\n") and raw.endswith(b"\r\n\r\nready\n")
     finally:
         await server.stop()
+
+
+def test_hot_histogram_reports_cumulative_buckets_count_and_sum() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from relay.telemetry import HotHistogram
+
+    registry = CollectorRegistry()
+    histogram = HotHistogram("lat_seconds", "test", ("type",), (0.1, 1.0))
+    registry.register(histogram)
+    for value in (0.05, 0.1, 0.5, 3.0):
+        histogram.record(value, "Cluster")
+    text = generate_latest(registry).decode()
+    assert 'lat_seconds_bucket{le="0.1",type="Cluster"} 2.0' in text  # le is inclusive
+    assert 'lat_seconds_bucket{le="1.0",type="Cluster"} 3.0' in text
+    assert 'lat_seconds_bucket{le="+Inf",type="Cluster"} 4.0' in text
+    assert 'lat_seconds_count{type="Cluster"} 4.0' in text
+    assert 'lat_seconds_sum{type="Cluster"} 3.65' in text

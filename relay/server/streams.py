@@ -266,7 +266,7 @@ class DownstreamStream:
             newest = max(r.received for r in plan.resources)
             if newest > self._requested_at.get(plan.type_url, 0.0):
                 metrics.push_latency.record(time.monotonic() - newest,
-                                            {"type": short_name(plan.type_url)})
+                                            short_name(plan.type_url))
         return encode_plan(plan)
 
     async def serve(self, requests: AsyncIterator[Request],
