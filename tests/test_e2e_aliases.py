@@ -57,3 +57,21 @@ async def test_invariant_12_alias_subscription_delivers_canonical_name_with_alia
         await second.send(type_url=VIRTUAL_HOST, resource_names_unsubscribe=[ALIAS])
         await eventually(lambda: any(list(r.resource_names_unsubscribe) == [ALIAS]
                                      for r in origin.all_requests()))
+
+
+async def test_invariant_8_subscribed_by_alias_and_by_name_the_resource_goes_out_once() -> None:
+    origin = ScriptedOrigin(auto=False)
+    async with running_stack(origin) as stack:
+        client = stack.client()
+        await client.send(node=node(), type_url=VIRTUAL_HOST,
+                          resource_names_subscribe=[ALIAS, CANONICAL])
+        await origin.next_request()
+        origin.send_raw(virtual_host("1"))
+        response = await client.recv()
+        assert [r.name for r in response.resources] == [CANONICAL]
+        await client.ack(response)
+
+        origin.send_raw(discovery_pb2.DeltaDiscoveryResponse(
+            type_url=VIRTUAL_HOST, removed_resources=[CANONICAL]))
+        gone = await client.recv()
+        assert list(gone.removed_resources) == [CANONICAL] and not gone.resources

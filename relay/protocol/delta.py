@@ -178,10 +178,13 @@ class DeltaSubscription(SubscriptionState):
             if found is ABSENT:
                 held = self.held.pop(name, None)
                 if held is not None and held.resource_name is not None:
-                    removed_names.append(held.resource_name)
+                    if held.resource_name not in removed_names:
+                        removed_names.append(held.resource_name)
                 elif held is not None or name in self.unanswered:
                     # A resource subscribed by alias went out under its own name.
-                    removed.append((held.canonical or name) if held else name)
+                    gone = (held.canonical or name) if held else name
+                    if gone not in removed:  # subscribed by name and by alias
+                        removed.append(gone)
                 self.unanswered.discard(name)
                 continue
             assert isinstance(found, CachedResource)
@@ -192,7 +195,8 @@ class DeltaSubscription(SubscriptionState):
             held = self.held.get(name)
             if held is None or not held.is_current(found):
                 # Moving to another variant is one update, never remove-then-add.
-                resources.append(found)
+                if found not in resources:  # subscribed by name and by alias
+                    resources.append(found)
                 self.held[name] = Held.of(found, name)
 
         heartbeats = heartbeats_due(self.pending_heartbeats, resources, view, self.type_url,
