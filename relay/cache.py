@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.constraints import Params
+from relay.constraints import Constraints, Params, compile_constraints, select_variant
 from relay.resource import CachedResource
 
 
@@ -64,7 +64,10 @@ class _TypeEntry:
     synced: bool = False
     complete: bool = False
     settled: set[tuple[str, Params]] = field(default_factory=set)
-    errors: dict[str, discovery_pb2.ResourceError] = field(default_factory=dict)
+    # name -> constraints key -> the origin's error for that variant (key ""
+    # for an error about the name as a whole)
+    errors: dict[str, dict[str, tuple[Constraints, discovery_pb2.ResourceError]]] = \
+        field(default_factory=dict)
     # (name, variant key) -> clock time when its TTL lapses without a heartbeat
     expires: dict[tuple[str, str], float] = field(default_factory=dict)
     # alias -> canonical name (VHDS-style aliases in Resource.aliases)
@@ -104,10 +107,16 @@ class ResourceCache:
             return ABSENT
         return UNKNOWN
 
-    def error(self, type_url: str, name: str) -> discovery_pb2.ResourceError | None:
-        """The origin's current error for a name, if any."""
+    def error(self, type_url: str, name: str,
+              params: Params) -> discovery_pb2.ResourceError | None:
+        """The origin's current error for the variant of ``name`` a subscriber
+        with ``params`` would get: errors carry constraints as resources do."""
         entry = self._types.get(type_url)
-        return entry.errors.get(name) if entry is not None else None
+        by_key = entry.errors.get(name) if entry is not None else None
+        if not by_key:
+            return None
+        error, _ = select_variant(by_key.values(), params)
+        return error
 
     def aliases_of(self, type_url: str, name: str) -> set[str]:
         """The aliases under which the cached resource ``name`` is known."""
@@ -178,13 +187,24 @@ class ResourceCache:
         changed: set[str] = set()
         for error in errors:
             name = error.resource_name.name
-            if entry.errors.get(name) != error:
-                entry.errors[name] = error
+            constraints = compile_constraints(
+                error.resource_name.dynamic_parameter_constraints
+                if error.resource_name.HasField("dynamic_parameter_constraints") else None)
+            variant_errors = entry.errors.setdefault(name, {})
+            known = variant_errors.get(constraints.key)
+            if known is None or known[1] != error:
+                variant_errors[constraints.key] = (constraints, error)
                 changed.add(name)
         now = self._clock()
         for resource in upserts:
-            if entry.errors.pop(resource.name, None) is not None:
-                changed.add(resource.name)
+            # A variant that arrives clears its own error and the name's.
+            cleared_from = entry.errors.get(resource.name)
+            if cleared_from:
+                cleared = [cleared_from.pop(key, None) for key in {resource.variant_key, ""}]
+                if any(cleared):
+                    changed.add(resource.name)
+                if not cleared_from:
+                    del entry.errors[resource.name]
             ttl = resource.ttl_seconds
             if ttl is None:
                 entry.expires.pop((resource.name, resource.variant_key), None)

@@ -171,3 +171,30 @@ def test_heartbeat_for_another_version_changes_nothing() -> None:
     cache.apply(CLUSTER, [with_ttl("a", "1", 10)])
     assert cache.heartbeat(CLUSTER, [("a", "", "2"), ("zz", "", "1")]) == frozenset()
     assert cache.next_expiry() == 110.0
+
+
+def resource_error(name: str, env_value: str | None = None) -> discovery_pb2.ResourceError:
+    error = discovery_pb2.ResourceError(error_detail={"code": 5, "message": f"{env_value}"})
+    error.resource_name.name = name
+    if env_value is not None:
+        error.resource_name.dynamic_parameter_constraints.constraint.key = "env"
+        error.resource_name.dynamic_parameter_constraints.constraint.value = env_value
+    return error
+
+
+def test_resource_errors_are_per_variant_and_cleared_by_that_variant() -> None:
+    cache = ResourceCache()
+    canary, whole = resource_error("a", "canary"), resource_error("b")
+    cache.apply(CLUSTER, [], errors=[canary, whole])
+    canary_params, prod_params = params_of({"env": "canary"}), params_of({"env": "prod"})
+    assert cache.error(CLUSTER, "a", canary_params) == canary
+    assert cache.error(CLUSTER, "a", prod_params) is None
+    # An error about the name as a whole is everyone's.
+    assert cache.error(CLUSTER, "b", prod_params) == whole
+    # The prod variant arriving leaves the canary error; the canary one clears it.
+    cache.apply(CLUSTER, [res("a", "1", env("prod"))])
+    assert cache.error(CLUSTER, "a", canary_params) == canary
+    cache.apply(CLUSTER, [res("a", "1", env("canary"))])
+    assert cache.error(CLUSTER, "a", canary_params) is None
+    cache.apply(CLUSTER, [res("b", "1", env("prod"))])
+    assert cache.error(CLUSTER, "b", prod_params) is None

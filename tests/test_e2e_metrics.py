@@ -5,12 +5,21 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from collections.abc import Callable
 
 from google.rpc import status_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay.xds_types import CLUSTER, ENDPOINT, WILDCARD
-from tests.harness import ScriptedOrigin, cluster, endpoints, node, running_stack
+from tests.harness import (
+    ScriptedOrigin,
+    Stack,
+    cluster,
+    endpoints,
+    eventually,
+    node,
+    running_stack,
+)
 
 Labels = frozenset[tuple[str, str]]
 
@@ -33,6 +42,15 @@ def series(samples: dict[tuple[str, Labels], float], name: str) -> dict[Labels, 
     return {labels: value for (n, labels), value in samples.items() if n == name}
 
 
+def answered(stack: Stack, *node_ids: str) -> Callable[[], bool]:
+    """Whether the relay has read every answer of these clients' streams."""
+    def check() -> bool:
+        streams = [s for s in stack.relay.serving.streams if s.node_id in node_ids]
+        return len(streams) == len(node_ids) and all(
+            state.inflight_nonce is None for s in streams for state in s.states.values())
+    return check
+
+
 def labels(**pairs: str) -> Labels:
     return frozenset(pairs.items())
 
@@ -49,11 +67,15 @@ async def test_metrics_count_known_traffic_exactly() -> None:
         await sotw.send(node=node("s"), type_url=CLUSTER)
         first = await sotw.recv()
         await sotw.ack(first)
+        # Wait for the relay to read the ACKs: whether a response is a push or
+        # an answer depends on which came first, the ACK or the origin's update.
+        await eventually(answered(stack, "d", "s"))
 
         # One origin update reaches both clients as a push.
         origin.set(cluster("a", timeout_s=2), version="v2")
         await delta.ack(await delta.recv())
         rejected = await sotw.recv()
+        await eventually(answered(stack, "d"))
 
         # Both clients now hold back their answer: of three more updates the
         # first goes out to the delta client at once, the last waits, and the
@@ -72,6 +94,7 @@ async def test_metrics_count_known_traffic_exactly() -> None:
                         version_info=first.version_info,
                         error_detail=status_pb2.Status(code=3, message="bad cluster"))
         await sotw.ack(await sotw.recv())
+        await eventually(answered(stack, "d", "s"))
 
         samples = await scrape(stack.relay.admin_port)
 
@@ -128,7 +151,7 @@ async def test_clients_endpoint_shows_each_client_subscriptions_acks_and_nacks()
         await sotw.send(type_url=CLUSTER, response_nonce=rejected.nonce,
                         version_info=first.version_info,
                         error_detail=status_pb2.Status(code=3, message="bad cluster"))
-        await asyncio.sleep(0.1)
+        await eventually(answered(stack, "delta-1", "sotw-1"))
 
         def fetch() -> bytes:
             url = f"http://127.0.0.1:{stack.relay.admin_port}/clients"

@@ -192,3 +192,28 @@ async def test_variants_reach_exactly_their_groups_through_changes_moves_and_rem
             else:
                 assert not gone.resources  # full-state CDS: absence means deletion
         await quiet(everyone)
+
+
+async def test_a_resource_error_for_one_variant_reaches_only_that_variants_clients() -> None:
+    origin = ScriptedOrigin()
+    publish(origin)
+    async with running_stack(origin) as stack:
+        canary = Client(stack.client(delta=True), {"env": "canary"}, locator=False)
+        prod = Client(stack.client(delta=False), {"env": "prod"}, locator=False)
+        for client in (canary, prod):
+            await client.stream.send(node=client.node(), type_url=CLUSTER,
+                                     **({"resource_names_subscribe": ["svc"]} if client.delta
+                                        else {"resource_names": ["svc"]}))
+            assert label_of(await client.receive()) in ("canary-1", "prod-1")
+
+        failing = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER)
+        error = failing.resource_errors.add()
+        error.resource_name.name = "svc"
+        error.resource_name.dynamic_parameter_constraints.CopyFrom(CANARY)
+        error.error_detail.code = 5
+        error.error_detail.message = "canary build failed"
+        origin.send_raw(failing)
+
+        got = await canary.stream.recv()
+        assert list(got.resources) == [] and list(got.resource_errors) == [error]
+        await prod.stream.expect_nothing()

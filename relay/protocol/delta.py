@@ -169,7 +169,8 @@ class DeltaSubscription(SubscriptionState):
         for name in sorted(candidates):
             if not (self.wildcard or name in self.names):
                 continue
-            error = forward_error(view.error(self.type_url, name), name, self.errors_sent)
+            error = forward_error(view.error(self.type_url, name, self.params_for(name)),
+                                  name, self.errors_sent)
             if error is not None:
                 errors.append(error)
             found = view.lookup(self.type_url, name, self.params_for(name))

@@ -181,7 +181,7 @@ class SotwSubscription(SubscriptionState):
         resources: list[CachedResource] = []
         errors: list[discovery_pb2.ResourceError] = []
         for name in sorted(self._subscribed(view)):
-            error = view.error(self.type_url, name)
+            error = view.error(self.type_url, name, self.params_for(name))
             found = view.lookup(self.type_url, name, self.params_for(name))
             if found is UNKNOWN and error is None:
                 # Absence would mean deletion to the client: wait until the
@@ -218,7 +218,8 @@ class SotwSubscription(SubscriptionState):
         for name in sorted(candidates):
             if not (self.wildcard or name in self.names):
                 continue
-            forwarded = forward_error(view.error(self.type_url, name), name, self.errors_sent)
+            forwarded = forward_error(view.error(self.type_url, name, self.params_for(name)),
+                                      name, self.errors_sent)
             if forwarded is not None:
                 errors.append(forwarded)
             found = view.lookup(self.type_url, name, self.params_for(name))

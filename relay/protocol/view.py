@@ -27,8 +27,9 @@ class ResourceView(Protocol):
     def names(self, type_url: str) -> Iterable[str]:
         """Every name of the type that exists."""
 
-    def error(self, type_url: str, name: str) -> discovery_pb2.ResourceError | None:
-        """The origin's current error for a name, if any."""
+    def error(self, type_url: str, name: str,
+              params: Params) -> discovery_pb2.ResourceError | None:
+        """The origin's current error for the variant a subscriber with ``params`` gets."""
 
 
 AmbiguityListener = Callable[[str, str], None]
@@ -74,8 +75,9 @@ class CacheView:
     def names(self, type_url: str) -> Iterable[str]:
         return self._cache.names(type_url)
 
-    def error(self, type_url: str, name: str) -> discovery_pb2.ResourceError | None:
-        return self._cache.error(type_url, name)
+    def error(self, type_url: str, name: str,
+              params: Params) -> discovery_pb2.ResourceError | None:
+        return self._cache.error(type_url, name, params)
 
     def _ambiguous(self, type_url: str, name: str, variant_keys: frozenset[str]) -> None:
         if self._on_ambiguous is not None:

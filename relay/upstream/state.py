@@ -358,6 +358,17 @@ class UpstreamState:
                     f"removed resource {removed.name!r} has invalid dynamic parameter "
                     f"constraints: {error}") from None
             removed_variants.append((removed.name, constraints.key))
+        for failed in response.resource_errors:
+            name = failed.resource_name
+            if not name.name:
+                raise UnusableResponse("a resource error names no resource")
+            try:
+                compile_constraints(name.dynamic_parameter_constraints
+                                    if name.HasField("dynamic_parameter_constraints") else None)
+            except InvalidConstraints as error:
+                raise UnusableResponse(
+                    f"resource error for {name.name!r} has invalid dynamic parameter "
+                    f"constraints: {error}") from None
         return upserts, removed_variants, heartbeats
 
     def _request(self, type_url: str, *, initial_versions: dict[str, str] | None = None,

@@ -40,7 +40,8 @@ class FakeView:
             return self._resources[name]
         return ABSENT if name in self._absent or self.complete else UNKNOWN
 
-    def error(self, type_url: str, name: str) -> discovery_pb2.ResourceError | None:
+    def error(self, type_url: str, name: str,
+              params: Params) -> discovery_pb2.ResourceError | None:
         return None
 
     def names(self, type_url: str) -> Iterable[str]:

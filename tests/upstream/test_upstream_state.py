@@ -254,3 +254,25 @@ def test_invalid_constraints_from_the_origin_are_nacked_and_cache_kept() -> None
     assert nack.response_nonce == "2" and nack.error_detail.code == 3
     assert "invalid dynamic parameter constraints" in nack.error_detail.message
     assert [r.version for r in cache.resources(CLUSTER)] == ["1"]
+
+
+def test_resource_errors_with_invalid_constraints_or_no_name_are_nacked() -> None:
+    state, index, cache = make()
+    state.on_connect(0)
+    index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary"})))
+    state.on_interest_changed(CLUSTER, 0)
+    bad = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="9")
+    failed = bad.resource_errors.add(error_detail={"code": 5, "message": "x"})
+    failed.resource_name.name = "c"
+    failed.resource_name.dynamic_parameter_constraints.CopyFrom(
+        DPC(constraint={"key": "env"}))
+    [nack] = state.on_response(bad)
+    assert nack.response_nonce == "9"
+    assert nack.error_detail.message.startswith(
+        "resource error for 'c' has invalid dynamic parameter constraints: ")
+    assert "'env'" in nack.error_detail.message
+    nameless = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="10")
+    nameless.resource_errors.add(error_detail={"code": 5, "message": "x"})
+    [nack] = state.on_response(nameless)
+    assert nack.error_detail.message == "a resource error names no resource"
+    assert cache.error(CLUSTER, "c", params_of({"env": "canary"})) is None
