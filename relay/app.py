@@ -27,7 +27,6 @@ from relay.telemetry import new_metrics, prometheus_provider
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
 from relay.upstream.state import UpstreamState
-from relay.xds_types import short_name
 
 if TYPE_CHECKING:
     from relay.sources.files import FileSource
@@ -109,25 +108,10 @@ class Relay:
         self.admin_port = 0
 
     def _observe_state(self) -> None:
-        """Gauges counted from the relay's state when Prometheus scrapes."""
-        metrics = self.metrics
-        metrics.observe("xds_relay_cache_resources", "Resource names cached", ("type",),
-                        lambda: {(short_name(t),): names
-                                 for t, (names, _) in self.cache.counts().items()})
-        metrics.observe("xds_relay_cache_variants", "Resource variants cached (a name "
-                        "without variants counts one)", ("type",),
-                        lambda: {(short_name(t),): variants
-                                 for t, (_, variants) in self.cache.counts().items()})
-        metrics.observe("xds_relay_downstream_subscriptions",
-                        "Downstream streams subscribed to a type", ("variant", "type"),
-                        self.serving.subscription_counts)
-        if self.upstream is not None:
-            state = self.upstream.state
-            metrics.observe("xds_relay_upstream_subscriptions",
-                            "Resource locators subscribed on the origin stream (wildcard "
-                            "counts one)", ("type",),
-                            lambda: {(short_name(t),): n
-                                     for t, n in state.subscription_counts().items()})
+        """Gauges counted from the relay's state when metrics are collected."""
+        self.metrics.observe_state(
+            self.cache.counts, self.serving.subscription_counts,
+            self.upstream.state.subscription_counts if self.upstream is not None else None)
 
     async def set_not_serving(self) -> None:
         """Turn every gRPC health status NOT_SERVING, for good (when draining starts)."""
@@ -145,7 +129,9 @@ class Relay:
             return "not serving yet"
         if self.files is not None:
             return None
-        if self.upstream is not None and self.upstream.connected_event.is_set():
+        # Once synced, the relay stays ready while the origin is away: it
+        # serves what it has cached, to new clients too.
+        if self.upstream is not None and self.upstream.ever_connected:
             return None
         return "not yet synced with the origin"
 
@@ -191,9 +177,16 @@ class Relay:
         self.admin_port = await self.admin.start(admin.host, admin.port)
         if self.upstream is not None:
             self._tasks.append(asyncio.create_task(self.upstream.run(), name="upstream"))
+        self._tasks.append(asyncio.create_task(self._report_ready(), name="ready"))
         self._tasks.append(asyncio.create_task(self._expire_ttls(), name="ttl"))
         log.info("serving xDS on %s:%d, admin on %s:%d", self.config.server.address.host,
                  self.xds_port, admin.host, self.admin_port)
+
+    async def _report_ready(self) -> None:
+        """Turn the xDS services' gRPC health SERVING once synced (as ``/ready``)."""
+        if self.upstream is not None:
+            await self.upstream.connected_event.wait()
+        await self.health.set_ready()
 
     async def _expire_ttls(self) -> None:
         """Remove resources whose TTL lapsed without a heartbeat (never invents one)."""
@@ -222,7 +215,8 @@ class Relay:
             self.serving.close_streams("the relay is shutting down")
             await self._server.stop(grace)
             self._server = None
-        self.meter_provider.shutdown()  # type: ignore[attr-defined]
+        # Bounded: a collector that does not answer must not hold up the exit.
+        self.meter_provider.shutdown(timeout_millis=1000)  # type: ignore[attr-defined]
 
     async def wait(self) -> None:
         """Run until the server stops."""

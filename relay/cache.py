@@ -164,8 +164,10 @@ class ResourceCache:
 
     def counts(self) -> dict[str, tuple[int, int]]:
         """Per type URL: how many names are cached, and how many variants in all."""
-        return {type_url: (len(entry.variants), sum(len(v) for v in entry.variants.values()))
-                for type_url, entry in self._types.items()}
+        # Snapshots (list(...)): the OTLP exporter calls this from its own thread.
+        return {type_url: (len(entry.variants),
+                           sum(len(v) for v in list(entry.variants.values())))
+                for type_url, entry in list(self._types.items())}
 
     # -- writing ---------------------------------------------------------
 

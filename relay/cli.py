@@ -97,13 +97,14 @@ async def _run(config: RelayConfig) -> int:
     or a second signal during the drain, stops at once."""
     from relay.app import Relay
 
-    relay = Relay(config)
-    await relay.start()
+    # Handlers first: a SIGTERM while starting still ends in a clean exit.
     signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, signals.put_nowait, signum)
+    relay = Relay(config)
+    await relay.start()
     received = await signals.get()
     if received == signal.SIGTERM:
         log.info("SIGTERM: draining over %.1fs (signal again to stop now)",
@@ -113,6 +114,8 @@ async def _run(config: RelayConfig) -> int:
         await asyncio.wait({drain, again}, return_when=asyncio.FIRST_COMPLETED)
         for task in (drain, again):
             task.cancel()
+        if drain.done() and not drain.cancelled() and drain.exception() is not None:
+            log.error("drain failed; stopping now", exc_info=drain.exception())
     log.info("shutting down")
     await relay.stop(grace=1.0)
     return 0

@@ -452,6 +452,9 @@ class OtlpConfig(_Section):
         url = urlsplit(value)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        if url.path in ("", "/"):
+            # A collector's base address: its metrics path is the OTLP default.
+            return value.rstrip("/") + "/v1/metrics"
         return value
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from datetime import UTC, datetime
 from typing import Literal
 
 TEXT_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s"
@@ -28,8 +29,6 @@ class JsonFormatter(logging.Formatter):
 
     def formatTime(self, record: logging.LogRecord,
                    datefmt: str | None = None) -> str:
-        from datetime import UTC, datetime
-
         stamp = datetime.fromtimestamp(record.created, UTC)
         return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

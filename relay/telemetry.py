@@ -129,6 +129,33 @@ class Metrics:
     def push(self, variant: str, type_url: str) -> None:
         self.downstream_pushes.add(variant, short_name(type_url))
 
+    def observe_state(self, cache_counts: Callable[[], Mapping[str, tuple[int, int]]],
+                      downstream_counts: Callable[[], Mapping[tuple[str, ...], int]],
+                      upstream_counts: Callable[[], Mapping[str, int]] | None) -> None:
+        """The gauges read from the relay's state: ``cache_counts`` gives (names,
+        variants) per type URL, ``downstream_counts`` streams per (variant, short
+        type), ``upstream_counts`` locators per type URL (None for a file source).
+
+        They may be called from the OTLP exporter's thread: each takes a
+        snapshot of what it counts rather than iterating live collections.
+        """
+        def per_type(counts: Mapping[str, int]) -> dict[tuple[str, ...], int]:
+            return {(short_name(type_url),): n for type_url, n in counts.items()}
+
+        self.observe("xds_relay_cache_resources", "Resource names cached", ("type",),
+                     lambda: per_type({t: n for t, (n, _) in cache_counts().items()}))
+        self.observe("xds_relay_cache_variants",
+                     "Resource variants cached (a name without variants counts one)",
+                     ("type",),
+                     lambda: per_type({t: v for t, (_, v) in cache_counts().items()}))
+        self.observe("xds_relay_downstream_subscriptions",
+                     "Downstream streams subscribed to a type", ("variant", "type"),
+                     downstream_counts)
+        if upstream_counts is not None:
+            self.observe("xds_relay_upstream_subscriptions",
+                         "Resource locators subscribed on the origin stream (a wildcard "
+                         "counts one)", ("type",), lambda: per_type(upstream_counts()))
+
     def observe(self, name: str, description: str, label_names: tuple[str, ...],
                 read: Callable[[], Mapping[tuple[str, ...], int]]) -> None:
         """A gauge read from the relay's state at scrape time (``read`` gives

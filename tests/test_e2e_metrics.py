@@ -127,11 +127,11 @@ async def test_metrics_count_known_traffic_exactly() -> None:
         labels(type="Cluster", outcome="ack"): 5,
         labels(type="ClusterLoadAssignment", outcome="ack"): 1}
     # Push latency counts responses carrying a resource received after the
-    # client's latest request: delta first fetch (it waited for the origin),
-    # v2, v3 and the endpoints; SotW v2. v5 went out in answer to an ACK or
-    # NACK, and the SotW first answer came from cache.
+    # client last changed its subscription: every delta Cluster response (its
+    # first fetch waited for the origin; v5 waited for the ACK, and counts),
+    # the endpoints, and SotW's v2 and v5. SotW's first answer came from cache.
     assert series(samples, "xds_relay_push_latency_seconds_count") == {
-        labels(type="Cluster"): 4, labels(type="ClusterLoadAssignment"): 1}
+        labels(type="Cluster"): 6, labels(type="ClusterLoadAssignment"): 1}
     assert series(samples, "xds_relay_push_latency_seconds_sum")[labels(type="Cluster")] > 0
 
 

@@ -86,3 +86,11 @@ def test_otlp_endpoint_must_be_an_http_url() -> None:
         parse_config(text, "r.yaml")
     assert str(error.value) == (f"r.yaml:{line}: metrics.otlp.endpoint: expected an http:// "
                                 "or https:// URL, got 'collector:4318'")
+
+
+def test_otlp_endpoint_without_a_path_gets_the_metrics_path() -> None:
+    for endpoint in ("http://collector:4318", "http://collector:4318/"):
+        config = parse_config(
+            relay_config(1) + f"metrics: {{otlp: {{endpoint: {endpoint!r}}}}}\n", "r.yaml")
+        assert config.metrics.otlp is not None
+        assert config.metrics.otlp.endpoint == "http://collector:4318/v1/metrics"

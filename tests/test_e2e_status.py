@@ -16,6 +16,8 @@ from google.rpc import status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from relay.app import Relay
+from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.harness import (
     TIMEOUT,
@@ -25,6 +27,7 @@ from tests.harness import (
     eventually,
     node,
     pack,
+    relay_config,
     running_stack,
     version_of,
 )
@@ -70,6 +73,10 @@ async def test_health_serving_after_start_and_not_serving_after_set_not_serving(
         stub = health_pb2_grpc.HealthStub(stack.channel)
         watch = stub.Watch(health_pb2.HealthCheckRequest(service=""))
         assert (await watch.read()).status == SERVING
+        await eventually(stack.relay.is_ready)
+        ads = stub.Watch(health_pb2.HealthCheckRequest(service=ADS_SERVICE))
+        assert (await asyncio.wait_for(ads.read(), TIMEOUT)).status == SERVING
+        ads.cancel()
         for service in ("", ADS_SERVICE, "envoy.service.cluster.v3.ClusterDiscoveryService"):
             response = await stub.Check(health_pb2.HealthCheckRequest(service=service))
             assert response.status == SERVING
@@ -79,6 +86,37 @@ async def test_health_serving_after_start_and_not_serving_after_set_not_serving(
             response = await stub.Check(health_pb2.HealthCheckRequest(service=service))
             assert response.status == NOT_SERVING
         watch.cancel()
+
+
+async def test_xds_services_are_not_serving_until_the_relay_has_synced() -> None:
+    origin = await ScriptedOrigin().start()
+    port = origin.port
+    await origin.stop()  # nothing listens: the relay cannot sync
+    relay = Relay(parse_config(relay_config(port), "relay.yaml"))
+    await relay.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            overall = await stub.Check(health_pb2.HealthCheckRequest(service=""))
+            ads = await stub.Check(health_pb2.HealthCheckRequest(service=ADS_SERVICE))
+            assert (overall.status, ads.status) == (SERVING, NOT_SERVING)
+            assert relay.not_ready_reason() == "not yet synced with the origin"
+            revived = await ScriptedOrigin().start(port)
+            try:
+                await eventually(relay.is_ready)
+                watch = stub.Watch(health_pb2.HealthCheckRequest(service=ADS_SERVICE))
+                while (await asyncio.wait_for(watch.read(), TIMEOUT)).status != SERVING:
+                    pass
+                watch.cancel()
+            finally:
+                await revived.stop()
+            # The origin is gone again: the relay serves from cache, and stays ready.
+            await asyncio.sleep(0.2)
+            assert relay.not_ready_reason() is None
+            ads = await stub.Check(health_pb2.HealthCheckRequest(service=ADS_SERVICE))
+            assert ads.status == SERVING
+    finally:
+        await relay.stop(0)
 
 
 async def test_health_of_an_unknown_service_is_not_found() -> None:

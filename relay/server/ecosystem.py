@@ -1,8 +1,8 @@
 """The gRPC ecosystem services served beside xDS on the same port.
 
-* ``grpc.health.v1.Health``: ``""`` (what Kubernetes gRPC probes ask) and
-  every xDS service are SERVING while the relay serves, NOT_SERVING once it
-  drains;
+* ``grpc.health.v1.Health``: ``""`` (what Kubernetes gRPC probes ask) is
+  SERVING while the process serves, every xDS service once the relay has
+  synced with its origin; all NOT_SERVING once it drains;
 * server reflection, so that ``grpcurl`` and friends can list and call them;
 * CSDS (``envoy.service.status.v3.ClientStatusDiscoveryService``): what each
   connected client holds, computed by :mod:`relay.server.status`.
@@ -37,20 +37,27 @@ def served_services() -> list[str]:
 class Health:
     """The relay's ``grpc.health.v1.Health`` statuses.
 
-    Overall (``""``) SERVING from the start; the xDS services too once
-    :meth:`set_serving` ran; :meth:`set_not_serving` turns every status
-    NOT_SERVING for good.
+    Overall (``""``, what Kubernetes gRPC probes ask by default) is SERVING as
+    soon as the server runs: the process is alive. The xDS services turn
+    SERVING with :meth:`set_ready`, once the relay has synced with its origin,
+    as ``/ready`` does. :meth:`set_not_serving` turns every status NOT_SERVING
+    for good (the drain).
     """
 
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
 
-    async def set_serving(self) -> None:
-        for service in ("", *XDS_SERVICES):
+    async def set_started(self) -> None:
+        await self.servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        for service in XDS_SERVICES:
+            await self.servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def set_ready(self) -> None:
+        for service in XDS_SERVICES:
             await self.servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     async def set_not_serving(self) -> None:
-        """Every status NOT_SERVING, and later :meth:`set_serving` calls ignored."""
+        """Every status NOT_SERVING, and later :meth:`set_ready` calls ignored."""
         await self.servicer.enter_graceful_shutdown()
 
 
@@ -92,9 +99,9 @@ def _import_service_descriptors() -> None:
 
 async def add_ecosystem_services(server: grpc.aio.Server, serving: ServingContext,
                                  health_status: Health) -> None:
-    """Register health, reflection and CSDS on ``server`` and report SERVING."""
+    """Register health, reflection and CSDS on ``server``; report the process up."""
     health_pb2_grpc.add_HealthServicer_to_server(health_status.servicer, server)
     server.add_generic_rpc_handlers([_csds_handlers(serving)])
     _import_service_descriptors()
     reflection.enable_server_reflection(served_services(), server)
-    await health_status.set_serving()
+    await health_status.set_started()

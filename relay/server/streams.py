@@ -63,8 +63,9 @@ class ServingContext:
     def subscription_counts(self) -> Counter[tuple[str, ...]]:
         """Streams subscribed to each type, by (variant, short type name)."""
         counts: Counter[tuple[str, ...]] = Counter()
-        for stream in self.streams:
-            for type_url in stream.states:
+        # Snapshots (list(...)): the OTLP exporter calls this from its own thread.
+        for stream in list(self.streams):
+            for type_url in list(stream.states):
                 counts[stream.variant, short_name(type_url)] += 1
         return counts
 
@@ -104,8 +105,9 @@ class DownstreamStream:
         self._wake = asyncio.Event()
         self._origin_changed = False
         self._closing: str | None = None
-        # per type, when the client's latest request arrived: resources newer
-        # than that are pushes, and count towards the push latency
+        # per type, when the client last changed what it subscribes to: resources
+        # received after that are pushes (even if they waited for an ACK), and
+        # count towards the push latency; older ones are answers from cache
         self._requested_at: dict[str, float] = {}
 
     def __hash__(self) -> int:
@@ -200,7 +202,8 @@ class DownstreamStream:
                 state.wrap_ttl = SUPPORTS_RESOURCE_IN_SOTW in self.node.client_features
             self.states[type_url] = state
         outcome = state.on_request(request)
-        self._requested_at[type_url] = time.monotonic()
+        if outcome.interest_changed or type_url not in self._requested_at:
+            self._requested_at[type_url] = time.monotonic()
         metrics = self.serving.metrics
         if outcome.nack is not None:
             metrics.downstream_nacks.add(self.variant, short_name(type_url))

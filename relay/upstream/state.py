@@ -95,8 +95,9 @@ class UpstreamState:
 
     def subscription_counts(self) -> dict[str, int]:
         """Per type URL: resource locators subscribed on the stream (a wildcard counts one)."""
-        return {type_url: sum(len(params) for params in sub.locators.values()) + sub.wildcard
-                for type_url, sub in self._subscribed.items()}
+        # Snapshots (list(...)): the OTLP exporter calls this from its own thread.
+        return {type_url: sum(len(params) for params in list(sub.locators.values()))
+                + sub.wildcard for type_url, sub in list(self._subscribed.items())}
 
     # -- connection lifecycle ---------------------------------------------
 
