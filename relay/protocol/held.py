@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.constraints import UNCONSTRAINED
 from relay.resource import CachedResource
 
 
@@ -30,6 +31,14 @@ class Held:
         return cls(resource.version, resource.variant_key, resource.resource_name, canonical)
 
     def is_current(self, resource: CachedResource) -> bool:
-        """Whether the client already has exactly this variant at this version."""
-        return self.version == resource.version and \
-            self.variant_key in (None, resource.variant_key)
+        """Whether the client already has exactly this variant at this version.
+
+        A version the client declared (no variant known) vouches only for a
+        resource without variants: variants of one name may share a version,
+        and the client may hold another one than its parameters now select.
+        """
+        if self.version != resource.version:
+            return False
+        if self.variant_key is None:
+            return resource.constraints is UNCONSTRAINED
+        return self.variant_key == resource.variant_key

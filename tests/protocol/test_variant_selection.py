@@ -199,3 +199,26 @@ def test_invariant_31_sotw_locator_parameter_change_resends_the_new_variant() ->
     assert outcome.interest_changed
     plan = state.next_response(view, nonces)
     assert plan is not None and [r.variant_key for r in plan.resources] == [key(PROD)]
+
+
+def test_invariant_5_a_declared_version_does_not_vouch_for_a_variant() -> None:
+    # Reconnecting with initial_resource_versions {"c": "1"}: every variant of
+    # c has version "1", and the client may hold canary while its parameters
+    # now select prod. The relay cannot tell, so it sends the prod variant.
+    _, view, _ = three_variants()
+    state = DeltaSubscription(CLUSTER)
+    state.set_node_params(params_of({"env": "prod"}))
+    state.on_request(discovery_pb2.DeltaDiscoveryRequest(
+        type_url=CLUSTER, resource_names_subscribe=["c"], initial_resource_versions={"c": "1"}))
+    plan = state.next_response(view, NonceSource())
+    assert plan is not None and [r.variant_key for r in plan.resources] == [key(PROD)]
+
+
+def test_invariant_5_a_declared_version_still_vouches_for_a_plain_resource() -> None:
+    cache = ResourceCache()
+    plain = discovery_pb2.Resource(name="p", version="1", resource=pack(cluster("p")))
+    cache.apply(CLUSTER, [CachedResource(CLUSTER, "p", "1", plain)], complete=False)
+    state = DeltaSubscription(CLUSTER)
+    state.on_request(discovery_pb2.DeltaDiscoveryRequest(
+        type_url=CLUSTER, resource_names_subscribe=["p"], initial_resource_versions={"p": "1"}))
+    assert state.next_response(CacheView(cache), NonceSource()) is None
