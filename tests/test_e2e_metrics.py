@@ -164,10 +164,10 @@ async def test_clients_endpoint_shows_each_client_subscriptions_acks_and_nacks()
     assert clients == {"clients": [
         {"node_id": "delta-1", "variant": "delta", "types": {ENDPOINT: {
             "subscribed": ["a"], "wildcard": False, "versions": {"a": "v1"},
-            "acked": answer.nonce, "last_nack": None}}},
+            "acked": answer.nonce, "in_flight": None, "last_nack": None}}},
         {"node_id": "sotw-1", "variant": "sotw", "types": {CLUSTER: {
             "subscribed": [], "wildcard": True, "versions": {"a": "v2", "b": "v1"},
-            "acked": first.version_info,
+            "acked": first.version_info, "in_flight": None,
             "last_nack": {"nonce": rejected.nonce, "version": rejected.version_info,
                           "message": "bad cluster"}}}},
     ]}

@@ -139,6 +139,9 @@ class DownstreamStream:
                 # what the client was last sent (or declared it has), per name
                 "versions": {name: held.version for name, held in sorted(state.held.items())},
                 "acked": acked,
+                # the response the client has not answered yet: until it does,
+                # ``versions`` may not be what the client runs
+                "in_flight": state.inflight_nonce,
                 "last_nack": None if nack is None else {
                     "nonce": nack.nonce, "version": nack.version, "message": nack.message},
             }
