@@ -160,6 +160,7 @@ class DeltaSubscription(SubscriptionState):
         else:
             candidates = self.pending
         self.pending = set()
+        self.changed = set()
         self.recheck_all = False
 
         resources: list[CachedResource] = []

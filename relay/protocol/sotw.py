@@ -195,6 +195,7 @@ class SotwSubscription(SubscriptionState):
                     return None  # wait for the fresh copy rather than omit it
                 resources.append(found)
         self.pending = set()
+        self.changed = set()
         self.recheck_all = False
         new_held = {r.name: Held.of(r) for r in resources}
         beats = frozenset(n for n in self.pending_heartbeats
@@ -212,6 +213,7 @@ class SotwSubscription(SubscriptionState):
                           nonces: NonceSource) -> SotwResponsePlan | None:
         candidates = self._subscribed(view) if self.recheck_all else self.pending
         self.pending = set()
+        self.changed = set()
         self.recheck_all = False
         resources: list[CachedResource] = []
         errors: list[discovery_pb2.ResourceError] = []

@@ -39,6 +39,9 @@ class SubscriptionState:
     pending: set[str] = field(default_factory=set)
     recheck_all: bool = False
     pending_heartbeats: set[str] = field(default_factory=set)
+    # names the cache changed since the last response was built (a subset of
+    # ``pending``, which also holds names just subscribed)
+    changed: set[str] = field(default_factory=set)
     # arrival stamp when each name was subscribed; names whose do-not-cache
     # copy is older need a fresh fetch from the origin (``refetch``)
     since: dict[str, int] = field(default_factory=dict)
@@ -61,7 +64,8 @@ class SubscriptionState:
         """
         if everything:
             self.recheck_all = True
-        coalesced = len(self.pending & names) if self.inflight_nonce and self.pending else 0
+        coalesced = len(self.changed & names) if self.inflight_nonce and self.changed else 0
+        self.changed.update(names)
         self.pending.update(names)
         return coalesced
 

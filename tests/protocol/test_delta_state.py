@@ -221,3 +221,10 @@ def test_changes_behind_an_unanswered_response_are_counted_as_coalesced() -> Non
     assert state.inflight_nonce is None
     # Nothing in flight: a change goes out with the next response, nothing lost.
     assert state.resources_changed(frozenset({"a"}), everything=False) == 0
+    view.set("a", "2")
+    plan = state.next_response(view, nonces)
+    assert plan is not None and state.inflight_nonce == plan.nonce
+    # A name subscribed behind the unanswered response waits too, but its
+    # first change supersedes nothing.
+    state.on_request(Req(type_url=CLUSTER, resource_names_subscribe=["c"]))
+    assert state.resources_changed(frozenset({"c"}), everything=False) == 0
