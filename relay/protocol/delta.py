@@ -52,6 +52,8 @@ class DeltaSubscription(SubscriptionState):
     unanswered: set[str] = field(default_factory=set)
     # arrival stamp when the wildcard was subscribed (see ``since``)
     wildcard_since: int = 0
+    # names subscribed again while held: sent again even if unchanged
+    resend: set[str] = field(default_factory=set)
     inflight_versions: str = ""  # "name=version,..." of the response in flight
     acked_nonce: str | None = None
 
@@ -106,9 +108,10 @@ class DeltaSubscription(SubscriptionState):
             self.since[name] = arrival_clock()
             self.unanswered.add(name)
             self.pending.add(name)
-            if not first:
+            if not first and name in self.held:
                 # The client may have dropped it: always send a subscribed name.
-                self.held.pop(name, None)
+                # (What it held is kept, so that a removal can name the variant.)
+                self.resend.add(name)
 
         for name in unsubscribe:
             if name == WILDCARD:
@@ -123,6 +126,7 @@ class DeltaSubscription(SubscriptionState):
             self.locator_params.pop(name, None)
             self.unanswered.discard(name)
             self.held.pop(name, None)
+            self.resend.discard(name)
             if self.wildcard:
                 # The client dropped it, but wildcard still covers it: send it
                 # again, or report it removed if it is gone.
@@ -178,6 +182,7 @@ class DeltaSubscription(SubscriptionState):
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
+                self.resend.discard(name)
                 held = self.held.pop(name, None)
                 if held is not None and held.resource_name is not None:
                     if held.resource_name not in removed_names:
@@ -195,7 +200,8 @@ class DeltaSubscription(SubscriptionState):
                 continue
             self.unanswered.discard(name)
             held = self.held.get(name)
-            if held is None or not held.is_current(found):
+            if held is None or not held.is_current(found) or name in self.resend:
+                self.resend.discard(name)
                 # Moving to another variant is one update, never remove-then-add.
                 if found not in resources:  # subscribed by name and by alias
                     resources.append(found)

@@ -55,6 +55,11 @@ class CacheView:
 
     def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
         found = self._cache.variants(type_url, name)
+        if found is UNKNOWN and params and self._cache.is_settled(type_url, name, params):
+            # The origin answered this subscriber's locator with no variant
+            # (the ones it had may have gone with their last subscriber).
+            # Plain names keep waiting for the origin to say "removed".
+            return ABSENT
         if isinstance(found, Missing):
             return found
         if len(found) == 1:
