@@ -93,7 +93,8 @@ class Relay:
                                     self.metrics)
         else:
             assert upstream.address is not None
-            state = UpstreamState(node_proto(config), self.cache, self.index, upstream.linger)
+            state = UpstreamState(node_proto(config), self.cache, self.index, upstream.linger,
+                                  upstream.answer_grace)
             self.upstream = UpstreamClient(
                 str(upstream.address), state,
                 Backoff(upstream.backoff.initial, upstream.backoff.max), self.metrics)

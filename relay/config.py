@@ -408,6 +408,10 @@ class UpstreamConfig(_Section):
     poll_interval: PositiveDurationField = 1.0
     backoff: BackoffConfig = BackoffConfig()
     linger: DurationField = 0.0
+    # How soon after subscribing a response may come and still not count as
+    # the origin's answer (it may have crossed the subscription on the wire).
+    # Clients whose parameters match no variant are told after this long.
+    answer_grace: DurationField = 0.5
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> UpstreamConfig:
@@ -734,6 +738,7 @@ upstream:                       # required: exactly one of address or files
   poll_interval: 1s             # rescan period of `files`; > 0
   backoff: {initial: 0.5s, max: 30s}   # reconnect backoff; durations: 500ms 1.5s 2m 1h
   linger: 0s                    # keep an upstream subscription this long after its last client
+  answer_grace: 500ms           # a response sooner than this after a subscription may not answer it
 admin:
   address: 127.0.0.1:19000      # /ready /healthz /config_dump /metrics
 logging:

@@ -354,7 +354,8 @@ class Stack:
         return c
 
 
-def relay_config(upstream_port: int, linger: str = "0s", backoff: str = "0.05s") -> str:
+def relay_config(upstream_port: int, linger: str = "0s", backoff: str = "0.05s",
+                 answer_grace: str = "0.5s") -> str:
     return f"""
 node: {{id: relay-test, cluster: xds-relay}}
 server: {{address: "127.0.0.1:0"}}
@@ -362,6 +363,7 @@ admin: {{address: "127.0.0.1:0"}}
 upstream:
   address: "127.0.0.1:{upstream_port}"
   linger: {linger}
+  answer_grace: {answer_grace}
   backoff: {{initial: {backoff}, max: 0.5s}}
 """
 

@@ -224,7 +224,7 @@ def test_misspelt_upstream_key_message() -> None:
         """)
     assert err.line == 9 and err.field == "upstream.adress"
     assert str(err) == ("relay.yaml:9: upstream.adress: unknown key "
-                        "(allowed: address, files, poll_interval, backoff, linger)")
+                        "(allowed: address, files, poll_interval, backoff, linger, answer_grace)")
 
 
 # --------------------------------------------------------------------------- required fields

@@ -107,6 +107,7 @@ class UpstreamClient:
                     1, {"type": short_name(response.type_url), "outcome": outcome})
                 for reply in replies:
                     outbox.put_nowait(reply)
+                self._timer_changed.set()  # the response may have set a deadline
         except grpc.aio.AioRpcError as error:
             log.warning("origin stream to %s failed: %s %s", self.target,
                         error.code().name, error.details())

@@ -73,12 +73,20 @@ class _TypeSubscription:
     wildcard: bool = False
 
 
+# How long after subscribing a locator a response must arrive for the relay to
+# take it as the origin's answer (see UpstreamState._settle): more than the time
+# an origin takes to read a request, less than a client's patience. The
+# default of config's upstream.answer_grace.
+SETTLE_GRACE = 0.5
+
+
 class UpstreamState:
     """Subscription and ACK bookkeeping for the one origin stream."""
 
     def __init__(self, node: base_pb2.Node, cache: ResourceCache, index: SubscriptionIndex,
-                 linger: float = 0.0) -> None:
+                 linger: float = 0.0, answer_grace: float = SETTLE_GRACE) -> None:
         self.node = node
+        self.answer_grace = answer_grace
         self.cache = cache
         self.index = index
         self.linger = linger
@@ -87,8 +95,12 @@ class UpstreamState:
         self._subscribed: dict[str, _TypeSubscription] = {}
         # (type_url, name or "*", params) -> monotonic time after which it may go
         self._lingering: dict[tuple[str, str, Params], float] = {}
-        # locators subscribed on this stream that the origin has not answered yet
-        self._unsettled: dict[str, set[tuple[str, Params]]] = {}
+        # locators subscribed on this stream that no response has followed yet,
+        # with when they were subscribed
+        self._unsettled: dict[str, dict[tuple[str, Params], float]] = {}
+        # locators a response followed too soon to be sure it answered them:
+        # settled at the time given (by the timer, or by a response after it)
+        self._settling: dict[str, dict[tuple[str, Params], float]] = {}
         self.last_nack: dict[str, str] = {}
         # names re-subscribed to get a fresh do-not-cache copy, per type
         self._refetching: dict[str, set[str]] = {}
@@ -107,6 +119,7 @@ class UpstreamState:
         self._node_sent = False
         self._subscribed = {}
         self._unsettled = {}
+        self._settling = {}
         requests = []
         types = set(self.index.wanted_types()) | {t for t, _, _ in self._lingering}
         for type_url in sorted(types):
@@ -115,7 +128,7 @@ class UpstreamState:
                 continue
             self._subscribed[type_url] = _TypeSubscription(
                 {n: set(ps) for n, ps in target.items()}, wildcard)
-            self._unsettled[type_url] = {(n, p) for n, ps in target.items() for p in ps}
+            self._unsettled[type_url] = {(n, p): now for n, ps in target.items() for p in ps}
             initial = {}
             for name in target:
                 found = self.cache.variants(type_url, name)
@@ -173,7 +186,9 @@ class UpstreamState:
         return [request]
 
     def on_tick(self, now: float) -> list[Request]:
-        """Drop lingering subscriptions whose time is up."""
+        """Drop lingering subscriptions whose time is up; settle what is due."""
+        for type_url in list(self._settling):
+            self._settle_due(type_url, now)
         due = sorted({t for (t, _, _), deadline in self._lingering.items() if deadline <= now})
         requests = []
         for type_url in due:
@@ -181,7 +196,35 @@ class UpstreamState:
         return requests
 
     def next_deadline(self) -> float | None:
-        return min(self._lingering.values(), default=None)
+        return min((*self._lingering.values(),
+                    *(t for due in self._settling.values() for t in due.values())),
+                   default=None)
+
+    def _settle(self, type_url: str, now: float) -> None:
+        """A response arrived: the locators subscribed long enough before it are answered.
+
+        A response tells nothing of which requests the origin had read when
+        it sent it. One that follows a subscription closely may have crossed
+        it on the wire, and taking it as the answer would tell the clients
+        of that locator that their resource does not exist. Those locators
+        are settled ``answer_grace`` after they were subscribed instead (or
+        by a response that late), when the origin has had time to answer.
+        """
+        unsettled = self._unsettled.pop(type_url, {})
+        settling = self._settling.setdefault(type_url, {})
+        for locator, subscribed_at in unsettled.items():
+            settling[locator] = subscribed_at + self.answer_grace
+        self._settle_due(type_url, now)
+
+    def _settle_due(self, type_url: str, now: float) -> None:
+        settling = self._settling.get(type_url, {})
+        due = [locator for locator, at in settling.items() if at <= now]
+        for locator in due:
+            del settling[locator]
+        if not settling:
+            self._settling.pop(type_url, None)
+        if due:
+            self.cache.settle(type_url, due)
 
     def _target(self, type_url: str, now: float) -> tuple[Locators, bool]:
         """The locators to be subscribed to: what is needed and not answered already."""
@@ -227,9 +270,11 @@ class UpstreamState:
             if old - new:
                 unsubscribe[name] = old - new
                 self._forget(type_url, name, new, old - new, wildcard, set(target))
-        unsettled = self._unsettled.setdefault(type_url, set())
-        unsettled |= {(n, p) for n, ps in subscribe.items() for p in ps}
-        unsettled -= {(n, p) for n, ps in unsubscribe.items() for p in ps}
+        unsettled = self._unsettled.setdefault(type_url, {})
+        unsettled.update({(n, p): now for n, ps in subscribe.items() for p in ps})
+        for locator in ((n, p) for n, ps in unsubscribe.items() for p in ps):
+            unsettled.pop(locator, None)
+            self._settling.get(type_url, {}).pop(locator, None)
         was_wildcard = sub.wildcard
         if was_wildcard and not wildcard:
             self.cache.forget_all_but(type_url, set(target))
@@ -299,8 +344,7 @@ class UpstreamState:
                          complete=True if sub.wildcard else None, errors=errors)
         self.cache.heartbeat(type_url, [b for b in heartbeats
                                         if sub.wildcard or b[0] in sub.locators])
-        # Everything subscribed before this response has now been answered.
-        self.cache.settle(type_url, self._unsettled.pop(type_url, set()))
+        self._settle(type_url, now)
         self._refetching.pop(type_url, None)
         # Variants changed: a client answered from cache may need its own locator.
         return [ack, *self._sync_type(type_url, now)]

@@ -24,7 +24,7 @@ from relay.resource import CachedResource
 from relay.server.streams import DownstreamStream, ServingContext
 from relay.subscriptions import SubscriptionIndex
 from relay.telemetry import new_metrics, prometheus_provider
-from relay.upstream.state import UpstreamState
+from relay.upstream.state import SETTLE_GRACE, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import pack
 
@@ -118,7 +118,12 @@ class Relay:
         return self.serving.cache
 
     def from_origin(self, response: DeltaResponse) -> list[Delta]:
-        """The origin sends a response: what the relay answers (ACK or NACK first)."""
+        """The origin sends a response: what the relay answers (ACK or NACK first).
+
+        The origin takes its time (SETTLE_GRACE), so the relay takes the
+        response as the answer to what it subscribed before.
+        """
+        self.now += SETTLE_GRACE
         answers = self.upstream.on_response(response, self.now)
         self.to_origin.extend(answers)
         return answers

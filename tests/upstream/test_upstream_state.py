@@ -10,7 +10,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import ABSENT, ResourceCache
 from relay.constraints import params_of
 from relay.subscriptions import Interest, SubscriptionIndex
-from relay.upstream.state import UpstreamState
+from relay.upstream.state import SETTLE_GRACE, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
 
@@ -232,15 +232,44 @@ def test_when_the_subscribing_locator_leaves_answered_parameters_take_over() -> 
     assert list(cache.names(CLUSTER)) == ["c"]
 
 
-def test_a_response_settles_the_locators_subscribed_before_it() -> None:
+def test_a_response_settles_the_locators_subscribed_well_before_it() -> None:
     state, index, cache = make()
     state.on_connect(0)
     dev = params_of({"env": "dev"})
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "dev"})))
-    state.on_interest_changed(CLUSTER, 0)
+    state.on_interest_changed(CLUSTER, 10.0)
     assert not cache.is_settled(CLUSTER, "c", dev)
-    state.on_response(discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"))
+    state.on_response(discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"),
+                      10.0 + SETTLE_GRACE)
     assert cache.is_settled(CLUSTER, "c", dev)
+
+
+def test_invariant_6_a_response_right_after_a_subscription_may_not_answer_it() -> None:
+    # The origin may have sent it before reading the subscription: settling
+    # the locator now would tell its clients their resource does not exist.
+    state, index, cache = make()
+    state.on_connect(0)
+    dev = params_of({"env": "dev"})
+    index.update(Sub(), CLUSTER, with_params(("c", {"env": "dev"})))
+    state.on_interest_changed(CLUSTER, 10.0)
+    state.on_response(discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"), 10.1)
+    assert not cache.is_settled(CLUSTER, "c", dev)
+    assert state.next_deadline() == 10.0 + SETTLE_GRACE
+    assert state.on_tick(10.0 + SETTLE_GRACE - 0.01) == [] and \
+        not cache.is_settled(CLUSTER, "c", dev)
+    state.on_tick(10.0 + SETTLE_GRACE)
+    assert cache.is_settled(CLUSTER, "c", dev)
+    assert state.next_deadline() is None
+
+
+def test_a_locator_never_followed_by_a_response_is_never_settled() -> None:
+    state, index, cache = make()
+    state.on_connect(0)
+    index.update(Sub(), CLUSTER, with_params(("c", {"env": "dev"})))
+    state.on_interest_changed(CLUSTER, 10.0)
+    assert state.next_deadline() is None
+    state.on_tick(100.0)
+    assert not cache.is_settled(CLUSTER, "c", params_of({"env": "dev"}))
 
 
 def test_invalid_constraints_from_the_origin_are_nacked_and_cache_kept() -> None:
