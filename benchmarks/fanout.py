@@ -129,7 +129,7 @@ logging: {{level: warning}}
     procs: list[mp.Process] = []
     pipes: list[Connection] = []
     try:
-        await _wait_ready(admin_port)
+        await wait_ready(admin_port)
         await asyncio.sleep(0.5)
         rss_before = rss_kib(relay.pid)
         ctx = mp.get_context("spawn")
@@ -144,7 +144,7 @@ logging: {{level: warning}}
             procs.append(proc)
             pipes.append(ours)
         for pipe, proc in zip(pipes, procs, strict=True):
-            await _wait_for(loop, pipe, proc, "ready")
+            await wait_for_worker(loop, pipe, proc, "ready")
         await asyncio.sleep(0.5)
         rss_after = rss_kib(relay.pid)
         all_latencies, median_latencies = [], []
@@ -159,7 +159,7 @@ logging: {{level: warning}}
             origin.set(message)
             times: list[float] = []
             for pipe, proc in zip(pipes, procs, strict=True):
-                times.extend(await _wait_for(loop, pipe, proc))
+                times.extend(await wait_for_worker(loop, pipe, proc))
             all_latencies.append(max(times) - sent)
             median_latencies.append(statistics.median(times) - sent)
         # Includes the 0.2 s pauses, in which the relay idles.
@@ -189,7 +189,7 @@ logging: {{level: warning}}
         await origin.stop()
 
 
-async def _wait_for(loop: asyncio.AbstractEventLoop, pipe: Connection, proc: mp.Process,
+async def wait_for_worker(loop: asyncio.AbstractEventLoop, pipe: Connection, proc: mp.Process,
                     expected: str | None = None) -> Any:
     """A worker's next message; fails (rather than hangs) if the worker died."""
     while not await loop.run_in_executor(None, pipe.poll, 1.0):
@@ -201,7 +201,7 @@ async def _wait_for(loop: asyncio.AbstractEventLoop, pipe: Connection, proc: mp.
     return message
 
 
-async def _wait_ready(admin_port: int) -> None:
+async def wait_ready(admin_port: int) -> None:
     url = f"http://127.0.0.1:{admin_port}/ready"
     for _ in range(200):
         try:
