@@ -189,8 +189,8 @@ logging: {{level: warning}}
         await origin.stop()
 
 
-async def wait_for_worker(loop: asyncio.AbstractEventLoop, pipe: Connection, proc: mp.Process,
-                    expected: str | None = None) -> Any:
+async def wait_for_worker(loop: asyncio.AbstractEventLoop, pipe: Connection,
+                          proc: mp.Process, expected: str | None = None) -> Any:
     """A worker's next message; fails (rather than hangs) if the worker died."""
     while not await loop.run_in_executor(None, pipe.poll, 1.0):
         if not proc.is_alive():
