@@ -1,0 +1,165 @@
+"""What the benchmarks share: a relay in its own process, client workers in
+theirs, and the streams those workers open.
+
+Clients run in worker processes so that the relay's figures are its own; a
+worker talks to the harness over a pipe (``"ready"`` once its streams are
+open and answered, then whatever the benchmark measures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.xds_types import ENDPOINT
+
+DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+# the one ClusterLoadAssignment every benchmark stream subscribes to
+NAME = "bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RelayProcess:
+    process: subprocess.Popen[bytes]
+    xds_port: int
+    admin_port: int
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.xds_port}"
+
+
+@contextlib.asynccontextmanager
+async def relay_process(node_id: str, origin_port: int,
+                        drain_period: float) -> AsyncIterator[RelayProcess]:
+    """``xds-relay run`` following the origin on ``origin_port``, once ready.
+
+    Stopped on the way out (SIGTERM, then SIGKILL after 10 s) if still running.
+    """
+    xds_port, admin_port = free_port(), free_port()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
+        config.write(f"""
+node: {{id: {node_id}}}
+server: {{address: "127.0.0.1:{xds_port}", drain_period: {drain_period}s}}
+admin: {{address: "127.0.0.1:{admin_port}"}}
+upstream: {{address: "127.0.0.1:{origin_port}"}}
+logging: {{level: warning}}
+""")
+    process = subprocess.Popen(  # noqa: ASYNC220 (started once, before measuring)
+        [sys.executable, "-m", "relay", "run", "--config", config.name])
+    try:
+        await wait_ready(admin_port)
+        yield RelayProcess(process, xds_port, admin_port)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        os.unlink(config.name)
+
+
+async def wait_ready(admin_port: int) -> None:
+    url = f"http://127.0.0.1:{admin_port}/ready"
+    for _ in range(200):
+        try:
+            with urllib.request.urlopen(url, timeout=1) as reply:  # noqa: ASYNC210 (polling)
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError("relay did not become ready")
+
+
+@dataclass
+class Workers:
+    processes: list[mp.Process]
+    pipes: list[Connection]
+
+    async def next_messages(self) -> list[Any]:
+        """Each worker's next message, in order."""
+        return [await wait_for_worker(pipe, proc)
+                for pipe, proc in zip(self.pipes, self.processes, strict=True)]
+
+    def send(self, message: Any) -> None:
+        for pipe in self.pipes:
+            pipe.send(message)
+
+
+@contextlib.asynccontextmanager
+async def workers(target: Callable[..., None], streams: int, count: int,
+                  *args: Any) -> AsyncIterator[Workers]:
+    """``count`` processes running ``target(pipe, share, *args)``, the streams
+    shared out between them; entered once every one has said ``"ready"``.
+    Killed on the way out if they have not exited within 10 s."""
+    ctx = mp.get_context("spawn")
+    running = Workers([], [])
+    try:
+        for i in range(count):
+            share = streams // count + (1 if i < streams % count else 0)
+            if share == 0:
+                continue
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=target, args=(theirs, share, *args))
+            proc.start()
+            running.processes.append(proc)
+            running.pipes.append(ours)
+        for message in await running.next_messages():
+            if message != "ready":
+                raise RuntimeError(f"client worker said {message!r}, expected 'ready'")
+        yield running
+    finally:
+        for proc in running.processes:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+
+
+async def wait_for_worker(pipe: Connection, proc: mp.Process) -> Any:
+    """A worker's next message; fails (rather than hangs) if the worker died."""
+    loop = asyncio.get_running_loop()
+    while not await loop.run_in_executor(None, pipe.poll, 1.0):
+        if not proc.is_alive():
+            raise RuntimeError(f"client worker exited with code {proc.exitcode}")
+    return pipe.recv()
+
+
+async def open_streams(target: str, count: int, per_channel: int = 1
+                       ) -> tuple[list[grpc.aio.Channel], list[Any]]:
+    """``count`` delta streams to the relay (``per_channel`` on each connection),
+    each subscribed to the ClusterLoadAssignment ``NAME``."""
+    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range((count + per_channel - 1) // per_channel)]
+    calls = []
+    for i in range(count):
+        call = channels[i // per_channel].stream_stream(
+            DELTA_ADS, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+            response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
+        await call.write(discovery_pb2.DeltaDiscoveryRequest(
+            node={"id": f"bench-{os.getpid()}-{i}"}, type_url=ENDPOINT,
+            resource_names_subscribe=[NAME]))
+        calls.append(call)
+    return channels, calls
