@@ -145,6 +145,7 @@ __all__ = [
     "pack",
     "route_configuration",
     "start_backend",
+    "xds_messages",
     "xds_resources",
 ]
 
@@ -251,12 +252,24 @@ def xds_resources(
 
     Keyed by type URL; one packed resource per type.
     """
-    return {
-        LISTENER_TYPE: [pack(listener(service_name, route_name))],
-        ROUTE_TYPE: [pack(route_configuration(route_name, service_name, cluster_name))],
-        CLUSTER_TYPE: [pack(cluster(cluster_name))],
-        ENDPOINT_TYPE: [endpoints(cluster_name, backend_port)],
-    }
+    found = xds_messages(service_name, backend_port, cluster_name, route_name)
+    return {packed.type_url: [packed] for packed in map(pack, found)}
+
+
+def xds_messages(
+    service_name: str,
+    backend_port: int,
+    cluster_name: str = DEFAULT_CLUSTER,
+    route_name: str = DEFAULT_ROUTE,
+) -> list[message.Message]:
+    """The resources of :func:`xds_resources`, unpacked: listener, route, cluster,
+    endpoints."""
+    return [
+        listener(service_name, route_name),
+        route_configuration(route_name, service_name, cluster_name),
+        cluster(cluster_name),
+        cluster_load_assignment(cluster_name, backend_port),
+    ]
 
 
 # -- bootstrap -----------------------------------------------------------------

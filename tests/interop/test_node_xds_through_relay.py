@@ -184,10 +184,7 @@ async def test_node_xds_client_reaches_backend_and_follows_endpoint_change() -> 
     backend_a, port_a = await start_backend("A")
     backend_b, port_b = await start_backend("B")
     origin = ScriptedOrigin()
-    origin.set(grpc_xds.listener("svc"),
-               grpc_xds.route_configuration(DEFAULT_ROUTE, "svc"),
-               grpc_xds.cluster(),
-               grpc_xds.cluster_load_assignment(DEFAULT_CLUSTER, port_a))
+    origin.set(*grpc_xds.xds_messages("svc", port_a))
     try:
         async with running_stack(origin) as stack:
             bootstrap = bootstrap_json(f"127.0.0.1:{stack.relay.xds_port}", "node-interop")
