@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import IO, Any
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -50,23 +50,28 @@ class RelayProcess:
 
 
 @contextlib.asynccontextmanager
-async def relay_process(node_id: str, origin_port: int,
-                        drain_period: float) -> AsyncIterator[RelayProcess]:
+async def relay_process(node_id: str, origin_port: int, drain_period: float, *,
+                        upstream_extra: str = "", log_level: str = "warning",
+                        stderr: IO[bytes] | None = None) -> AsyncIterator[RelayProcess]:
     """``xds-relay run`` following the origin on ``origin_port``, once ready.
 
-    Stopped on the way out (SIGTERM, then SIGKILL after 10 s) if still running.
+    ``upstream_extra`` adds keys to the ``upstream`` section (YAML flow
+    style, e.g. ``"backoff: {max: 5s}"``); the relay logs at ``log_level`` to
+    ``stderr`` (the harness's own by default). Stopped on the way out
+    (SIGTERM, then SIGKILL after 10 s) if still running.
     """
     xds_port, admin_port = free_port(), free_port()
+    extra = f", {upstream_extra}" if upstream_extra else ""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
         config.write(f"""
 node: {{id: {node_id}}}
 server: {{address: "127.0.0.1:{xds_port}", drain_period: {drain_period}s}}
 admin: {{address: "127.0.0.1:{admin_port}"}}
-upstream: {{address: "127.0.0.1:{origin_port}"}}
-logging: {{level: warning}}
+upstream: {{address: "127.0.0.1:{origin_port}"{extra}}}
+logging: {{level: {log_level}}}
 """)
     process = subprocess.Popen(  # noqa: ASYNC220 (started once, before measuring)
-        [sys.executable, "-m", "relay", "run", "--config", config.name])
+        [sys.executable, "-m", "relay", "run", "--config", config.name], stderr=stderr)
     try:
         await wait_ready(admin_port)
         yield RelayProcess(process, xds_port, admin_port)
@@ -111,19 +116,24 @@ class Workers:
 
 @contextlib.asynccontextmanager
 async def workers(target: Callable[..., None], streams: int, count: int,
-                  *args: Any) -> AsyncIterator[Workers]:
+                  *args: Any, numbered: bool = False) -> AsyncIterator[Workers]:
     """``count`` processes running ``target(pipe, share, *args)``, the streams
     shared out between them; entered once every one has said ``"ready"``.
-    Killed on the way out if they have not exited within 10 s."""
+    With ``numbered``, each is called ``target(pipe, first, share, *args)``,
+    ``first`` being the number of its first stream among all. Killed on the
+    way out if they have not exited within 10 s."""
     ctx = mp.get_context("spawn")
     running = Workers([], [])
+    first = 0
     try:
         for i in range(count):
             share = streams // count + (1 if i < streams % count else 0)
             if share == 0:
                 continue
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=target, args=(theirs, share, *args))
+            head = (theirs, first, share) if numbered else (theirs, share)
+            first += share
+            proc = ctx.Process(target=target, args=(*head, *args))
             proc.start()
             running.processes.append(proc)
             running.pipes.append(ours)
