@@ -214,10 +214,11 @@ class ResourceCache:
                 entry.expires[(resource.name, resource.variant_key)] = now + ttl
             by_key = entry.variants.setdefault(resource.name, {})
             old = by_key.get(resource.variant_key)
-            # A do-not-cache resource is news each time it is fetched: the
+            # Content decides, not the version string: an identical resend
+            # (istiod resends everything on every new stream) is no news. A
+            # do-not-cache resource is news each time it is fetched: the
             # subscribers that asked for a fresh copy are waiting for it.
-            if old is None or old.version != resource.version or \
-                    resource.do_not_cache or old.resource != resource.resource:
+            if old is None or old.digest != resource.digest or resource.do_not_cache:
                 by_key[resource.variant_key] = resource
                 changed.add(resource.name)
             entry.absent.discard(resource.name)
@@ -283,7 +284,7 @@ class ResourceCache:
         refreshed = set()
         for name, variant_key, version in beats:
             variant = entry.variants.get(name, {}).get(variant_key)
-            if variant is None or variant.version != version:
+            if variant is None or variant.origin_version != version:
                 continue
             ttl = variant.ttl_seconds
             if ttl is not None:

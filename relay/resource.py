@@ -4,10 +4,17 @@ A resource is serialized once, when it enters the cache. Responses to any
 number of streams are then assembled by concatenating these pre-encoded
 fields (see :mod:`relay.encoding`), so fanning one update out to N streams
 never serializes a resource N times.
+
+Content, not the version string, says whether a resource changed: each
+variant has a :attr:`~CachedResource.digest` of everything the origin sent
+for it. An origin that sends no per-resource version (istiod) gets one
+derived from that digest (:meth:`CachedResource.from_origin`), the same on
+every replica that receives the same bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -41,13 +48,28 @@ def arrival_clock() -> int:
     return _last_arrival
 
 
+def content_digest(resource: discovery_pb2.Resource) -> bytes:
+    """A digest of a ``Resource`` as sent: its body, version and every other field.
+
+    Deterministic serialization orders map entries, so equal messages give
+    equal digests; the body is the origin's own bytes (istiod and
+    go-control-plane marshal deterministically).
+    """
+    return hashlib.blake2b(resource.SerializeToString(deterministic=True),
+                           digest_size=_DIGEST_BYTES).digest()
+
+
+_DIGEST_BYTES = 8
+
+
 @dataclass(frozen=True, eq=False)
 class CachedResource:
     """A resource variant as the origin sent it.
 
     ``constraints`` are its ``DynamicParameterConstraints`` in canonical form
     (unconstrained when the origin sent a plain ``name``); their key is the
-    variant's key in the cache.
+    variant's key in the cache. ``derived_version`` is set when the origin
+    sent no version and ``version`` is the relay's, derived from the content.
     """
 
     type_url: str
@@ -58,6 +80,41 @@ class CachedResource:
     arrival: int = field(default_factory=_next_arrival, repr=False)
     # when the relay received it (time.monotonic), for the push latency metric
     received: float = field(default_factory=time.monotonic, repr=False)
+    derived_version: bool = False
+
+    @cached_property
+    def digest(self) -> bytes:
+        """What tells this variant's content (and origin version) from another's.
+
+        Two copies with the same digest are the same update: a resend of one
+        is not news, and a client holding one holds the other.
+        """
+        return content_digest(self.resource)
+
+    @property
+    def origin_version(self) -> str:
+        """The version as the origin sent it (empty when the relay derived one)."""
+        return "" if self.derived_version else self.version
+
+    @classmethod
+    def from_origin(cls, type_url: str, name: str, resource: discovery_pb2.Resource,
+                    constraints: Constraints = UNCONSTRAINED) -> CachedResource:
+        """From a ``Resource`` of an origin response (which it takes over).
+
+        With no version from the origin, the relay gives it one derived from
+        the content (and writes it into ``resource``, so that delta clients
+        see it): a new content is a new version.
+        """
+        if resource.version:
+            return cls(type_url, name, resource.version, resource, constraints)
+        digest = content_digest(resource)
+        resource.version = digest.hex()
+        made = cls(type_url, name, resource.version, resource, constraints,
+                   derived_version=True)
+        # The content's digest, taken before the version was written in: a
+        # later copy of the same content gets the same one.
+        made.__dict__["digest"] = digest
+        return made
 
     @property
     def variant_key(self) -> str:

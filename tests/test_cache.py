@@ -198,3 +198,54 @@ def test_resource_errors_are_per_variant_and_cleared_by_that_variant() -> None:
     assert cache.error(CLUSTER, "a", canary_params) is None
     cache.apply(CLUSTER, [res("b", "1", env("prod"))])
     assert cache.error(CLUSTER, "b", prod_params) is None
+
+
+def with_body(name: str, version: str, body: bytes) -> CachedResource:
+    resource = discovery_pb2.Resource(name=name, version=version)
+    resource.resource.type_url = CLUSTER
+    resource.resource.value = body
+    return CachedResource(CLUSTER, name, version, resource)
+
+
+def test_an_identical_resend_is_no_change() -> None:
+    cache, changes = recording()
+    cache.apply(CLUSTER, [with_body("a", "1", b"\x08\x01")])
+    kept = cache.variants(CLUSTER, "a")
+    assert cache.apply(CLUSTER, [with_body("a", "1", b"\x08\x01")]) == frozenset()
+    assert len(changes) == 1
+    assert cache.variants(CLUSTER, "a") == kept  # the first copy stays, with its bytes
+
+
+def test_new_content_under_the_same_version_is_a_change() -> None:
+    cache, changes = recording()
+    cache.apply(CLUSTER, [with_body("a", "1", b"\x08\x01")])
+    assert cache.apply(CLUSTER, [with_body("a", "1", b"\x08\x02")]) == frozenset({"a"})
+    assert changes[-1] == CacheChange(CLUSTER, frozenset({"a"}))
+
+
+def test_a_new_version_of_the_same_content_is_a_change() -> None:
+    cache, _ = recording()
+    cache.apply(CLUSTER, [with_body("a", "1", b"\x08\x01")])
+    assert cache.apply(CLUSTER, [with_body("a", "2", b"\x08\x01")]) == frozenset({"a"})
+
+
+def test_derived_versions_follow_the_content_and_heartbeats_the_origins_version() -> None:
+    def origin_copy(body: bytes) -> CachedResource:
+        resource = discovery_pb2.Resource(name="a")
+        resource.resource.type_url = CLUSTER
+        resource.resource.value = body
+        resource.ttl.seconds = 10
+        return CachedResource.from_origin(CLUSTER, "a", resource)
+
+    first, again, other = origin_copy(b"\x08\x01"), origin_copy(b"\x08\x01"), \
+        origin_copy(b"\x08\x02")
+    assert first.derived_version and first.origin_version == ""
+    assert first.version == again.version != other.version
+    assert first.digest == again.digest != other.digest
+    assert first.resource.version == first.version  # what delta clients are sent
+    clock = FakeClock()
+    cache = ResourceCache(clock)
+    cache.apply(CLUSTER, [first])
+    # The origin's heartbeat carries its own (empty) version, not the derived one.
+    assert cache.heartbeat(CLUSTER, [("a", "", "")]) == frozenset({"a"})
+    assert cache.heartbeat(CLUSTER, [("a", "", first.version)]) == frozenset()

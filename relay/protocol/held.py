@@ -24,20 +24,27 @@ class Held:
     resource_name: discovery_pb2.ResourceName | None = None
     # the resource's own name, when the client subscribed to it by an alias
     canonical: str = ""
+    # the content digest of what was sent (None when the client declared a version)
+    digest: bytes | None = None
 
     @classmethod
     def of(cls, resource: CachedResource, subscribed_as: str = "") -> Held:
         canonical = resource.name if subscribed_as and subscribed_as != resource.name else ""
-        return cls(resource.version, resource.variant_key, resource.resource_name, canonical)
+        return cls(resource.version, resource.variant_key, resource.resource_name, canonical,
+                   resource.digest)
 
     def is_current(self, resource: CachedResource) -> bool:
-        """Whether the client already has exactly this variant at this version.
+        """Whether the client already has exactly this variant, content and version.
 
-        A version the client declared (no variant known) vouches only for a
-        resource without variants: variants of one name may share a version,
-        and the client may hold another one than its parameters now select.
+        New content is an update even under the same version string. A
+        version the client declared (no variant or content known) vouches
+        only for a resource without variants: variants of one name may share
+        a version, and the client may hold another one than its parameters
+        now select.
         """
         if self.version != resource.version:
+            return False
+        if self.digest is not None and self.digest != resource.digest:
             return False
         if self.variant_key is None:
             return resource.constraints is UNCONSTRAINED

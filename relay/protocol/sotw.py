@@ -49,13 +49,19 @@ class SotwResponsePlan:
 
 
 def state_version(held: dict[str, Held]) -> str:
-    """A digest of what the client holds: the ``version_info`` of a client state."""
+    """A digest of what the client holds: the ``version_info`` of a client state.
+
+    It covers each resource's content digest too, so that new content under
+    an unchanged origin version still changes ``version_info``.
+    """
     digest = hashlib.blake2b(digest_size=8)
     for name in sorted(held):
         entry = held[name]
         for part in (name, entry.version, entry.variant_key or ""):
             digest.update(part.encode())
             digest.update(b"\0")
+        digest.update(entry.digest or b"")
+        digest.update(b"\0")
     return digest.hexdigest()
 
 

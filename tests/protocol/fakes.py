@@ -23,10 +23,14 @@ class FakeView:
         for name, version in versions.items():
             self.set(name, version)
 
-    def set(self, name: str, version: str) -> None:
+    def set(self, name: str, version: str, body: bytes = b"") -> None:
+        """Create or change ``name``; ``body`` stands for its content."""
         self._absent.discard(name)
-        self._resources[name] = CachedResource(
-            self.type_url, name, version, discovery_pb2.Resource(name=name, version=version))
+        resource = discovery_pb2.Resource(name=name, version=version)
+        if body:
+            resource.resource.type_url = self.type_url
+            resource.resource.value = body
+        self._resources[name] = CachedResource(self.type_url, name, version, resource)
 
     def delete(self, name: str) -> None:
         self._resources.pop(name, None)

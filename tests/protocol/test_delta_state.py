@@ -228,3 +228,29 @@ def test_changes_behind_an_unanswered_response_are_counted_as_coalesced() -> Non
     # first change supersedes nothing.
     state.on_request(Req(type_url=CLUSTER, resource_names_subscribe=["c"]))
     assert state.resources_changed(frozenset({"c"}), everything=False) == 0
+
+
+def test_invariant_7_new_content_under_an_unchanged_version_is_sent() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1")
+    state.on_request(Req(type_url=ENDPOINT, resource_names_subscribe=["a"]))
+    plan = state.next_response(view, nonces)
+    assert plan is not None
+    state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce))
+    view.set("a", "1", body=b"\x0a\x01x")  # the origin changed it but not its version
+    state.resources_changed(frozenset({"a"}), False)
+    plan = state.next_response(view, nonces)
+    assert plan is not None and [r.name for r in plan.resources] == ["a"]
+    state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce))
+    view.set("a", "1", body=b"\x0a\x01x")  # a resend of the same: nothing to send
+    state.resources_changed(frozenset({"a"}), False)
+    assert state.next_response(view, nonces) is None
+
+
+def test_invariant_5_a_declared_version_vouches_for_whatever_content_it_names() -> None:
+    # A reconnecting client declares versions only: an equal one is trusted
+    # (derived versions name their content; an origin's are its word).
+    state, view, nonces = setup(ENDPOINT, a="1")
+    view.set("a", "1", body=b"\x0a\x01y")
+    state.on_request(Req(type_url=ENDPOINT, resource_names_subscribe=["a"],
+                         initial_resource_versions={"a": "1"}))
+    assert state.next_response(view, nonces) is None

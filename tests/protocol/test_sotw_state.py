@@ -70,7 +70,8 @@ def test_invariant_15_version_changes_with_content_and_is_deterministic() -> Non
     state, view, nonces = setup(a="1")
     state.on_request(Req(type_url=CLUSTER))
     first = state.next_response(view, nonces)
-    assert first is not None and first.version_info == state_version({"a": Held("1", "")})
+    held = Held.of(first.resources[0]) if first is not None else None
+    assert first is not None and first.version_info == state_version({"a": held})
     state.on_request(Req(type_url=CLUSTER, response_nonce=first.nonce))
     view.set("a", "2")
     state.resources_changed(frozenset({"a"}), False)
@@ -179,3 +180,17 @@ def test_wildcard_cluster_with_nothing_cached_gets_empty_answer_once_synced() ->
     view.synced = True
     plan = state.next_response(view, nonces)
     assert plan is not None and plan.resources == []
+
+
+def test_invariant_15_new_content_under_an_unchanged_version_changes_version_info() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER))
+    first = state.next_response(view, nonces)
+    assert first is not None
+    state.on_request(Req(type_url=CLUSTER, response_nonce=first.nonce,
+                         version_info=first.version_info))
+    view.set("a", "1", body=b"\x0a\x01x")
+    state.resources_changed(frozenset({"a"}), False)
+    second = state.next_response(view, nonces)
+    assert second is not None and names(second) == ["a"]
+    assert second.version_info != first.version_info
