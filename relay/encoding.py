@@ -43,3 +43,39 @@ def encode_sotw_response(head: discovery_pb2.DiscoveryResponse,
     """``head`` (everything but ``resources``) plus pre-encoded resource entries."""
     fields: bytes = head.SerializeToString()
     return fields + b"".join(entries)
+
+
+# -- sizes, for keeping requests under a peer's message limit ------------------
+
+
+def varint_size(value: int) -> int:
+    """Bytes of ``value`` as a protobuf varint."""
+    size = 1
+    while value >= 0x80:
+        value >>= 7
+        size += 1
+    return size
+
+
+def field_size(payload: int) -> int:
+    """Bytes of one length-delimited field of ``payload`` bytes (field number < 16)."""
+    return 1 + varint_size(payload) + payload
+
+
+def text_size(text: str) -> int:
+    """Bytes of ``text`` as a repeated string entry (``resource_names_*``)."""
+    return field_size(len(text.encode()))
+
+
+def pair_size(key: str, value: str) -> int:
+    """Bytes of one ``map<string, string>`` entry (both fields counted, even if empty)."""
+    return field_size(text_size(key) + text_size(value))
+
+
+def locator_size(name: str, params: Iterable[tuple[str, str]]) -> int:
+    """Bytes of a resource locator in a request: a plain name without parameters,
+    a ``ResourceLocator`` (name and ``dynamic_parameters``) with them."""
+    pairs = list(params)
+    if not pairs:
+        return text_size(name)
+    return field_size(text_size(name) + sum(pair_size(k, v) for k, v in pairs))

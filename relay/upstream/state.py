@@ -10,6 +10,18 @@ needs it with (none for a plain name). The relay subscribes the distinct
 locators its clients use, except where a cached variant, obtained through a
 locator already subscribed, also answers the new parameters: that client is
 served from cache with no upstream round trip.
+
+After a reconnect the cache may hold resources the origin deleted while the
+relay was away. An origin that honours ``initial_resource_versions`` says so
+with removals; one that ignores them (istiod) resends everything it has and
+says nothing of the rest. So each cached variant must be either declared to
+an origin that honours declarations, or confirmed on the new stream (resent,
+heartbeated or reported in error); once the origin has answered the
+resubscription (``answer_grace`` after it, as for :meth:`UpstreamState._settle`),
+the rest is removed. Which kind the origin is comes from the
+``initial_versions`` setting, or, with ``auto``, from what it does: sending a
+resource without a version (it cannot compare versions), or resending one the
+relay declared it holds unchanged, shows that it ignores them.
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
@@ -34,6 +46,7 @@ from relay.constraints import (
 )
 from relay.resource import CachedResource
 from relay.subscriptions import Interest, SubscriptionIndex
+from relay.upstream.requests import Split, SubscriptionChange, split_requests
 from relay.xds_types import WILDCARD, message_class, short_name
 
 log = logging.getLogger("relay.upstream")
@@ -41,6 +54,13 @@ log = logging.getLogger("relay.upstream")
 # The generated messages carry no type information; this names what flows.
 Request: TypeAlias = Any  # discovery_pb2.DeltaDiscoveryRequest
 Locators = dict[str, set[Params]]
+# What the origin does with initial_resource_versions (see the module docstring).
+InitialVersions = Literal["auto", "honoured", "ignored"]
+
+# gRPC's default receive limit is 4 MiB; a quarter of it leaves room.
+DEFAULT_MAX_REQUEST_SIZE = 1024 * 1024
+# A NACK's reason quotes names from the response; keep it readable and small.
+_MAX_NACK_MESSAGE = 2048
 
 
 class UnusableResponse(Exception):
@@ -73,6 +93,29 @@ class _TypeSubscription:
     wildcard: bool = False
 
 
+@dataclass
+class _Resync:
+    """A type's cache as it stood when a new stream opened, until the origin confirms it."""
+
+    # (name, variant key) of every variant cached when the stream opened
+    cached: set[tuple[str, str]]
+    # initial_resource_versions sent, by name
+    declared: dict[str, str]
+    # names subscribed by name: an origin resends these whatever it was told
+    explicit: frozenset[str]
+    confirmed: set[tuple[str, str]] = field(default_factory=set)
+    # names the origin reported errors for: what is cached of them stays
+    erred: set[str] = field(default_factory=set)
+    # when the first response of the type arrived on the stream
+    answered_at: float | None = None
+
+    def due(self, grace: float) -> float | None:
+        """When to reconcile: ``grace`` after the origin's first answer, for the
+        rest of its answer (to a subscription split over several requests) to
+        arrive."""
+        return None if self.answered_at is None else self.answered_at + grace
+
+
 # How long after subscribing a locator a response must arrive for the relay to
 # take it as the origin's answer (see UpstreamState._settle): more than the time
 # an origin takes to read a request, less than a client's patience. The
@@ -84,12 +127,19 @@ class UpstreamState:
     """Subscription and ACK bookkeeping for the one origin stream."""
 
     def __init__(self, node: base_pb2.Node, cache: ResourceCache, index: SubscriptionIndex,
-                 linger: float = 0.0, answer_grace: float = SETTLE_GRACE) -> None:
+                 linger: float = 0.0, answer_grace: float = SETTLE_GRACE,
+                 max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
+                 initial_versions: InitialVersions = "auto") -> None:
         self.node = node
         self.answer_grace = answer_grace
         self.cache = cache
         self.index = index
         self.linger = linger
+        self.max_request_size = max_request_size
+        self.initial_versions: InitialVersions = initial_versions
+        # types whose origin showed that it ignores initial_resource_versions
+        self._ignores_declarations: set[str] = set()
+        self._resync: dict[str, _Resync] = {}
         self.connected = False
         self._node_sent = False
         self._subscribed: dict[str, _TypeSubscription] = {}
@@ -120,6 +170,7 @@ class UpstreamState:
         self._subscribed = {}
         self._unsettled = {}
         self._settling = {}
+        self._resync = {}
         requests = []
         types = set(self.index.wanted_types()) | {t for t, _, _ in self._lingering}
         for type_url in sorted(types):
@@ -134,18 +185,22 @@ class UpstreamState:
                 found = self.cache.variants(type_url, name)
                 if isinstance(found, Mapping) and len(found) == 1:
                     initial[name] = next(iter(found.values())).version
+            cached = list(self.cache.resources(type_url))
             if wildcard:
-                initial.update({r.name: r.version for r in self.cache.resources(type_url)
+                initial.update({r.name: r.version for r in cached
                                 if r.name not in initial and r.name not in target})
-            request = self._request(type_url, initial_versions=initial)
-            _add_locators(request, target, subscribe=True)
-            if wildcard:
-                request.resource_names_subscribe.append(WILDCARD)
-            requests.append(request)
+            split = self._split(SubscriptionChange(
+                type_url, target, wildcard=True if wildcard else None, initial_versions=initial))
+            requests.extend(split.requests)
+            if cached:
+                self._resync[type_url] = _Resync(
+                    {(r.name, r.variant_key) for r in cached}, split.declared,
+                    frozenset(target))
         return requests
 
     def on_disconnect(self) -> None:
         self.connected = False
+        self._resync = {}
 
     # -- interest -----------------------------------------------------------
 
@@ -181,14 +236,14 @@ class UpstreamState:
         if not fresh:
             return []
         asking.update(fresh)
-        request = self._request(type_url)
-        _add_locators(request, fresh, subscribe=True)
-        return [request]
+        return self._split(SubscriptionChange(type_url, fresh)).requests
 
     def on_tick(self, now: float) -> list[Request]:
-        """Drop lingering subscriptions whose time is up; settle what is due."""
+        """Drop lingering subscriptions whose time is up; settle and reconcile what is due."""
         for type_url in list(self._settling):
             self._settle_due(type_url, now)
+        for type_url in list(self._resync):
+            self._finish_resync_if_due(type_url, now)
         due = sorted({t for (t, _, _), deadline in self._lingering.items() if deadline <= now})
         requests = []
         for type_url in due:
@@ -197,7 +252,9 @@ class UpstreamState:
 
     def next_deadline(self) -> float | None:
         return min((*self._lingering.values(),
-                    *(t for due in self._settling.values() for t in due.values())),
+                    *(t for due in self._settling.values() for t in due.values()),
+                    *(due for r in self._resync.values()
+                      if (due := r.due(self.answer_grace)) is not None)),
                    default=None)
 
     def _settle(self, type_url: str, now: float) -> None:
@@ -282,16 +339,12 @@ class UpstreamState:
         sub.wildcard = wildcard
         if not sub.locators and not sub.wildcard:
             del self._subscribed[type_url]
+            self._resync.pop(type_url, None)
         if not self.connected or not (subscribe or unsubscribe or was_wildcard != wildcard):
             return []
-        request = self._request(type_url)
-        _add_locators(request, subscribe, subscribe=True)
-        _add_locators(request, unsubscribe, subscribe=False)
-        if wildcard and not was_wildcard:
-            request.resource_names_subscribe.append(WILDCARD)
-        if was_wildcard and not wildcard:
-            request.resource_names_unsubscribe.append(WILDCARD)
-        return [request]
+        return self._split(SubscriptionChange(
+            type_url, subscribe, unsubscribe,
+            wildcard=None if was_wildcard == wildcard else wildcard)).requests
 
     def _forget(self, type_url: str, name: str, kept: set[Params], dropped: set[Params],
                 wildcard: bool, still_subscribed: set[str]) -> None:
@@ -340,14 +393,66 @@ class UpstreamState:
                    or self.cache.aliases_of(type_url, n) & sub.locators.keys()]
         errors = [e for e in response.resource_errors
                   if sub.wildcard or e.resource_name.name in sub.locators]
+        beats = [b for b in heartbeats if sub.wildcard or b[0] in sub.locators]
+        self._learn_declarations(type_url, wanted)
         self.cache.apply(type_url, wanted, removed, removed_variants,
                          complete=True if sub.wildcard else None, errors=errors)
-        self.cache.heartbeat(type_url, [b for b in heartbeats
-                                        if sub.wildcard or b[0] in sub.locators])
+        self.cache.heartbeat(type_url, beats)
+        resync = self._resync.get(type_url)
+        if resync is not None:
+            if resync.answered_at is None:
+                resync.answered_at = now
+            resync.confirmed.update((r.name, r.variant_key) for r in wanted)
+            resync.confirmed.update((name, key) for name, key, _ in beats)
+            resync.erred.update(e.resource_name.name for e in errors)
+            self._finish_resync_if_due(type_url, now)
         self._settle(type_url, now)
         self._refetching.pop(type_url, None)
         # Variants changed: a client answered from cache may need its own locator.
         return [ack, *self._sync_type(type_url, now)]
+
+    def _learn_declarations(self, type_url: str, resources: list[CachedResource]) -> None:
+        """With ``initial_versions: auto``, notice an origin that ignores them."""
+        if self.initial_versions != "auto" or type_url in self._ignores_declarations:
+            return
+        resync = self._resync.get(type_url)
+        for resource in resources:
+            if resource.derived_version:
+                why = "it sends resources without a version"
+            elif resync is not None and resource.name not in resync.explicit and \
+                    resync.declared.get(resource.name) == resource.version:
+                why = f"it resent {resource.name!r}, declared unchanged"
+            else:
+                continue
+            self._ignores_declarations.add(type_url)
+            log.info("origin ignores initial_resource_versions for %s (%s): after a reconnect, "
+                     "what it does not resend is taken as removed", short_name(type_url), why)
+            return
+
+    def trusts_declarations(self, type_url: str) -> bool:
+        """Whether the origin is taken to honour initial_resource_versions for this type."""
+        return self.initial_versions == "honoured" or (
+            self.initial_versions == "auto" and type_url not in self._ignores_declarations)
+
+    def _finish_resync_if_due(self, type_url: str, now: float) -> None:
+        """Once the origin has answered a new stream: remove what it no longer has."""
+        resync = self._resync.get(type_url)
+        due = None if resync is None else resync.due(self.answer_grace)
+        if resync is None or due is None or now < due:
+            return
+        del self._resync[type_url]
+        trusted = self.trusts_declarations(type_url)
+        gone = []
+        for name, key in resync.cached - resync.confirmed:
+            if name in resync.erred or (trusted and name in resync.declared):
+                continue
+            found = self.cache.variants(type_url, name)
+            if isinstance(found, Mapping) and key in found:
+                gone.append((name, key))
+        if gone:
+            log.info("origin no longer has %d %s resource(s) cached before the reconnect: "
+                     "removing them", len(gone), short_name(type_url))
+            self.cache.apply(type_url, [], removed_variants=sorted(gone))
 
     def _check(self, response: discovery_pb2.DeltaDiscoveryResponse
                ) -> tuple[list[CachedResource], list[tuple[str, str]],
@@ -390,8 +495,7 @@ class UpstreamState:
                 except message.DecodeError as error:
                     raise UnusableResponse(
                         f"resource {name!r} cannot be decoded as {type_url}: {error}") from None
-            upserts.append(CachedResource(type_url, name, resource.version, resource,
-                                          constraints))
+            upserts.append(CachedResource.from_origin(type_url, name, resource, constraints))
         removed_variants = []
         for removed in response.removed_resource_names:
             try:
@@ -416,12 +520,12 @@ class UpstreamState:
                     f"constraints: {error}") from None
         return upserts, removed_variants, heartbeats
 
-    def _request(self, type_url: str, *, initial_versions: dict[str, str] | None = None,
-                 nonce: str = "", error: str | None = None) -> Request:
-        request = discovery_pb2.DeltaDiscoveryRequest(
-            type_url=type_url, initial_resource_versions=initial_versions or {},
-            response_nonce=nonce)
+    def _request(self, type_url: str, *, nonce: str = "", error: str | None = None) -> Request:
+        """An ACK, or a NACK with ``error`` as its reason."""
+        request = discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=nonce)
         if error is not None:
+            if len(error) > _MAX_NACK_MESSAGE:
+                error = error[:_MAX_NACK_MESSAGE] + "..."
             request.error_detail.CopyFrom(
                 status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=error))
         if not self._node_sent:
@@ -429,16 +533,9 @@ class UpstreamState:
             self._node_sent = True
         return request
 
-
-def _add_locators(request: Request, locators: Locators, subscribe: bool) -> None:
-    """Plain names for locators without parameters, ResourceLocators otherwise."""
-    names = request.resource_names_subscribe if subscribe else \
-        request.resource_names_unsubscribe
-    located = request.resource_locators_subscribe if subscribe else \
-        request.resource_locators_unsubscribe
-    for name in sorted(locators):
-        for params in sorted(locators[name], key=_params_order):
-            if params:
-                located.add(name=name, dynamic_parameters=dict(params))
-            else:
-                names.append(name)
+    def _split(self, change: SubscriptionChange) -> Split:
+        """A subscription change as requests the origin can read (the node in the first)."""
+        split = split_requests(change, self.max_request_size,
+                               None if self._node_sent else self.node)
+        self._node_sent = True
+        return split
