@@ -26,6 +26,8 @@ from relay.subscriptions import SubscriptionIndex
 from relay.telemetry import new_metrics, prometheus_provider
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
+from relay.upstream.dial import Dialer, OriginTLS
+from relay.upstream.requests import max_locator_size
 from relay.upstream.state import UpstreamState
 
 if TYPE_CHECKING:
@@ -46,7 +48,9 @@ _SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_concurrent_streams", 1_000_000),
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # A response is as large as what clients subscribe to: as large as the
+    # origin's own (istiod's CDS runs to many MB). Clients set their own limits.
+    ("grpc.max_send_message_length", -1),
     # New streams wait in gRPC's queue until the event loop takes them, one per
     # turn. When thousands of clients reconnect at once (a relay restart),
     # gRPC's defaults (1000, hard limit 3000) cancel the excess with a bare
@@ -54,6 +58,25 @@ _SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.server.max_pending_requests", 20_000),
     ("grpc.server.max_pending_requests_hard_limit", 50_000),
 ]
+
+
+def dialer(config: RelayConfig) -> Dialer:
+    """How to reach the origin of ``config`` (which has an ``upstream.address``)."""
+    upstream = config.upstream
+    assert upstream.address is not None
+    tls = upstream.tls
+    if upstream.token_file is not None and tls is None:
+        log.warning("upstream.token_file is set without upstream.tls: the token goes to the "
+                    "origin in clear text")
+    return Dialer(
+        str(upstream.address),
+        tls=None if tls is None else OriginTLS(tls.ca_file, tls.cert_file, tls.key_file,
+                                               tls.server_name),
+        token_file=upstream.token_file,
+        initial_metadata=tuple(upstream.initial_metadata.items()),
+        keepalive_time=upstream.keepalive.time, keepalive_timeout=upstream.keepalive.timeout,
+        max_response_size=upstream.max_response_size,
+        connect_timeout=upstream.connect_timeout)
 
 
 def drain_schedule(count: int, period: float) -> list[float]:
@@ -92,12 +115,13 @@ class Relay:
             self.files = FileSource(upstream.files, self.cache, upstream.poll_interval,
                                     self.metrics)
         else:
-            assert upstream.address is not None
             state = UpstreamState(node_proto(config), self.cache, self.index, upstream.linger,
-                                  upstream.answer_grace)
+                                  upstream.answer_grace, upstream.max_request_size,
+                                  upstream.initial_versions)
             self.upstream = UpstreamClient(
-                str(upstream.address), state,
+                dialer(config), state,
                 Backoff(upstream.backoff.initial, upstream.backoff.max), self.metrics)
+            self.serving.max_locator_size = max_locator_size(upstream.max_request_size)
         self._observe_state()
         self.health = Health()
         self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,

@@ -44,17 +44,20 @@ __all__ = [
     "AdminConfig",
     "BackoffConfig",
     "ConfigError",
+    "KeepaliveConfig",
     "Locality",
     "LoggingConfig",
     "NodeConfig",
     "RelayConfig",
     "ServerConfig",
     "UpstreamConfig",
+    "UpstreamTLSConfig",
     "load_config",
     "node_proto",
     "parse_address",
     "parse_config",
     "parse_duration",
+    "parse_size",
 ]
 
 USER_AGENT_NAME = "xds-relay"
@@ -301,6 +304,99 @@ def _validate_directory(value: object) -> Path:
     return path
 
 
+def _validate_file(value: object) -> Path:
+    """A readable, non-empty file (relative paths from the working directory)."""
+    if isinstance(value, Path):
+        raw = value
+    elif isinstance(value, str):
+        if not value:
+            raise ValueError("must not be empty")
+        raw = Path(value)
+    else:
+        raise ValueError(f"expected a file path, got {_kind(value)}")
+    # Absolute, but symlinks kept: Kubernetes mounts secrets, tokens and
+    # ConfigMaps through a symlink that it repoints when it rotates them.
+    path = Path(os.path.abspath(raw))
+    try:
+        content = path.read_bytes()
+    except IsADirectoryError:
+        raise ValueError(f"not a file: {path}") from None
+    except OSError as error:
+        problem = "file not found" if isinstance(error, FileNotFoundError) else \
+            f"cannot read file ({error.strerror or error})"
+        raise ValueError(f"{problem}: {path}") from None
+    if not content.strip():
+        raise ValueError(f"file is empty: {path}")
+    return path
+
+
+def _pem_validator(marker: str, what: str) -> Any:
+    """A validator of a readable file holding at least one PEM block of ``marker``."""
+    def validate(value: object) -> Path:
+        path = _validate_file(value)
+        text = path.read_bytes()
+        if not re.search(rb"-----BEGIN [A-Z ]*" + marker.encode() + rb"-----", text):
+            raise ValueError(f"not a PEM {what}: {path} (expected a '-----BEGIN "
+                             f"...{marker}-----' block)")
+        return path
+    return validate
+
+
+_SIZE = re.compile(r"^([0-9]+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?$")
+_SIZE_UNITS = {None: 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3,
+               "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+# gRPC message sizes are signed 32-bit: 2GiB means as large as gRPC allows.
+_MAX_MESSAGE_SIZE = 2**31 - 1
+
+
+def parse_size(value: object) -> int:
+    """Bytes from a size: a number of bytes, or a string such as ``64KiB``,
+    ``4MiB``, ``2GiB`` (binary) or ``1MB`` (decimal)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"expected a size such as 4MiB or a number of bytes, got {_kind(value)}")
+    match = _SIZE.match(str(value).strip())
+    if match is None:
+        raise ValueError(f"invalid size {value!r}: expected e.g. 65536, 64KiB, 4MiB or 2GiB")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def _message_size_validator(minimum: int) -> Any:
+    def validate(value: object) -> int:
+        size = parse_size(value)
+        if size < minimum:
+            raise ValueError(f"must be at least {minimum} bytes, got {value!r}")
+        if size > _MAX_MESSAGE_SIZE + 1:
+            raise ValueError(f"must be at most 2GiB (gRPC's limit), got {value!r}")
+        return min(size, _MAX_MESSAGE_SIZE)
+    return validate
+
+
+# gRPC metadata keys: lowercase, and not gRPC's own or HTTP/2 pseudo-headers.
+_METADATA_KEY = re.compile(r"^[a-z0-9_.-]+$")
+
+
+def _validate_initial_metadata(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of header names to strings, got {_kind(value)}")
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not _METADATA_KEY.match(key):
+            raise ValueError(f"{key!r}: header names are lowercase letters, digits, '-', '_' "
+                             "and '.'")
+        if key.startswith("grpc-") or key.endswith("-bin"):
+            raise ValueError(f"{key!r}: grpc- headers are gRPC's own, and binary (-bin) "
+                             "headers are not supported")
+        if not isinstance(item, str | int | float) or isinstance(item, bool):
+            raise ValueError(f"{key}: expected a string, got {_kind(item)}")
+        text = str(item)
+        if not all(" " <= ch <= "~" for ch in text):
+            raise ValueError(f"{key}: header values are printable ASCII")
+        out[key] = text
+    return out
+
+
 def _check_json_like(value: object, where: str) -> None:
     """Reject what a protobuf Struct cannot hold (YAML dates, binary, ...)."""
     if value is None or isinstance(value, str | bool | int | float):
@@ -336,6 +432,13 @@ AddressField = Annotated[Address, PlainValidator(_validate_address)]
 DurationField = Annotated[float, PlainValidator(_validate_duration)]
 PositiveDurationField = Annotated[float, PlainValidator(_validate_positive_duration)]
 DirectoryField = Annotated[Path, PlainValidator(_validate_directory)]
+FileField = Annotated[Path, PlainValidator(_validate_file)]
+CertificateFileField = Annotated[Path, PlainValidator(_pem_validator("CERTIFICATE",
+                                                                     "certificate"))]
+KeyFileField = Annotated[Path, PlainValidator(_pem_validator("PRIVATE KEY", "private key"))]
+RequestSizeField = Annotated[int, PlainValidator(_message_size_validator(16 * 1024))]
+ResponseSizeField = Annotated[int, PlainValidator(_message_size_validator(64 * 1024))]
+HeadersField = Annotated[dict[str, str], PlainValidator(_validate_initial_metadata)]
 MetadataField = Annotated[dict[str, Any], PlainValidator(_validate_metadata)]
 
 
@@ -400,6 +503,39 @@ class BackoffConfig(_Section):
         return self
 
 
+class UpstreamTLSConfig(_Section):
+    """TLS to the origin: its CA, the name on its certificate, a client certificate."""
+
+    # PEM roots to trust (istiod: the istio-ca-root-cert ConfigMap); default: the system's
+    ca_file: CertificateFileField | None = None
+    # the name the origin's certificate is checked against, if not the address's host
+    server_name: str | None = None
+    # a client certificate and its key (mTLS), both or neither
+    cert_file: CertificateFileField | None = None
+    key_file: KeyFileField | None = None
+
+    @field_validator("server_name")
+    @classmethod
+    def _dns_name(cls, value: str | None) -> str | None:
+        if value is not None and not _is_dns_name(value):
+            raise ValueError(f"{value!r} is not a DNS name")
+        return value
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> UpstreamTLSConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("set both cert_file and key_file, or neither")
+        return self
+
+
+class KeepaliveConfig(_Section):
+    """HTTP/2 keepalive pings on the origin connection."""
+
+    # istiod closes connections that ping more often than every 15 s
+    time: PositiveDurationField = 30.0
+    timeout: PositiveDurationField = 10.0
+
+
 class UpstreamConfig(_Section):
     """Where resources come from: an origin control plane or a directory."""
 
@@ -412,11 +548,37 @@ class UpstreamConfig(_Section):
     # the origin's answer (it may have crossed the subscription on the wire).
     # Clients whose parameters match no variant are told after this long.
     answer_grace: DurationField = 0.5
+    tls: UpstreamTLSConfig | None = None
+    # a token file (re-read at every connect) sent as `authorization: Bearer <token>`
+    token_file: FileField | None = None
+    # extra gRPC request metadata, e.g. istiod's clusterid
+    initial_metadata: HeadersField = Field(default_factory=dict)
+    keepalive: KeepaliveConfig = KeepaliveConfig()
+    connect_timeout: PositiveDurationField = 5.0
+    # the largest origin response accepted (istiod's CDS can be many MB)
+    max_response_size: ResponseSizeField = _MAX_MESSAGE_SIZE
+    # requests to the origin are split to stay under this (a gRPC server
+    # refuses messages over 4 MiB unless configured otherwise)
+    max_request_size: RequestSizeField = 1024 * 1024
+    # whether the origin honours initial_resource_versions after a reconnect
+    # (sends removals, omits what is unchanged) or ignores them and resends
+    # everything (istiod); auto tells from what it does
+    initial_versions: Literal["auto", "honoured", "ignored"] = "auto"
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> UpstreamConfig:
         if (self.address is None) == (self.files is None):
             raise ValueError("set exactly one of 'address' or 'files'")
+        if self.files is not None and (self.tls or self.token_file or self.initial_metadata):
+            raise ValueError("tls, token_file and initial_metadata are for an origin at "
+                             "'address', not for 'files'")
+        return self
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> UpstreamConfig:
+        if self.token_file is not None and "authorization" in self.initial_metadata:
+            raise ValueError("initial_metadata.authorization and token_file both set the "
+                             "authorization header; keep one")
         return self
 
 
@@ -739,6 +901,19 @@ upstream:                       # required: exactly one of address or files
   backoff: {initial: 0.5s, max: 30s}   # reconnect backoff; durations: 500ms 1.5s 2m 1h
   linger: 0s                    # keep an upstream subscription this long after its last client
   answer_grace: 500ms           # a response sooner than this after a subscription may not answer it
+  # tls:                        # TLS to the origin (istiod's secured port 15012)
+  #   ca_file: /var/run/secrets/istio/root-cert.pem   # PEM roots; default: the system's
+  #   server_name: istiod.istio-system.svc            # checked against the origin's certificate
+  #   cert_file: /etc/xds-relay/tls/cert.pem          # optional client certificate (mTLS) ...
+  #   key_file: /etc/xds-relay/tls/key.pem            # ... and its key
+  # token_file: /var/run/secrets/tokens/istio-token # re-read at every connect; sent as Bearer
+  initial_metadata: {}          # extra gRPC headers, e.g. {clusterid: Kubernetes} for istiod
+  keepalive: {time: 30s, timeout: 10s}   # istiod refuses pings more often than every 15 s
+  connect_timeout: 5s           # TCP + TLS + HTTP/2 handshake, before an attempt counts as failed
+  max_response_size: 2GiB       # largest origin response accepted (gRPC's limit)
+  max_request_size: 1MiB        # larger subscriptions are split into several requests
+  initial_versions: auto        # does the origin honour initial_resource_versions? auto,
+                                # honoured or ignored (istiod ignores them)
 admin:
   address: 127.0.0.1:19000      # /ready /healthz /config_dump /metrics
 logging:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -355,26 +355,33 @@ class Stack:
 
 
 def relay_config(upstream_port: int, linger: str = "0s", backoff: str = "0.05s",
-                 answer_grace: str = "0.5s") -> str:
+                 answer_grace: str = "0.5s", upstream: str = "", node: str = "") -> str:
+    """A relay following the origin on ``upstream_port``; ``upstream`` adds
+    lines to the upstream section and ``node`` keys to the node (YAML flow)."""
+    upstream_lines = "".join(f"\n  {line}" for line in upstream.strip().splitlines())
+    node_keys = f", {node}" if node else ""
     return f"""
-node: {{id: relay-test, cluster: xds-relay}}
+node: {{id: relay-test, cluster: xds-relay{node_keys}}}
 server: {{address: "127.0.0.1:0"}}
 admin: {{address: "127.0.0.1:0"}}
 upstream:
   address: "127.0.0.1:{upstream_port}"
   linger: {linger}
   answer_grace: {answer_grace}
-  backoff: {{initial: {backoff}, max: 0.5s}}
+  backoff: {{initial: {backoff}, max: 0.5s}}{upstream_lines}
 """
 
 
 @contextlib.asynccontextmanager
-async def running_stack(origin: ScriptedOrigin | None = None, **config: str
-                        ) -> AsyncIterator[Stack]:
+async def running_stack(origin: Any = None, *, channel_options: Sequence[tuple[str, Any]] = (),
+                        **config: str) -> AsyncIterator[Stack]:
+    """``origin`` (a :class:`ScriptedOrigin` unless given) started, a relay
+    following it (``config``: see :func:`relay_config`) and a channel to it."""
     origin = await (origin or ScriptedOrigin()).start()
     relay = Relay(parse_config(relay_config(origin.port, **config)))
     await relay.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}",
+                                        options=list(channel_options))
     stack = Stack(origin, relay, channel)
     try:
         yield stack

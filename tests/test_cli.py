@@ -189,3 +189,13 @@ upstream: {{address: "127.0.0.1:{origin.port}"}}
         proc.terminate()
         await proc.wait()
         await origin.stop()
+
+
+def test_validate_names_a_missing_origin_certificate(tmp_path: Path) -> None:
+    config = tmp_path / "relay.yaml"
+    config.write_text("node: {id: x}\nupstream:\n  address: istiod.istio-system.svc:15012\n"
+                      "  tls: {ca_file: /var/run/secrets/istio/root-cert.pem}\n")
+    result = xds_relay("validate", "--config", str(config))
+    assert result.returncode == 1
+    assert (f"{config}:4: upstream.tls.ca_file: file not found: "
+            "/var/run/secrets/istio/root-cert.pem") in result.stderr

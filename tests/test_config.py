@@ -224,7 +224,9 @@ def test_misspelt_upstream_key_message() -> None:
         """)
     assert err.line == 9 and err.field == "upstream.adress"
     assert str(err) == ("relay.yaml:9: upstream.adress: unknown key "
-                        "(allowed: address, files, poll_interval, backoff, linger, answer_grace)")
+                        "(allowed: address, files, poll_interval, backoff, linger, answer_grace, "
+                        "tls, token_file, initial_metadata, keepalive, connect_timeout, "
+                        "max_response_size, max_request_size, initial_versions)")
 
 
 # --------------------------------------------------------------------------- required fields
@@ -613,3 +615,183 @@ def test_batch_window_is_a_duration_defaulting_to_5ms() -> None:
     assert cfg.server.batch_window == 0.0
     err = config_error('node: {id: a}\nserver: {batch_window: -1s}\nupstream: {address: "a:1"}\n')
     assert err.field == "server.batch_window" and err.line == 2
+
+
+# --------------------------------------------------------------------------- the origin's security
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, Path]:
+    """PEM files as istiod deployments have them, and a token."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("xds-relay.xds-relay.svc")
+    files = {"ca": tmp_path / "root-cert.pem", "cert": tmp_path / "cert.pem",
+             "key": tmp_path / "key.pem", "token": tmp_path / "istio-token",
+             "text": tmp_path / "notes.txt"}
+    files["ca"].write_bytes(ca.cert_pem.bytes())
+    files["cert"].write_bytes(cert.cert_chain_pems[0].bytes())
+    files["key"].write_bytes(cert.private_key_pem.bytes())
+    files["token"].write_text("eyJhbGciOiJSUzI1NiJ9.e30.c2ln\n")
+    files["text"].write_text("not a certificate\n")
+    return files
+
+
+def upstream_doc(lines: str) -> str:
+    body = textwrap.indent(textwrap.dedent(lines).strip(), "  ")
+    return f"node: {{id: relay-1}}\nupstream:\n  address: istiod.istio-system.svc:15012\n{body}\n"
+
+
+def upstream_error(lines: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse_config(upstream_doc(lines), "relay.yaml")
+    return info.value
+
+
+def test_istiod_upstream_settings_parse(pki: dict[str, Path]) -> None:
+    cfg = parse_config(upstream_doc(f"""
+        tls:
+          ca_file: {pki['ca']}
+          server_name: istiod.istio-system.svc
+          cert_file: {pki['cert']}
+          key_file: {pki['key']}
+        token_file: {pki['token']}
+        initial_metadata: {{clusterid: Kubernetes, x-zone: 7}}
+        keepalive: {{time: 45s, timeout: 5s}}
+        connect_timeout: 2s
+        max_response_size: 256MiB
+        max_request_size: 512KiB
+        initial_versions: ignored
+        """))
+    upstream = cfg.upstream
+    assert upstream.tls is not None
+    assert upstream.tls.ca_file == pki["ca"] and upstream.tls.key_file == pki["key"]
+    assert upstream.tls.server_name == "istiod.istio-system.svc"
+    assert upstream.token_file == pki["token"]
+    assert upstream.initial_metadata == {"clusterid": "Kubernetes", "x-zone": "7"}
+    assert (upstream.keepalive.time, upstream.keepalive.timeout) == (45.0, 5.0)
+    assert upstream.connect_timeout == 2.0
+    assert upstream.max_response_size == 256 * 1024 * 1024
+    assert upstream.max_request_size == 512 * 1024
+    assert upstream.initial_versions == "ignored"
+
+
+def test_upstream_defaults_suit_istiod() -> None:
+    upstream = parse_config(MINIMAL).upstream
+    assert upstream.tls is None and upstream.token_file is None
+    assert upstream.keepalive.time == 30.0  # istiod refuses pings more often than every 15 s
+    assert upstream.max_response_size == 2**31 - 1  # as istio-agent: gRPC's largest
+    assert upstream.max_request_size == 1024 * 1024  # well under gRPC's default 4 MiB
+    assert upstream.initial_versions == "auto"
+    assert upstream.connect_timeout == 5.0
+
+
+@pytest.mark.parametrize(("key", "value", "problem"), [
+    ("tls.ca_file", "{missing}", "file not found: {missing}"),
+    ("tls.ca_file", "{text}", "not a PEM certificate: {text} (expected a "
+                              "'-----BEGIN ...CERTIFICATE-----' block)"),
+    ("tls.cert_file", "{key}", "not a PEM certificate: {key} (expected a "
+                               "'-----BEGIN ...CERTIFICATE-----' block)"),
+    ("tls.key_file", "{cert}", "not a PEM private key: {cert} (expected a "
+                               "'-----BEGIN ...PRIVATE KEY-----' block)"),
+    ("tls.ca_file", "{dir}", "not a file: {dir}"),
+    ("token_file", "{missing}", "file not found: {missing}"),
+    ("token_file", "{empty}", "file is empty: {empty}"),
+])
+def test_a_missing_unreadable_or_non_pem_file_names_its_key(
+        pki: dict[str, Path], tmp_path: Path, key: str, value: str, problem: str) -> None:
+    (tmp_path / "empty").write_text("\n")
+    paths = {name: str(path) for name, path in pki.items()} | {
+        "missing": str(tmp_path / "nope.pem"), "dir": str(tmp_path),
+        "empty": str(tmp_path / "empty")}
+    value, problem = value.format(**paths), problem.format(**paths)
+    if key.startswith("tls."):
+        pair = {"cert_file": pki["cert"], "key_file": pki["key"]}
+        field = key.split(".", 1)[1]
+        pair[field] = Path(value)
+        body = "tls:\n" + "".join(f"  {k}: {v}\n" for k, v in pair.items())
+        if field == "ca_file":
+            body = f"tls:\n  ca_file: {value}\n"
+    else:
+        body = f"{key}: {value}\n"
+    err = upstream_error(body)
+    assert err.field == f"upstream.{key}"
+    assert err.problem == problem
+    assert err.line is not None and err.line >= 4
+
+
+def test_a_client_certificate_needs_its_key(pki: dict[str, Path]) -> None:
+    err = upstream_error(f"tls: {{cert_file: {pki['cert']}}}")
+    assert (err.field, err.problem) == ("upstream.tls", "set both cert_file and key_file, "
+                                                        "or neither")
+
+
+@pytest.mark.parametrize(("metadata", "problem"), [
+    ("{Clusterid: x}", "'Clusterid': header names are lowercase letters, digits, '-', '_' "
+                       "and '.'"),
+    ("{grpc-timeout: 1S}", "'grpc-timeout': grpc- headers are gRPC's own, and binary (-bin) "
+                           "headers are not supported"),
+    ("{token-bin: abc}", "'token-bin': grpc- headers are gRPC's own, and binary (-bin) "
+                         "headers are not supported"),
+    ("{clusterid: [a]}", "clusterid: expected a string, got list"),
+    ("[clusterid]", "expected a mapping of header names to strings, got list"),
+])
+def test_bad_initial_metadata_is_refused(metadata: str, problem: str) -> None:
+    err = upstream_error(f"initial_metadata: {metadata}")
+    assert (err.field, err.problem) == ("upstream.initial_metadata", problem)
+
+
+def test_a_token_file_and_an_authorization_header_conflict(pki: dict[str, Path]) -> None:
+    err = upstream_error(f"token_file: {pki['token']}\n"
+                         "initial_metadata: {authorization: Bearer x}")
+    assert err.problem == ("initial_metadata.authorization and token_file both set the "
+                           "authorization header; keep one")
+
+
+@pytest.mark.parametrize(("key", "value", "problem"), [
+    ("max_response_size", "3GiB", "must be at most 2GiB (gRPC's limit), got '3GiB'"),
+    ("max_response_size", "1KiB", "must be at least 65536 bytes, got '1KiB'"),
+    ("max_request_size", "lots", "invalid size 'lots': expected e.g. 65536, 64KiB, 4MiB or "
+                                 "2GiB"),
+    ("max_request_size", "true", "expected a size such as 4MiB or a number of bytes, got "
+                                 "boolean"),
+    ("initial_versions", "sometimes", "Input should be 'auto', 'honoured' or 'ignored'"),
+    ("connect_timeout", "0s", "must be greater than 0, got '0s'"),
+])
+def test_bad_upstream_sizes_and_modes_are_refused(key: str, value: str, problem: str) -> None:
+    err = upstream_error(f"{key}: {value}")
+    assert (err.field, err.problem) == (f"upstream.{key}", problem)
+
+
+def test_sizes_in_bytes_and_units() -> None:
+    from relay.config import parse_size
+
+    assert parse_size(65536) == parse_size("64KiB") == 65536
+    assert parse_size("4MiB") == 4 * 1024 * 1024
+    assert parse_size("1MB") == 1_000_000
+    assert parse_size("2GiB") == 2**31
+
+
+def test_origin_security_settings_need_an_origin_address(tmp_path: Path,
+                                                         pki: dict[str, Path]) -> None:
+    err = config_error(f"""
+        node: {{id: relay-1}}
+        upstream:
+          files: {tmp_path}
+          token_file: {pki['token']}
+        """)
+    assert err.field == "upstream"
+    assert err.problem == ("tls, token_file and initial_metadata are for an origin at "
+                           "'address', not for 'files'")
+
+
+def test_files_are_kept_at_the_path_given_not_where_a_symlink_points(tmp_path: Path) -> None:
+    # Kubernetes swaps a ..data symlink when it rotates a projected token.
+    data = tmp_path / "..2026_11_23"
+    data.mkdir()
+    (data / "istio-token").write_text("t1")
+    (tmp_path / "..data").symlink_to(data.name)
+    (tmp_path / "istio-token").symlink_to("..data/istio-token")
+    cfg = parse_config(upstream_doc(f"token_file: {tmp_path / 'istio-token'}"))
+    assert cfg.upstream.token_file == tmp_path / "istio-token"

@@ -22,7 +22,7 @@ from envoy.config.core.v3 import base_pb2
 
 from relay.cache import ResourceCache
 from relay.constraints import EMPTY_PARAMS, Params, params_of
-from relay.encoding import encode_delta_response, encode_sotw_response
+from relay.encoding import encode_delta_response, encode_sotw_response, locator_size, text_size
 from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
@@ -51,6 +51,9 @@ class ServingContext:
     metrics: Metrics
     view: CacheView
     batch_window: float = 0.0
+    # the largest resource locator (name and parameters, encoded) a client may
+    # subscribe to: what the relay can forward to its origin (None: no origin)
+    max_locator_size: int | None = None
     streams: set[DownstreamStream] = field(default_factory=set)
     # set when the relay drains: new streams are refused
     draining: bool = False
@@ -187,9 +190,38 @@ class DownstreamStream:
         type_url: str = request.type_url
         return type_url
 
+    def check_locator_sizes(self, request: Request) -> None:
+        """Refuse a name the relay could not forward to its origin.
+
+        The relay's subscription upstream carries every client's names; one
+        too large for a request to the origin would break that stream for
+        everyone, on every reconnect.
+        """
+        limit = self.serving.max_locator_size
+        if limit is None:
+            return
+        delta = self.variant == "delta"
+        names = request.resource_names_subscribe if delta else request.resource_names
+        locators = request.resource_locators_subscribe if delta else request.resource_locators
+        for name in names:
+            # A character is at most four bytes: most names need no encoding.
+            if 4 * len(name) + 8 > limit and text_size(name) > limit:
+                raise ProtocolError(
+                    f"resource name {name[:64]!r}... has {text_size(name)} bytes; the relay "
+                    f"forwards names of at most {limit} bytes to its origin "
+                    "(upstream.max_request_size)")
+        for locator in locators:
+            size = locator_size(locator.name, locator.dynamic_parameters.items())
+            if size > limit:
+                raise ProtocolError(
+                    f"resource locator {locator.name[:64]!r} has {size} bytes with its "
+                    f"dynamic parameters; the relay forwards locators of at most {limit} "
+                    "bytes to its origin (upstream.max_request_size)")
+
     def handle_request(self, request: Request) -> RequestOutcome:
         """Feed one request to the state of its type."""
         type_url = self.type_url_of(request)
+        self.check_locator_sizes(request)
         if request.HasField("node"):
             if self.node is None:
                 # The node of the first request that carries one is kept for the

@@ -2,9 +2,17 @@
 
 Opens the one ``DeltaAggregatedResources`` stream to the origin, sends what
 the state says, hands every response to it and writes back the ACK or NACK.
-When the stream breaks it waits (jittered exponential backoff, reset once the
-origin has answered on a new stream) and reconnects; the cache, and so every
-downstream client, keeps its resources meanwhile.
+When the stream breaks, the cache, and so every downstream client, keeps its
+resources, and the client reconnects:
+
+* at once, after a stream the origin had answered: the origin ended it
+  (istiod does at its maximum connection age, with a GOAWAY) or it broke
+  after working. The backoff starts over from its first step;
+* after the next backoff step otherwise (the origin refused, timed out or
+  never answered), jittered and doubling up to the configured maximum.
+
+Every attempt dials a fresh channel (see :mod:`relay.upstream.dial`), so the
+relay's backoff is the only one between the origin's return and the clients.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 import grpc
@@ -19,6 +28,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.telemetry import Metrics
 from relay.upstream.backoff import Backoff
+from relay.upstream.dial import Dialer, DialError
 from relay.upstream.state import UpstreamState
 from relay.xds_types import short_name
 
@@ -29,16 +39,21 @@ DELTA_ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/Delta
 # The generated messages carry no type information; this names what flows.
 Request: TypeAlias = Any  # discovery_pb2.DeltaDiscoveryRequest
 
+# Statuses that mean the origin refused the relay's credentials: worth an error.
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
 
 class UpstreamClient:
-    """Keeps one Delta-ADS stream to ``target`` open for as long as it runs."""
+    """Keeps one Delta-ADS stream to the origin open for as long as it runs."""
 
-    def __init__(self, target: str, state: UpstreamState, backoff: Backoff,
-                 metrics: Metrics) -> None:
-        self.target = target
+    def __init__(self, dialer: Dialer, state: UpstreamState, backoff: Backoff,
+                 metrics: Metrics,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.dialer = dialer
         self.state = state
         self.backoff = backoff
         self.metrics = metrics
+        self._sleep = sleep
         self.streams_opened = 0
         self._outbox: asyncio.Queue[Request] | None = None
         self._timer_changed = asyncio.Event()
@@ -46,6 +61,10 @@ class UpstreamClient:
         self.ever_connected = False
         state.index.add_interest_listener(self.interest_changed)
         state.index.add_refetch_listener(self.refetch)
+
+    @property
+    def target(self) -> str:
+        return self.dialer.target
 
     def interest_changed(self, type_url: str) -> None:
         """Called by the subscription index when the union for a type changes."""
@@ -63,40 +82,78 @@ class UpstreamClient:
 
     async def run(self) -> None:
         """Connect, serve, reconnect; until cancelled."""
-        linger = asyncio.create_task(self._linger_timer())
+        timer = asyncio.create_task(self._timer())
         try:
-            async with grpc.aio.insecure_channel(self.target) as channel:
-                open_stream = channel.stream_stream(
-                    DELTA_ADS_METHOD,
-                    request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
-                    response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)
-                while True:
-                    await self._one_stream(channel, open_stream)
+            while True:
+                started = time.monotonic()
+                answered = await self._one_stream()
+                if answered and time.monotonic() - started >= self.backoff.initial:
+                    log.info("reconnecting to origin %s now", self.target)
+                    delay = 0.0
+                else:
                     delay = self.backoff.next_delay()
                     log.info("reconnecting to origin %s in %.2fs", self.target, delay)
-                    await asyncio.sleep(delay)
+                await self._sleep(delay)
         finally:
-            linger.cancel()
+            timer.cancel()
 
-    async def _one_stream(self, channel: grpc.aio.Channel,
-                          open_stream: grpc.aio.StreamStreamMultiCallable) -> None:
-        outbox: asyncio.Queue[Request] = asyncio.Queue()
-        call = open_stream(wait_for_ready=False)
-        self.streams_opened += 1
-        if self.streams_opened > 1:
-            self.metrics.upstream_reconnects.add(1)
-        self._outbox = outbox
-        for request in self.state.on_connect(time.monotonic()):
-            outbox.put_nowait(request)
-        writer = asyncio.create_task(self._write(call, outbox))
-        watcher = asyncio.create_task(self._mark_connected(channel))
+    async def _one_stream(self) -> bool:
+        """One attempt: dial, subscribe, serve until the stream ends.
+
+        Returns whether the origin answered on it (it was serving).
+        """
+        try:
+            channel = self.dialer.channel()
+            metadata = self.dialer.metadata()
+        except DialError as error:
+            log.error("cannot connect to origin %s: %s", self.target, error)
+            return False
+        async with channel:
+            call = channel.stream_stream(
+                DELTA_ADS_METHOD,
+                request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+                response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
+            )(metadata=metadata, wait_for_ready=False)
+            self.streams_opened += 1
+            if self.streams_opened > 1:
+                self.metrics.upstream_reconnects.add(1)
+            outbox: asyncio.Queue[Request] = asyncio.Queue()
+            self._outbox = outbox
+            for request in self.state.on_connect(time.monotonic()):
+                outbox.put_nowait(request)
+            writer = asyncio.create_task(self._write(call, outbox))
+            session = asyncio.create_task(self._read(call, outbox))
+            connected = asyncio.create_task(self._mark_connected(channel))
+            try:
+                done, _ = await asyncio.wait({session, connected},
+                                             timeout=self.dialer.connect_timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    log.warning("origin %s: not connected after %.1fs (upstream.connect_timeout)",
+                                self.target, self.dialer.connect_timeout)
+                    return False
+                return await session
+            finally:
+                self._outbox = None
+                self.state.on_disconnect()
+                for task in (writer, session, connected):
+                    task.cancel()
+                call.cancel()
+                if self.connected_event.is_set():
+                    self.connected_event.clear()
+                    self.metrics.upstream_connected.add(-1)
+                    log.info("disconnected from origin %s", self.target)
+
+    async def _read(self, call: grpc.aio.StreamStreamCall,
+                    outbox: asyncio.Queue[Request]) -> bool:
+        """Hand responses to the state until the stream ends; whether any came."""
         answered = False
         try:
             while True:
                 response = await call.read()
                 if response is grpc.aio.EOF:
-                    log.warning("origin %s closed the stream", self.target)
-                    return
+                    log.info("origin %s ended the stream", self.target)
+                    return answered
                 if not answered:
                     # Only an answer proves the origin serves us: reset backoff now.
                     answered = True
@@ -109,18 +166,12 @@ class UpstreamClient:
                     outbox.put_nowait(reply)
                 self._timer_changed.set()  # the response may have set a deadline
         except grpc.aio.AioRpcError as error:
-            log.warning("origin stream to %s failed: %s %s", self.target,
-                        error.code().name, error.details())
-        finally:
-            self._outbox = None
-            self.state.on_disconnect()
-            writer.cancel()
-            watcher.cancel()
-            call.cancel()
-            if self.connected_event.is_set():
-                self.connected_event.clear()
-                self.metrics.upstream_connected.add(-1)
-                log.info("disconnected from origin %s", self.target)
+            level = logging.ERROR if error.code() in _REFUSED else logging.WARNING
+            hint = " (check upstream.token_file and upstream.tls)" \
+                if error.code() in _REFUSED else ""
+            log.log(level, "origin stream to %s failed: %s %s%s", self.target,
+                    error.code().name, error.details(), hint)
+            return answered
 
     async def _mark_connected(self, channel: grpc.aio.Channel) -> None:
         await channel.channel_ready()
@@ -137,8 +188,9 @@ class UpstreamClient:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             return  # the read side sees the failure and reconnects
 
-    async def _linger_timer(self) -> None:
-        """Send unsubscribes when lingering subscriptions run out."""
+    async def _timer(self) -> None:
+        """Run the state's deadlines: lingering subscriptions that run out,
+        locators to settle, reconciles after a reconnect."""
         while True:
             deadline = self.state.next_deadline()
             self._timer_changed.clear()
