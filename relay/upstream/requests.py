@@ -75,66 +75,89 @@ def split_requests(change: SubscriptionChange, limit: int,
     """
     builder = _Builder(change.type_url, limit, node)
     if change.wildcard is True:
-        builder.add("resource_names_subscribe", WILDCARD, text_size(WILDCARD))
+        builder.add_name("resource_names_subscribe", WILDCARD)
     declared: dict[str, str] = {}
-    first = builder.current
     for name, version in change.initial_versions.items():
         size = pair_size(name, version)
-        if builder.fits(size) and builder.current is first:
-            first.initial_resource_versions[name] = version
-            builder.used += size
+        if builder.fits(size):
             declared[name] = version
+            builder.used += size
+    builder.initial_versions = declared
     for names_field, locators_field, locators in (
             ("resource_names_subscribe", "resource_locators_subscribe", change.subscribe),
             ("resource_names_unsubscribe", "resource_locators_unsubscribe", change.unsubscribe)):
         for name in sorted(locators):
             for params in sorted(locators[name], key=sorted):
-                size = locator_size(name, params)
                 if params:
-                    builder.add(locators_field, (name, params), size)
+                    builder.add_locator(locators_field, name, params)
                 else:
-                    builder.add(names_field, name, size)
+                    builder.add_name(names_field, name)
     if change.wildcard is False:
-        builder.add("resource_names_unsubscribe", WILDCARD, text_size(WILDCARD))
+        builder.add_name("resource_names_unsubscribe", WILDCARD)
     return Split(builder.finish(), declared)
 
 
 class _Builder:
-    """Fills requests one entry at a time, starting a new one when full."""
+    """Fills requests entry by entry, starting a new one when the current is full.
+
+    Entries are gathered in lists and written into each request at once
+    (protobuf's repeated fields are slow to grow one element at a time).
+    """
 
     def __init__(self, type_url: str, limit: int, node: base_pb2.Node | None) -> None:
         self.type_url = type_url
         self.limit = limit
+        self.node = node
         self.requests: list[Request] = []
-        self.current = discovery_pb2.DeltaDiscoveryRequest(type_url=type_url)
         # the size of a request that carries nothing but its type
-        self.empty: int = self.current.ByteSize()
-        if node is not None:
-            self.current.node.CopyFrom(node)
-        self.used: int = self.current.ByteSize()
+        self.empty: int = discovery_pb2.DeltaDiscoveryRequest(type_url=type_url).ByteSize()
+        self.used: int = discovery_pb2.DeltaDiscoveryRequest(
+            type_url=type_url, node=node).ByteSize()
+        # initial_resource_versions of the first request (their size is in ``used``)
+        self.initial_versions: dict[str, str] = {}
+        self.names: dict[str, list[str]] = {}
+        self.locators: dict[str, list[tuple[str, Params]]] = {}
 
     def fits(self, size: int) -> bool:
         return self.used + size <= self.limit
 
-    def add(self, field_name: str, entry: str | tuple[str, Params], size: int) -> None:
+    def add_name(self, field_name: str, name: str) -> None:
+        if self._make_room(name, text_size(name)):
+            self.names.setdefault(field_name, []).append(name)
+
+    def add_locator(self, field_name: str, name: str, params: Params) -> None:
+        if self._make_room(name, locator_size(name, params)):
+            self.locators.setdefault(field_name, []).append((name, params))
+
+    def _make_room(self, name: str, size: int) -> bool:
+        """Whether an entry of ``size`` bytes fits, in this request or a new one."""
         if not self.fits(size) and self.used > self.empty:
-            self.requests.append(self.current)
-            self.current = discovery_pb2.DeltaDiscoveryRequest(type_url=self.type_url)
-            self.used = self.empty
+            self._flush()
         if not self.fits(size):
-            name = entry if isinstance(entry, str) else entry[0]
             log.error("not subscribing %s %.80r...: %d bytes do not fit in a request to the "
                       "origin (upstream.max_request_size %d)", short_name(self.type_url), name,
                       size, self.limit)
-            return
-        if isinstance(entry, str):
-            getattr(self.current, field_name).append(entry)
-        else:
-            name, params = entry
-            getattr(self.current, field_name).add(name=name, dynamic_parameters=dict(params))
+            return False
         self.used += size
+        return True
+
+    def _flush(self) -> None:
+        request = discovery_pb2.DeltaDiscoveryRequest(type_url=self.type_url)
+        if not self.requests:
+            if self.node is not None:
+                request.node.CopyFrom(self.node)
+            request.initial_resource_versions.update(self.initial_versions)
+        for field_name, names in self.names.items():
+            getattr(request, field_name).extend(names)
+        for field_name, locators in self.locators.items():
+            repeated = getattr(request, field_name)
+            for name, params in locators:
+                repeated.add(name=name, dynamic_parameters=dict(params))
+        self.requests.append(request)
+        self.names, self.locators = {}, {}
+        self.used = self.empty
 
     def finish(self) -> list[Request]:
         if self.used > self.empty or not self.requests:
-            self.requests.append(self.current)
+            self._flush()
         return self.requests

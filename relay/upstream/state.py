@@ -39,6 +39,7 @@ from google.rpc import code_pb2, status_pb2
 from relay.cache import ResourceCache
 from relay.constraints import (
     EMPTY_PARAMS,
+    UNCONSTRAINED,
     Constraints,
     InvalidConstraints,
     Params,
@@ -306,6 +307,8 @@ class UpstreamState:
 
     def _answered(self, type_url: str, name: str, params: Params, chosen: set[Params]) -> bool:
         """Whether a cached variant, obtained through ``chosen``, also fits ``params``."""
+        if not chosen:
+            return False  # nothing subscribed for the name brings a variant
         found = self.cache.variants(type_url, name)
         if not isinstance(found, Mapping):
             return False
@@ -408,6 +411,9 @@ class UpstreamState:
             self._finish_resync_if_due(type_url, now)
         self._settle(type_url, now)
         self._refetching.pop(type_url, None)
+        if not (removed or removed_variants or
+                any(r.constraints is not UNCONSTRAINED for r in wanted)):
+            return [ack]
         # Variants changed: a client answered from cache may need its own locator.
         return [ack, *self._sync_type(type_url, now)]
 
