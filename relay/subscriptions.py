@@ -132,6 +132,10 @@ class SubscriptionIndex:
         return Interest(frozenset(self._by_name.get(type_url, ())),
                         bool(self._wildcard.get(type_url)))
 
+    def wants_wildcard(self, type_url: str) -> bool:
+        """Whether any subscriber wants every resource of the type."""
+        return bool(self._wildcard.get(type_url))
+
     def wanted_locators(self, type_url: str) -> dict[str, frozenset[Params]]:
         """Per name, the distinct parameter sets subscribers use for it."""
         out: dict[str, set[Params]] = {}

@@ -208,7 +208,7 @@ class UpstreamState:
     def on_interest_changed(self, type_url: str, now: float) -> list[Request]:
         """Downstream interest in ``type_url`` changed: the request to send, if any."""
         wanted = self.index.wanted_locators(type_url)
-        wildcard = self.index.wanted(type_url).wildcard
+        wildcard = self.index.wants_wildcard(type_url)
         sub = self._subscribed.get(type_url, _TypeSubscription())
         # Whatever nobody wants any more starts lingering (or goes at once).
         for name, params_set in sub.locators.items():
@@ -286,19 +286,20 @@ class UpstreamState:
 
     def _target(self, type_url: str, now: float) -> tuple[Locators, bool]:
         """The locators to be subscribed to: what is needed and not answered already."""
-        needed: Locators = {n: set(ps) for n, ps in self.index.wanted_locators(type_url).items()}
-        wildcard = self.index.wanted(type_url).wildcard
+        needed = self.index.wanted_locators(type_url)
+        wildcard = self.index.wants_wildcard(type_url)
         for (t, name, params), deadline in self._lingering.items():
             if t != type_url or deadline <= now:
                 continue
             if name == WILDCARD:
                 wildcard = True
             else:
-                needed.setdefault(name, set()).add(params)
+                needed[name] = needed.get(name, frozenset()) | {params}
         current = self._subscribed.get(type_url, _TypeSubscription()).locators
         target: Locators = {}
         for name, params_set in needed.items():
-            chosen = current.get(name, set()) & set(params_set)
+            subscribed = current.get(name)
+            chosen = set() if subscribed is None else subscribed & params_set
             for params in sorted(params_set - chosen, key=_params_order):
                 if not self._answered(type_url, name, params, chosen):
                     chosen.add(params)
