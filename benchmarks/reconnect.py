@@ -231,21 +231,32 @@ async def until(predicate: Callable[[], bool], timeout: float) -> None:
         await asyncio.sleep(0.01)
 
 
-_RECONNECT_LINE = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*reconnecting to origin \S+ in ([0-9.]+)s")
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+_RECONNECT = re.compile(r"reconnecting to origin \S+ in ([0-9.]+)s")
+
+
+def relay_log(log: Path) -> list[tuple[float, str]]:
+    """The relay's log lines with their wall-clock times."""
+    lines = []
+    for line in log.read_text(errors="replace").splitlines():
+        match = _LOG_TIME.match(line)
+        if match is not None:
+            when = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            lines.append((when, line))
+    return lines
 
 
 def backoff_in_force(log: Path, at: float) -> float | None:
     """The wait of the relay's last reconnect scheduled before wall time ``at``."""
-    step = None
-    for line in log.read_text(errors="replace").splitlines():
-        match = _RECONNECT_LINE.match(line)
-        if match is None:
-            continue
-        when = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        if when <= at:
-            step = float(match.group(2))
-    return step
+    steps = [float(m.group(1)) for when, line in relay_log(log)
+             if when <= at and (m := _RECONNECT.search(line))]
+    return steps[-1] if steps else None
+
+
+def connected_after(log: Path, at: float) -> float | None:
+    """Wall time of the relay's first connect to the origin after ``at``."""
+    return next((when for when, line in relay_log(log)
+                 if when >= at and "connected to origin" in line), None)
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -303,11 +314,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     back_wall, back = time.time(), time.monotonic()
                     await origin.start(port)
                     arrivals = [t for ts in await clients.next_messages() for t in ts]
+                    converged = max(arrivals) - back
                     step = backoff_in_force(log_path, back_wall)
-                    outages.append({"converged_s": round(max(arrivals) - back, 2),
-                                    "median_client_s": round(statistics.median(arrivals) - back,
-                                                             2),
-                                    "backoff_step_s": step})
+                    connected = connected_after(log_path, back_wall)
+                    outages.append({
+                        "converged_s": round(converged, 2),
+                        "median_client_s": round(statistics.median(arrivals) - back, 2),
+                        "backoff_step_s": step,
+                        # from the relay's connect (its backoff over) to the last client
+                        "connected_to_converged_s": None if connected is None else
+                        round(converged - (connected - back_wall), 2)})
                     print(json.dumps({"outage": outages[-1]}), flush=True)
                 clients.send(None)
     finally:
@@ -347,7 +363,8 @@ def main() -> None:
     if outages:
         print(f"outage of {result['outage_s']:g}s: clients converged "
               f"{[o['converged_s'] for o in outages]} s after the origin was back; relay "
-              f"backoff step in force {[o['backoff_step_s'] for o in outages]} s")
+              f"backoff step in force {[o['backoff_step_s'] for o in outages]} s; from the "
+              f"relay's connect {[o['connected_to_converged_s'] for o in outages]} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"cpus": os.cpu_count(), **result}, indent=2))
 

@@ -551,14 +551,50 @@ def _container_port(name_or_number: str | int) -> int:
     return int(ports[name_or_number])
 
 
-@functools.cache
-def _configmap_config() -> RelayConfig:
+def _configmap_text() -> str:
     configmap = _manifest("relay-configmap.yaml", "ConfigMap")
     filename = PurePosixPath(_config_flag(_deployment_container()["args"], "Deployment")).name
     assert filename in configmap["data"], (
         f"relay-configmap.yaml: no key {filename!r} (keys: {sorted(configmap['data'])})")
-    return _relay_config(configmap["data"][filename],
-                         f"deploy/kubernetes/relay-configmap.yaml:data.{filename}")
+    text: str = configmap["data"][filename]
+    return text
+
+
+@functools.cache
+def _configmap_files() -> dict[str, str]:
+    """The files the ConfigMap's config reads, by config key, as the pod sees them."""
+    upstream = yaml.safe_load(_configmap_text())["upstream"]
+    files = {f"upstream.tls.{key}": path for key, path in (upstream.get("tls") or {}).items()
+             if key.endswith("_file")}
+    if "token_file" in upstream:
+        files["upstream.token_file"] = upstream["token_file"]
+    return files
+
+
+@functools.cache
+def _configmap_config() -> RelayConfig:
+    # The schema reads the files the config names; they live in volumes the
+    # kubelet mounts. Stand-ins of the same kinds let the config validate here;
+    # test_kubernetes_files_the_relay_reads_are_mounted_from_their_sources
+    # checks the real paths against the mounts.
+    import atexit
+    import shutil
+    import tempfile
+
+    import trustme
+
+    directory = Path(tempfile.mkdtemp(prefix="k8s-files-"))
+    atexit.register(shutil.rmtree, directory, True)
+    ca = trustme.CA()
+    client = ca.issue_cert("xds-relay.xds-relay.svc")
+    stand_ins = {"ca_file": ca.cert_pem.bytes(), "cert_file": client.cert_chain_pems[0].bytes(),
+                 "key_file": client.private_key_pem.bytes(), "token_file": b"a.jwt.token\n"}
+    text = _configmap_text()
+    for key, path in _configmap_files().items():
+        stand_in = directory / key
+        stand_in.write_bytes(stand_ins[key.rsplit(".", 1)[-1]])
+        text = text.replace(path, str(stand_in))
+    return _relay_config(text, "deploy/kubernetes/relay-configmap.yaml:data.relay.yaml")
 
 
 def test_kubernetes_configmap_config_validates_and_follows_an_origin() -> None:
@@ -587,17 +623,72 @@ def test_kubernetes_configmap_is_mounted_where_the_container_reads_it() -> None:
         f"volume {mount['name']} puts no ConfigMap key at {config_path.name} ({files})")
 
 
-def test_kubernetes_each_replica_presents_its_pod_name_as_node_id() -> None:
+def test_kubernetes_each_replica_presents_its_own_istiod_node_id() -> None:
     container = _deployment_container()
     args = container["args"]
     assert "--node-id" in args, f"relay-deployment.yaml: no --node-id in {args}"
     value = args[args.index("--node-id") + 1]
-    match = re.fullmatch(r"\$\((\w+)\)", value)
-    assert match, f"relay-deployment.yaml: --node-id {value!r} is not a $(VAR) reference"
-    env = {e["name"]: e for e in container.get("env", [])}
-    assert env.get(match.group(1), {}).get("valueFrom") == {
-        "fieldRef": {"fieldPath": "metadata.name"}}, (
-        f"relay-deployment.yaml: env {match.group(1)} should come from metadata.name")
+    # istiod's form: TYPE~IP~POD.NAMESPACE~NAMESPACE.svc.cluster.local
+    match = re.fullmatch(r"sidecar~\$\((\w+)\)~\$\((\w+)\)\.\$\((\w+)\)~\$\((\w+)\)"
+                         r"\.svc\.cluster\.local", value)
+    assert match, f"relay-deployment.yaml: --node-id {value!r} is not istiod's node id form"
+    ip, pod, namespace, domain_namespace = match.groups()
+    assert namespace == domain_namespace
+    env = {e["name"]: e.get("valueFrom") for e in container.get("env", [])}
+    for var, field in ((ip, "status.podIP"), (pod, "metadata.name"),
+                       (namespace, "metadata.namespace")):
+        assert env.get(var) == {"fieldRef": {"fieldPath": field}}, (
+            f"relay-deployment.yaml: env {var} should come from {field}")
+    fallback = _configmap_config().node.id.split("~")
+    assert len(fallback) == 4 and fallback[0] == "sidecar", (
+        f"relay-configmap.yaml: node.id {_configmap_config().node.id!r} is not in istiod's form")
+
+
+def test_kubernetes_relay_follows_istiods_secured_port() -> None:
+    upstream = _configmap_config().upstream
+    assert upstream.address is not None and upstream.address.port == 15012
+    assert upstream.tls is not None and upstream.tls.server_name == "istiod.istio-system.svc"
+    assert upstream.token_file is not None
+    assert upstream.initial_metadata.get("clusterid") == \
+        _configmap_config().node.metadata["CLUSTER_ID"]
+    assert upstream.initial_versions == "ignored"
+    assert upstream.keepalive.time >= 15, "istiod refuses pings more often than every 15 s"
+
+
+def test_kubernetes_files_the_relay_reads_are_mounted_from_their_sources() -> None:
+    container = _deployment_container()
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in _deployment()["spec"]["template"]["spec"]["volumes"]}
+    files = _configmap_files()
+    assert set(files) == {"upstream.tls.ca_file", "upstream.token_file"}
+    for key, path in files.items():
+        where = PurePosixPath(path)
+        mount = mounts.get(str(where.parent))
+        assert mount is not None, f"{key} {path}: no volume mounted at {where.parent}"
+        assert mount.get("readOnly") is True, f"{key}: mount {mount['name']} is not readOnly"
+        volume = volumes[mount["name"]]
+        if key == "upstream.tls.ca_file":
+            # Istio copies its root certificate into every namespace as this ConfigMap.
+            assert volume["configMap"]["name"] == "istio-ca-root-cert"
+            items = {i["path"]: i["key"] for i in volume["configMap"]["items"]}
+            assert items.get(where.name) == "root-cert.pem", f"{key}: {items}"
+        else:
+            [source] = volume["projected"]["sources"]
+            token = source["serviceAccountToken"]
+            assert token["path"] == where.name and token["audience"] == "istio-ca", token
+
+
+def test_kubernetes_service_account_matches_the_namespace_istiod_checks() -> None:
+    account = _manifest("relay-serviceaccount.yaml", "ServiceAccount")
+    spec = _deployment()["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == account["metadata"]["name"]
+    assert spec["automountServiceAccountToken"] is False  # only the projected istio-ca token
+    metadata = _configmap_config().node.metadata
+    namespace = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())["namespace"]
+    assert metadata["NAMESPACE"] == namespace, (
+        f"relay-configmap.yaml node.metadata.NAMESPACE {metadata['NAMESPACE']!r} should be "
+        f"the namespace kustomization.yaml deploys to ({namespace!r})")
+    assert metadata["SERVICE_ACCOUNT"] == account["metadata"]["name"]
 
 
 def test_kubernetes_ports_match_the_config_and_the_service() -> None:
