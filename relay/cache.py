@@ -182,11 +182,14 @@ class ResourceCache:
         every resource of the type (a wildcard subscription or a file source),
         so that a missing name means the resource does not exist. ``errors``
         are the origin's per-resource errors; a resource that arrives clears
-        its name's error.
+        its name's error. A variant resent unchanged is no change; if it has
+        a TTL, listeners hear of it as a heartbeat (its TTL restarted).
         Returns the names whose state changed; listeners hear of them too.
         """
         entry = self._types.setdefault(type_url, _TypeEntry())
         changed: set[str] = set()
+        # unchanged resends of resources with a TTL: their clients' TTL restarts too
+        refreshed: set[str] = set()
         for error in errors:
             name = error.resource_name.name
             constraints = compile_constraints(
@@ -221,6 +224,8 @@ class ResourceCache:
             if old is None or old.digest != resource.digest or resource.do_not_cache:
                 by_key[resource.variant_key] = resource
                 changed.add(resource.name)
+            elif ttl is not None:
+                refreshed.add(resource.name)
             entry.absent.discard(resource.name)
             for alias in resource.resource.aliases:
                 entry.aliases[alias] = resource.name
@@ -253,8 +258,9 @@ class ResourceCache:
         became_synced = not entry.synced
         entry.synced = True
         result = frozenset(changed)
-        if result or became_synced:
-            self._notify(CacheChange(type_url, result, became_synced))
+        beats = frozenset(refreshed - changed)
+        if result or became_synced or beats:
+            self._notify(CacheChange(type_url, result, became_synced, beats))
         return result
 
     def replace_type(self, type_url: str, resources: Sequence[CachedResource]) -> frozenset[str]:

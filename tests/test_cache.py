@@ -249,3 +249,15 @@ def test_derived_versions_follow_the_content_and_heartbeats_the_origins_version(
     # The origin's heartbeat carries its own (empty) version, not the derived one.
     assert cache.heartbeat(CLUSTER, [("a", "", "")]) == frozenset({"a"})
     assert cache.heartbeat(CLUSTER, [("a", "", first.version)]) == frozenset()
+
+
+def test_an_identical_resend_of_a_resource_with_a_ttl_is_a_heartbeat() -> None:
+    clock = FakeClock()
+    cache = ResourceCache(clock)
+    changes: list[CacheChange] = []
+    cache.add_listener(changes.append)
+    cache.apply(CLUSTER, [with_ttl("a", "1", 10)])
+    clock.now = 105.0
+    assert cache.apply(CLUSTER, [with_ttl("a", "1", 10)]) == frozenset()
+    assert changes[-1] == CacheChange(CLUSTER, frozenset(), heartbeats=frozenset({"a"}))
+    assert cache.next_expiry() == 115.0  # the TTL restarted

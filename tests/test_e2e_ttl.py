@@ -80,3 +80,22 @@ async def test_invariant_22_lapsed_ttl_removes_the_resource_and_no_heartbeat_is_
         assert list(gone.removed_resources) == ["a"] and not gone.resources
         emptied = await sotw.recv()
         assert not emptied.resources  # full-state CDS: absence means deletion
+
+
+async def test_invariant_22_an_unchanged_resend_restarts_the_clients_ttl_as_a_heartbeat(
+) -> None:
+    # The relay pushes nothing for an identical resend (istiod resends
+    # everything on every new stream), but a client's TTL must not lapse
+    # because the relay swallowed what refreshed it at the origin.
+    origin = ScriptedOrigin(auto=False)
+    async with running_stack(origin) as stack:
+        delta = stack.client()
+        await delta.send(node=node("d"), type_url=CLUSTER, resource_names_subscribe=["a"])
+        await origin.next_request()
+        origin.send_raw(ttl_response(body=True))
+        await delta.ack(await delta.recv())
+        origin.send_raw(ttl_response(body=True))
+        beat = await delta.recv()
+        [resource] = beat.resources
+        assert resource.version == "v1" and not resource.HasField("resource")
+        assert resource.ttl.ToMilliseconds() == 2000
