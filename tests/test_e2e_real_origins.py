@@ -351,6 +351,15 @@ async def test_a_name_too_large_to_forward_ends_only_that_clients_stream() -> No
             await bad.recv()
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "upstream.max_request_size" in (refused.value.details() or "")
+        # A short name with the node's huge dynamic parameters is as large upstream.
+        heavy = stack.client()
+        heavy_node = node("heavy")
+        heavy_node.dynamic_parameters[ENDPOINT].params["blob"] = "p" * 20_000
+        await heavy.send(node=heavy_node, type_url=ENDPOINT, resource_names_subscribe=["e"])
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await heavy.recv()
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "with the node's dynamic parameters" in (refused.value.details() or "")
         origin.set(endpoints("e", 2))
         assert first_port(await good.recv()) == 2
         assert len(origin.streams) == 1 and not origin.stream.nacks

@@ -22,7 +22,7 @@ from envoy.config.core.v3 import base_pb2
 
 from relay.cache import ResourceCache
 from relay.constraints import EMPTY_PARAMS, Params, params_of
-from relay.encoding import encode_delta_response, encode_sotw_response, locator_size, text_size
+from relay.encoding import encode_delta_response, encode_sotw_response, locator_size
 from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
@@ -190,12 +190,13 @@ class DownstreamStream:
         type_url: str = request.type_url
         return type_url
 
-    def check_locator_sizes(self, request: Request) -> None:
+    def check_locator_sizes(self, request: Request, node_params: Params) -> None:
         """Refuse a name the relay could not forward to its origin.
 
-        The relay's subscription upstream carries every client's names; one
-        too large for a request to the origin would break that stream for
-        everyone, on every reconnect.
+        The relay's subscription upstream carries every client's names (with
+        the node's dynamic parameters for the type, if any). One too large
+        for a request to the origin is never sent there (see
+        :mod:`relay.upstream.requests`); the client that asked for it is told.
         """
         limit = self.serving.max_locator_size
         if limit is None:
@@ -203,13 +204,15 @@ class DownstreamStream:
         delta = self.variant == "delta"
         names = request.resource_names_subscribe if delta else request.resource_names
         locators = request.resource_locators_subscribe if delta else request.resource_locators
+        with_params = locator_size("", node_params) if node_params else 0
         for name in names:
             # A character is at most four bytes: most names need no encoding.
-            if 4 * len(name) + 8 > limit and text_size(name) > limit:
+            if 4 * len(name) + 8 + with_params > limit and \
+                    (size := locator_size(name, node_params)) > limit:
                 raise ProtocolError(
-                    f"resource name {name[:64]!r}... has {text_size(name)} bytes; the relay "
-                    f"forwards names of at most {limit} bytes to its origin "
-                    "(upstream.max_request_size)")
+                    f"resource name {name[:64]!r}... has {size} bytes with the node's dynamic "
+                    f"parameters; the relay forwards names of at most {limit} bytes to its "
+                    "origin (upstream.max_request_size)")
         for locator in locators:
             size = locator_size(locator.name, locator.dynamic_parameters.items())
             if size > limit:
@@ -221,13 +224,13 @@ class DownstreamStream:
     def handle_request(self, request: Request) -> RequestOutcome:
         """Feed one request to the state of its type."""
         type_url = self.type_url_of(request)
-        self.check_locator_sizes(request)
         if request.HasField("node"):
             if self.node is None:
                 # The node of the first request that carries one is kept for the
                 # stream; only its dynamic parameters may change later.
                 self.node = request.node
             self._update_node_params(request.node)
+        self.check_locator_sizes(request, self.node_params.get(type_url, EMPTY_PARAMS))
         state = self.states.get(type_url)
         if state is None:
             state = (DeltaSubscription(type_url) if self.variant == "delta"
