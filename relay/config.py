@@ -285,15 +285,19 @@ def _validate_positive_duration(value: object) -> float:
     return seconds
 
 
-def _validate_directory(value: object) -> Path:
+def _path_of(value: object, what: str) -> Path:
+    """A path from config text (``what``: "file" or "directory", for the message)."""
     if isinstance(value, Path):
-        raw = value
-    elif isinstance(value, str):
+        return value
+    if isinstance(value, str):
         if not value:
             raise ValueError("must not be empty")
-        raw = Path(value)
-    else:
-        raise ValueError(f"expected a directory path, got {_kind(value)}")
+        return Path(value)
+    raise ValueError(f"expected a {what} path, got {_kind(value)}")
+
+
+def _validate_directory(value: object) -> Path:
+    raw = _path_of(value, "directory")
     # Relative paths are relative to the working directory, as in Envoy,
     # not to the config file.
     path = (Path.cwd() / raw).resolve()
@@ -306,14 +310,7 @@ def _validate_directory(value: object) -> Path:
 
 def _validate_file(value: object) -> Path:
     """A readable, non-empty file (relative paths from the working directory)."""
-    if isinstance(value, Path):
-        raw = value
-    elif isinstance(value, str):
-        if not value:
-            raise ValueError("must not be empty")
-        raw = Path(value)
-    else:
-        raise ValueError(f"expected a file path, got {_kind(value)}")
+    raw = _path_of(value, "file")
     # Absolute, but symlinks kept: Kubernetes mounts secrets, tokens and
     # ConfigMaps through a symlink that it repoints when it rotates them.
     path = Path(os.path.abspath(raw))
