@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -41,6 +41,68 @@ QUIET = 0.3  # how long "nothing arrives" is watched for
 # -- the scripted origin -------------------------------------------------------
 
 
+class OriginServer:
+    """What scripted origins share: a Delta-ADS server on loopback.
+
+    Subclasses serve streams in ``_serve`` (usually through :func:`pump`),
+    and may give server options and TLS credentials.
+    """
+
+    def __init__(self) -> None:
+        self.streams: list[Any] = []
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+
+    def server_options(self) -> list[tuple[str, Any]]:
+        return []
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        return None
+
+    async def start(self, port: int = 0) -> Self:
+        """Listen on ``port`` (a free one by default; the same again after a stop)."""
+        server = grpc.aio.server(options=self.server_options())
+        handler = grpc.stream_stream_rpc_method_handler(
+            self._serve, request_deserializer=DELTA.FromString,
+            response_serializer=discovery_pb2.DeltaDiscoveryResponse.SerializeToString)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "envoy.service.discovery.v3.AggregatedDiscoveryService",
+            {"DeltaAggregatedResources": handler})])
+        credentials = self.server_credentials()
+        address = f"127.0.0.1:{port}"
+        self.port = server.add_insecure_port(address) if credentials is None else \
+            server.add_secure_port(address, credentials)
+        await server.start()
+        self._server = server
+        return self
+
+    async def stop(self) -> None:
+        """Go away at once, as a crashed or unreachable origin does."""
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+
+    @property
+    def stream(self) -> Any:
+        """The newest stream."""
+        return self.streams[-1]
+
+    def _serve(self, requests: AsyncIterator[DELTA],
+               context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        raise NotImplementedError
+
+
+async def pump(outbox: asyncio.Queue[Any], reader: Coroutine[Any, Any, None]
+               ) -> AsyncIterator[Any]:
+    """Yield what ``outbox`` holds until a ``None``, while ``reader`` reads requests."""
+    task = asyncio.create_task(reader)
+    try:
+        while (response := await outbox.get()) is not None:
+            yield response
+    finally:
+        task.cancel()
+
+
 @dataclass
 class OriginStream:
     """One Delta-ADS stream the origin is serving."""
@@ -55,7 +117,7 @@ class OriginStream:
     locators: dict[str, set[tuple[str, Params]]] = field(default_factory=dict)
 
 
-class ScriptedOrigin:
+class ScriptedOrigin(OriginServer):
     """A Delta-ADS origin that behaves like a simple control plane.
 
     It answers subscriptions from ``resources`` (a name nobody has is
@@ -65,38 +127,15 @@ class ScriptedOrigin:
     """
 
     def __init__(self, auto: bool = True, drop_first_streams: int = 0) -> None:
+        super().__init__()
         self.auto = auto
         self.drop_first_streams = drop_first_streams
         self.resources: dict[str, dict[str, tuple[str, any_pb2.Any]]] = {}
         # type -> name -> constraints key -> (version, body, constraints)
         self.variants: dict[str, dict[str, dict[str, tuple[str, any_pb2.Any, DPC]]]] = {}
         self.streams: list[OriginStream] = []
-        self.port = 0
-        self._server: grpc.aio.Server | None = None
         self._nonce = 0
         self.new_stream = asyncio.Event()
-
-    async def start(self, port: int = 0) -> ScriptedOrigin:
-        server = grpc.aio.server()
-        handler = grpc.stream_stream_rpc_method_handler(
-            self._serve, request_deserializer=DELTA.FromString,
-            response_serializer=discovery_pb2.DeltaDiscoveryResponse.SerializeToString)
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "envoy.service.discovery.v3.AggregatedDiscoveryService",
-            {"DeltaAggregatedResources": handler})])
-        self.port = server.add_insecure_port(f"127.0.0.1:{port}")
-        await server.start()
-        self._server = server
-        return self
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(0)
-            self._server = None
-
-    @property
-    def stream(self) -> OriginStream:
-        return self.streams[-1]
 
     def all_requests(self) -> list[discovery_pb2.DeltaDiscoveryRequest]:
         return [r for s in self.streams for r in s.log]
@@ -127,15 +166,8 @@ class ScriptedOrigin:
                     self._answer(stream, request)
             await stream.outbox.put(None)
 
-        reader = asyncio.create_task(read())
-        try:
-            while True:
-                response = await stream.outbox.get()
-                if response is None:
-                    return
-                yield response
-        finally:
-            reader.cancel()
+        async for response in pump(stream.outbox, read()):
+            yield response
 
     def _answer(self, stream: OriginStream, request: DELTA) -> None:
         type_url = request.type_url

@@ -31,6 +31,7 @@ from google.protobuf import any_pb2, message
 
 from relay.xds_types import CLUSTER, LISTENER, WILDCARD
 from tests.builders import pack, type_url_of
+from tests.harness import OriginServer, pump
 
 DELTA = discovery_pb2.DeltaDiscoveryRequest
 SERVER_NAME = "istiod.istio-system.svc"
@@ -98,13 +99,14 @@ class IstiodStream:
         return len(self.acks) + len(self.nacks) >= len(self.sent)
 
 
-class IstiodOrigin:
+class IstiodOrigin(OriginServer):
     """A Delta-ADS origin shaped like istiod (see the module docstring)."""
 
     def __init__(self, *, tls: OriginTLS | None = None, token: str | None = None,
                  require_client_cert: bool = False, versions: bool = False,
                  max_age: float | None = None,
                  min_ping_interval: float | None = None) -> None:
+        super().__init__()
         self.tls = tls
         self.token = token
         self.require_client_cert = require_client_cert
@@ -116,13 +118,11 @@ class IstiodOrigin:
         self.streams: list[IstiodStream] = []
         # the authorization header of every refused stream
         self.refused: list[str] = []
-        self.port = 0
         self._push = 0
-        self._server: grpc.aio.Server | None = None
 
     # -- running -------------------------------------------------------------
 
-    async def start(self, port: int = 0) -> IstiodOrigin:
+    def server_options(self) -> list[tuple[str, Any]]:
         options: list[tuple[str, Any]] = []
         if self.max_age is not None:
             options += [("grpc.max_connection_age_ms", int(self.max_age * 1000)),
@@ -133,34 +133,15 @@ class IstiodOrigin:
             options += [("grpc.http2.min_ping_interval_without_data_ms",
                          int(self.min_ping_interval * 1000)),
                         ("grpc.http2.max_ping_strikes", 1)]
-        server = grpc.aio.server(options=options)
-        handler = grpc.stream_stream_rpc_method_handler(
-            self._serve, request_deserializer=DELTA.FromString,
-            response_serializer=discovery_pb2.DeltaDiscoveryResponse.SerializeToString)
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "envoy.service.discovery.v3.AggregatedDiscoveryService",
-            {"DeltaAggregatedResources": handler})])
+        return options
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
         if self.tls is None:
-            self.port = server.add_insecure_port(f"127.0.0.1:{port}")
-        else:
-            credentials = grpc.ssl_server_credentials(
-                [(self.tls.key_file.read_bytes(), self.tls.cert_file.read_bytes())],
-                root_certificates=self.tls.ca_file.read_bytes(),
-                require_client_auth=self.require_client_cert)
-            self.port = server.add_secure_port(f"127.0.0.1:{port}", credentials)
-        await server.start()
-        self._server = server
-        return self
-
-    async def stop(self) -> None:
-        """Go away at once, as a crashed or unreachable origin does."""
-        if self._server is not None:
-            await self._server.stop(0)
-            self._server = None
-
-    @property
-    def stream(self) -> IstiodStream:
-        return self.streams[-1]
+            return None
+        return grpc.ssl_server_credentials(
+            [(self.tls.key_file.read_bytes(), self.tls.cert_file.read_bytes())],
+            root_certificates=self.tls.ca_file.read_bytes(),
+            require_client_auth=self.require_client_cert)
 
     def end_streams(self) -> None:
         """End every stream with OK, as an origin closing connections gracefully."""
@@ -220,15 +201,8 @@ class IstiodOrigin:
                     self._handle(stream, request)
             stream.outbox.put_nowait(None)
 
-        reader = asyncio.create_task(read())
-        try:
-            while True:
-                response = await stream.outbox.get()
-                if response is None:
-                    return
-                yield response
-        finally:
-            reader.cancel()
+        async for response in pump(stream.outbox, read()):
+            yield response
 
     def _handle(self, stream: IstiodStream, request: DELTA) -> None:
         type_url = request.type_url
@@ -272,15 +246,6 @@ class IstiodOrigin:
         stream.sent.append(response.nonce)
         stream.resources_sent += len(response.resources)
         stream.outbox.put_nowait(response)
-
-    async def next_request(self, timeout: float = 5.0) -> DELTA:
-        """The next request on the newest stream."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not self.streams:
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError("no stream opened")
-            await asyncio.sleep(0.01)
-        return await asyncio.wait_for(self.stream.requests.get(), timeout)
 
 
 def _content_version(body: any_pb2.Any) -> str:
