@@ -7,7 +7,9 @@ resources, and the client reconnects:
 
 * at once, after a stream the origin had answered: the origin ended it
   (istiod does at its maximum connection age, with a GOAWAY) or it broke
-  after working. The backoff starts over from its first step;
+  after working. The backoff starts over from its first step, and a stream
+  shorter than that step waits it, so that an origin answering and dropping
+  at once cannot make the relay spin;
 * after the next backoff step otherwise (the origin refused, timed out or
   never answered), jittered and doubling up to the configured maximum.
 
