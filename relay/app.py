@@ -1,9 +1,5 @@
-"""One relay process: its cache, its source of resources and its servers, wired.
-
-Data flows one way: source (origin stream or files) -> cache -> subscription
-index -> downstream streams. The only way back up is the index telling the
-upstream client that interest changed.
-"""
+"""One relay process: its layers (see :mod:`relay.core`), its source of
+resources, its servers, readiness and drain."""
 
 from __future__ import annotations
 
@@ -11,18 +7,15 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from relay.admin import AdminServer
-from relay.cache import ResourceCache
 from relay.config import RelayConfig, node_proto
+from relay.core import Core
 from relay.server.ecosystem import Health, add_ecosystem_services
 from relay.server.services import DRAINING, discovery_handlers
-from relay.server.streams import ServingContext
-from relay.subscriptions import SubscriptionIndex
 from relay.telemetry import new_metrics, prometheus_provider
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
@@ -34,10 +27,6 @@ if TYPE_CHECKING:
     from relay.sources.files import FileSource
 
 log = logging.getLogger("relay")
-
-# Longest sleep of the TTL task: a resource cached meanwhile with a shorter
-# TTL is noticed this late at most.
-_TTL_TICK = 0.1
 
 # Downstream clients hold their streams open for hours; keep them alive
 # through idle NATs and load balancers, and let many share one connection.
@@ -101,27 +90,24 @@ class Relay:
             otlp.endpoint if otlp else None, otlp.interval if otlp else 15.0)
         self.meter_provider = provider
         self.metrics = new_metrics(provider, self.registry)
-        self.cache = ResourceCache()
-        self.index = SubscriptionIndex()
-        self.cache.add_listener(self.index.on_cache_change)
-        self.serving = ServingContext.create(self.cache, self.index, self.metrics,
-                                             config.server.batch_window)
+        upstream = config.upstream
+        self.core = Core.create(
+            self.metrics, config.server.batch_window,
+            max_locator_size(upstream.max_request_size) if upstream.address else None)
+        self.cache, self.index, self.serving = self.core.cache, self.core.index, self.core.serving
         self.upstream: UpstreamClient | None = None
         self.files: FileSource | None = None
-        upstream = config.upstream
         if upstream.files is not None:
             from relay.sources.files import FileSource
 
             self.files = FileSource(upstream.files, self.cache, upstream.poll_interval,
                                     self.metrics)
         else:
-            state = UpstreamState(node_proto(config), self.cache, self.index, upstream.linger,
+            state = UpstreamState(node_proto(config), self.cache, upstream.linger,
                                   upstream.answer_grace, upstream.max_request_size,
                                   upstream.initial_versions)
-            self.upstream = UpstreamClient(
-                dialer(config), state,
-                Backoff(upstream.backoff.initial, upstream.backoff.max), self.metrics)
-            self.serving.max_locator_size = max_locator_size(upstream.max_request_size)
+            self.upstream = self.core.follow(
+                dialer(config), state, Backoff(upstream.backoff.initial, upstream.backoff.max))
         self._observe_state()
         self.health = Health()
         self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
@@ -142,10 +128,6 @@ class Relay:
         """Turn every gRPC health status NOT_SERVING, for good (when draining starts)."""
         await self.health.set_not_serving()
 
-    def is_ready(self) -> bool:
-        """Serving, and synced with the origin (or the files loaded)."""
-        return self.not_ready_reason() is None
-
     def not_ready_reason(self) -> str | None:
         """Why ``/ready`` says 503, or None when ready."""
         if self.serving.draining:
@@ -156,7 +138,7 @@ class Relay:
             return None
         # Once synced, the relay stays ready while the origin is away: it
         # serves what it has cached, to new clients too.
-        if self.upstream is not None and self.upstream.ever_connected:
+        if self.upstream is not None and self.upstream.synced_event.is_set():
             return None
         return "not yet synced with the origin"
 
@@ -203,24 +185,15 @@ class Relay:
         if self.upstream is not None:
             self._tasks.append(asyncio.create_task(self.upstream.run(), name="upstream"))
         self._tasks.append(asyncio.create_task(self._report_ready(), name="ready"))
-        self._tasks.append(asyncio.create_task(self._expire_ttls(), name="ttl"))
+        self._tasks.append(asyncio.create_task(self.core.expire_ttls(), name="ttl"))
         log.info("serving xDS on %s:%d, admin on %s:%d", self.config.server.address.host,
                  self.xds_port, admin.host, self.admin_port)
 
     async def _report_ready(self) -> None:
         """Turn the xDS services' gRPC health SERVING once synced (as ``/ready``)."""
         if self.upstream is not None:
-            await self.upstream.connected_event.wait()
+            await self.upstream.synced_event.wait()
         await self.health.set_ready()
-
-    async def _expire_ttls(self) -> None:
-        """Remove resources whose TTL lapsed without a heartbeat (never invents one)."""
-        while True:
-            deadline = self.cache.next_expiry()
-            delay = _TTL_TICK if deadline is None else \
-                min(_TTL_TICK, max(0.0, deadline - time.monotonic()))
-            await asyncio.sleep(delay)
-            self.cache.expire()
 
     async def stop(self, grace: float | None = 0.5) -> None:
         """Stop serving; close downstream streams and the origin stream. Idempotent."""

@@ -1,8 +1,14 @@
 """The resource cache: what the origin has sent, keyed by type URL, name and variant.
 
-The cache knows nothing about streams or gRPC. Sources (the upstream client,
-the file source) write into it; it tells its listeners which names changed,
-and protocol state objects read from it when they build a response.
+The cache knows nothing about streams, gRPC or the upstream protocol. Sources
+(the upstream state, the file source) write into it with :meth:`ResourceCache.apply`,
+one :class:`Update` per origin response and one change notification for it;
+protocol state objects read from it when they build a response.
+
+Everything the cache knows of one (type, name) is one record: its variants,
+the origin's errors, TTL deadlines, aliases, whether the origin said it does
+not exist, and which subscriptions the origin has answered. Forgetting a name
+drops that record, and all of it goes at once.
 
 A name is in one of three states for a reader:
 
@@ -14,19 +20,20 @@ A name is in one of three states for a reader:
 With variants, a subscriber's parameters pick one of the present variants
 (see :mod:`relay.protocol.view`); when none matches, the name is absent for
 those parameters once the origin has answered a subscription made with them
-(the locator is *settled*), and unknown before.
+(the locator is *answered*), and unknown before.
 """
 
 from __future__ import annotations
 
 import enum
+import heapq
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.constraints import Constraints, Params, compile_constraints, select_variant
+from relay.constraints import Constraints, Locator, Params, compile_constraints, select_variant
 from relay.resource import CachedResource
 
 
@@ -57,21 +64,72 @@ class CacheChange:
 ChangeListener = Callable[[CacheChange], None]
 
 
+@dataclass(frozen=True)
+class Update:
+    """One write to one type: what an origin response (or a file load) says.
+
+    ``removed`` are names the origin removed, ``removed_variants`` single
+    variants as (name, variant key). ``errors`` are the origin's
+    per-resource errors; a resource that arrives clears its name's error.
+    ``heartbeats`` are (name, variant key, the origin's version) whose TTL
+    restarts. ``answered`` are locators the origin has answered since they
+    were subscribed (a subscriber whose parameters match no variant then
+    learns the name does not exist for it). ``complete`` says whether the
+    cache now holds every resource of the type (a wildcard subscription or a
+    file source), so that a missing name means the resource does not exist.
+    """
+
+    upserts: Sequence[CachedResource] = ()
+    removed: Iterable[str] = ()
+    removed_variants: Iterable[tuple[str, str]] = ()
+    errors: Iterable[discovery_pb2.ResourceError] = ()
+    heartbeats: Iterable[tuple[str, str, str]] = ()
+    answered: Iterable[Locator] = ()
+    complete: bool | None = None
+
+
+@dataclass
+class _Record:
+    """Everything the cache knows of one (type, name)."""
+
+    variants: dict[str, CachedResource] = field(default_factory=dict)
+    # constraints key -> the origin's error for that variant ("" for the whole name)
+    errors: dict[str, tuple[Constraints, discovery_pb2.ResourceError]] = \
+        field(default_factory=dict)
+    # variant key -> clock time when its TTL lapses without a heartbeat
+    expires: dict[str, float] = field(default_factory=dict)
+    # the origin said the name does not exist
+    absent: bool = False
+    # parameter sets whose subscription the origin has answered
+    answered: set[Params] = field(default_factory=set)
+    # other names this resource goes by (VHDS-style Resource.aliases)
+    aliases: set[str] = field(default_factory=set)
+
+    def is_empty(self) -> bool:
+        return not (self.variants or self.errors or self.absent or self.answered or
+                    self.aliases)
+
+
 @dataclass
 class _TypeEntry:
-    variants: dict[str, dict[str, CachedResource]] = field(default_factory=dict)
-    absent: set[str] = field(default_factory=set)
+    records: dict[str, _Record] = field(default_factory=dict)
+    # alias -> canonical name, for lookups by alias (each alias is also in
+    # its canonical record's ``aliases``)
+    aliases: dict[str, str] = field(default_factory=dict)
     synced: bool = False
     complete: bool = False
-    settled: set[tuple[str, Params]] = field(default_factory=set)
-    # name -> constraints key -> the origin's error for that variant (key ""
-    # for an error about the name as a whole)
-    errors: dict[str, dict[str, tuple[Constraints, discovery_pb2.ResourceError]]] = \
-        field(default_factory=dict)
-    # (name, variant key) -> clock time when its TTL lapses without a heartbeat
-    expires: dict[tuple[str, str], float] = field(default_factory=dict)
-    # alias -> canonical name (VHDS-style aliases in Resource.aliases)
-    aliases: dict[str, str] = field(default_factory=dict)
+
+    def record(self, name: str) -> _Record:
+        found = self.records.get(name)
+        if found is None:
+            found = self.records[name] = _Record()
+        return found
+
+    def prune(self, name: str) -> None:
+        """Drop the record of ``name`` if it says nothing any more."""
+        found = self.records.get(name)
+        if found is not None and found.is_empty():
+            del self.records[name]
 
 
 class ResourceCache:
@@ -81,6 +139,10 @@ class ResourceCache:
         self._types: dict[str, _TypeEntry] = {}
         self._listeners: list[ChangeListener] = []
         self._clock = clock
+        # (deadline, type URL, name, variant key): TTL deadlines, soonest first.
+        # A heartbeat pushes a new entry; the stale one is dropped when it
+        # comes up (its record no longer holds that deadline).
+        self._deadlines: list[tuple[float, str, str, str]] = []
 
     def add_listener(self, listener: ChangeListener) -> None:
         """Call ``listener`` after every write that changes what readers see."""
@@ -94,16 +156,16 @@ class ResourceCache:
         return entry is not None and entry.synced
 
     def variants(self, type_url: str, name: str) -> Variants | Missing:
-        """The cached variants of ``name``, or why there are none."""
+        """The cached variants of ``name`` (or of what it is an alias of), or why there are none."""
         entry = self._types.get(type_url)
         if entry is None or not entry.synced:
             return UNKNOWN
-        found = entry.variants.get(name)
-        if not found and name in entry.aliases:
-            found = entry.variants.get(entry.aliases[name])
-        if found:
-            return found
-        if entry.complete or name in entry.absent:
+        own = found = entry.records.get(name)
+        if (found is None or not found.variants) and name in entry.aliases:
+            found = entry.records.get(entry.aliases[name])
+        if found is not None and found.variants:
+            return found.variants
+        if entry.complete or (own is not None and own.absent):
             return ABSENT
         return UNKNOWN
 
@@ -112,52 +174,42 @@ class ResourceCache:
         """The origin's current error for the variant of ``name`` a subscriber
         with ``params`` would get: errors carry constraints as resources do."""
         entry = self._types.get(type_url)
-        by_key = entry.errors.get(name) if entry is not None else None
-        if not by_key:
+        record = entry.records.get(name) if entry is not None else None
+        if record is None or not record.errors:
             return None
-        error, _ = select_variant(by_key.values(), params)
+        error, _ = select_variant(record.errors.values(), params)
         return error
 
     def aliases_of(self, type_url: str, name: str) -> set[str]:
         """The aliases under which the cached resource ``name`` is known."""
         entry = self._types.get(type_url)
-        if entry is None:
-            return set()
-        return {alias for alias, canonical in entry.aliases.items() if canonical == name}
+        record = entry.records.get(name) if entry is not None else None
+        return set(record.aliases) if record is not None else set()
 
     def is_complete(self, type_url: str) -> bool:
         """Whether the cache holds every resource of the type (wildcard or files)."""
         entry = self._types.get(type_url)
         return entry is not None and entry.complete
 
-    def is_settled(self, type_url: str, name: str, params: Params) -> bool:
-        """Whether the origin has answered a subscription to ``name`` with ``params``."""
+    def is_answered(self, type_url: str, locator: Locator) -> bool:
+        """Whether the origin has answered a subscription to this locator."""
         entry = self._types.get(type_url)
-        return entry is not None and (name, params) in entry.settled
+        record = entry.records.get(locator.name) if entry is not None else None
+        return record is not None and locator.params in record.answered
 
-    def settle(self, type_url: str, locators: Iterable[tuple[str, Params]]) -> None:
-        """The origin has answered since these locators were subscribed.
-
-        Subscribers whose parameters match none of the variants learn that
-        the resource does not exist for them, so they are told.
-        """
-        entry = self._types.setdefault(type_url, _TypeEntry())
-        new = set(locators) - entry.settled
-        if new:
-            entry.settled |= new
-            self._notify(CacheChange(type_url, frozenset(name for name, _ in new)))
-
-    def names(self, type_url: str) -> Iterable[str]:
-        """Every cached name of a type."""
+    def names(self, type_url: str) -> list[str]:
+        """Every name of a type that has a cached variant."""
         entry = self._types.get(type_url)
-        return entry.variants.keys() if entry is not None else ()
+        if entry is None:
+            return []
+        return [name for name, record in entry.records.items() if record.variants]
 
-    def resources(self, type_url: str) -> Iterable[CachedResource]:
+    def resources(self, type_url: str) -> list[CachedResource]:
         """Every cached variant of a type."""
         entry = self._types.get(type_url)
         if entry is None:
-            return ()
-        return [r for by_key in entry.variants.values() for r in by_key.values()]
+            return []
+        return [r for record in entry.records.values() for r in record.variants.values()]
 
     def type_urls(self) -> list[str]:
         return sorted(self._types)
@@ -165,156 +217,98 @@ class ResourceCache:
     def counts(self) -> dict[str, tuple[int, int]]:
         """Per type URL: how many names are cached, and how many variants in all."""
         # Snapshots (list(...)): the OTLP exporter calls this from its own thread.
-        return {type_url: (len(entry.variants),
-                           sum(len(v) for v in list(entry.variants.values())))
-                for type_url, entry in list(self._types.items())}
+        out = {}
+        for type_url, entry in list(self._types.items()):
+            sizes = [len(r.variants) for r in list(entry.records.values()) if r.variants]
+            out[type_url] = (len(sizes), sum(sizes))
+        return out
+
+    def next_expiry(self) -> float | None:
+        """When the next TTL lapses (clock time), if any resource has one."""
+        while self._deadlines:
+            deadline, type_url, name, key = self._deadlines[0]
+            if self._deadline_of(type_url, name, key) == deadline:
+                return deadline
+            heapq.heappop(self._deadlines)  # refreshed or gone since
+        return None
 
     # -- writing ---------------------------------------------------------
 
-    def apply(self, type_url: str, upserts: Sequence[CachedResource],
-              removed_names: Iterable[str] = (),
-              removed_variants: Iterable[tuple[str, str]] = (),
-              complete: bool | None = None,
-              errors: Iterable[discovery_pb2.ResourceError] = ()) -> frozenset[str]:
-        """Add or replace variants and remove names or single variants.
+    def apply(self, type_url: str, update: Update) -> frozenset[str]:
+        """Write what one origin response (or file load) says; notify listeners once.
 
-        Marks the type synced. ``complete`` says whether the cache now holds
-        every resource of the type (a wildcard subscription or a file source),
-        so that a missing name means the resource does not exist. ``errors``
-        are the origin's per-resource errors; a resource that arrives clears
-        its name's error. A variant resent unchanged is no change; if it has
-        a TTL, listeners hear of it as a heartbeat (its TTL restarted).
-        Returns the names whose state changed; listeners hear of them too.
+        Marks the type synced. A variant resent unchanged is no change; if it
+        has a TTL, listeners hear of it as a heartbeat (its TTL restarted).
+        Returns the names whose state changed.
         """
         entry = self._types.setdefault(type_url, _TypeEntry())
         changed: set[str] = set()
-        # unchanged resends of resources with a TTL: their clients' TTL restarts too
-        refreshed: set[str] = set()
-        for error in errors:
-            name = error.resource_name.name
-            constraints = compile_constraints(
-                error.resource_name.dynamic_parameter_constraints
-                if error.resource_name.HasField("dynamic_parameter_constraints") else None)
-            variant_errors = entry.errors.setdefault(name, {})
-            known = variant_errors.get(constraints.key)
-            if known is None or known[1] != error:
-                variant_errors[constraints.key] = (constraints, error)
-                changed.add(name)
+        beats: set[str] = set()
         now = self._clock()
-        for resource in upserts:
-            # A variant that arrives clears its own error and the name's.
-            cleared_from = entry.errors.get(resource.name)
-            if cleared_from:
-                cleared = [cleared_from.pop(key, None) for key in {resource.variant_key, ""}]
-                if any(cleared):
-                    changed.add(resource.name)
-                if not cleared_from:
-                    del entry.errors[resource.name]
-            ttl = resource.ttl_seconds
-            if ttl is None:
-                entry.expires.pop((resource.name, resource.variant_key), None)
-            else:
-                entry.expires[(resource.name, resource.variant_key)] = now + ttl
-            by_key = entry.variants.setdefault(resource.name, {})
-            old = by_key.get(resource.variant_key)
-            # Content decides, not the version string: an identical resend
-            # (istiod resends everything on every new stream) is no news. A
-            # do-not-cache resource is news each time it is fetched: the
-            # subscribers that asked for a fresh copy are waiting for it.
-            if old is None or old.digest != resource.digest or resource.do_not_cache:
-                by_key[resource.variant_key] = resource
-                changed.add(resource.name)
-            elif ttl is not None:
-                refreshed.add(resource.name)
-            entry.absent.discard(resource.name)
-            for alias in resource.resource.aliases:
-                entry.aliases[alias] = resource.name
-                entry.absent.discard(alias)
-        for name in removed_names:
-            if entry.variants.pop(name, None) is not None or name not in entry.absent:
-                changed.add(name)
-            entry.absent.add(name)
-            for key in [k for k in entry.expires if k[0] == name]:
-                del entry.expires[key]
-        for name, variant_key in removed_variants:
-            entry.expires.pop((name, variant_key), None)
-            held = entry.variants.get(name)
-            if held is not None and held.pop(variant_key, None) is not None:
-                changed.add(name)
-                if not held:
-                    del entry.variants[name]
-                    entry.absent.add(name)
-        if entry.aliases:
-            # Subscribers by alias hear of their canonical resource's changes;
-            # the aliases of a resource that is gone are gone with it.
-            aliased = {a for a, c in entry.aliases.items() if c in changed}
-            for alias in aliased:
-                if entry.aliases[alias] not in entry.variants:
-                    del entry.aliases[alias]
-                    entry.absent.add(alias)
-            changed |= aliased
-        if complete is not None:
-            entry.complete = complete
+        for error in update.errors:
+            self._set_error(entry, error, changed)
+        for resource in update.upserts:
+            self._upsert(type_url, entry, resource, now, changed, beats)
+        for name in update.removed:
+            self._remove_name(entry, name, changed)
+        for name, variant_key in update.removed_variants:
+            self._remove_variant(entry, name, variant_key, changed)
+        for name, variant_key, version in update.heartbeats:
+            self._heartbeat(type_url, entry, name, variant_key, version, now, beats)
+        for locator in update.answered:
+            answered = entry.record(locator.name).answered
+            if locator.params not in answered:
+                answered.add(locator.params)
+                changed.add(locator.name)
+        # Subscribers by alias hear of their canonical resource's changes.
+        for name in list(changed):
+            found = entry.records.get(name)
+            if found is not None:
+                changed.update(found.aliases)
+        if update.complete is not None:
+            entry.complete = update.complete
         became_synced = not entry.synced
         entry.synced = True
         result = frozenset(changed)
-        beats = frozenset(refreshed - changed)
-        if result or became_synced or beats:
-            self._notify(CacheChange(type_url, result, became_synced, beats))
+        heartbeats = frozenset(beats - changed)
+        if result or became_synced or heartbeats:
+            self._notify(CacheChange(type_url, result, became_synced, heartbeats))
         return result
 
     def replace_type(self, type_url: str, resources: Sequence[CachedResource]) -> frozenset[str]:
         """Make ``resources`` the complete state of a type (a file source's snapshot)."""
         entry = self._types.get(type_url)
-        keep = {r.name for r in resources}
-        gone = [n for n in (entry.variants if entry else ()) if n not in keep]
-        # Variants of a kept name that are no longer listed go too.
+        wanted = {(r.name, r.variant_key) for r in resources}
+        keep = {name for name, _ in wanted}
+        gone: list[str] = []
         stale_variants: list[tuple[str, str]] = []
         if entry is not None:
-            wanted = {(r.name, r.variant_key) for r in resources}
-            stale_variants = [(n, k) for n, by_key in entry.variants.items() if n in keep
-                              for k in by_key if (n, k) not in wanted]
-        return self.apply(type_url, resources, gone, stale_variants, complete=True)
-
-    def heartbeat(self, type_url: str, beats: Iterable[tuple[str, str, str]]) -> frozenset[str]:
-        """The origin confirmed these (name, variant key, version): restart their TTL.
-
-        A heartbeat for a version the cache does not hold changes nothing.
-        Returns the names that were refreshed; listeners hear of them as
-        heartbeats, not as changes.
-        """
-        entry = self._types.get(type_url)
-        if entry is None:
-            return frozenset()
-        now = self._clock()
-        refreshed = set()
-        for name, variant_key, version in beats:
-            variant = entry.variants.get(name, {}).get(variant_key)
-            if variant is None or variant.origin_version != version:
-                continue
-            ttl = variant.ttl_seconds
-            if ttl is not None:
-                entry.expires[(name, variant_key)] = now + ttl
-            refreshed.add(name)
-        result = frozenset(refreshed)
-        if result:
-            self._notify(CacheChange(type_url, frozenset(), heartbeats=result))
-        return result
-
-    def next_expiry(self) -> float | None:
-        """When the next TTL lapses (clock time), if any resource has one."""
-        return min((d for e in self._types.values() for d in e.expires.values()), default=None)
+            for name, record in entry.records.items():
+                if not record.variants:
+                    continue
+                if name not in keep:
+                    gone.append(name)
+                else:
+                    # Variants of a kept name that are no longer listed go too.
+                    stale_variants += [(name, k) for k in record.variants
+                                       if (name, k) not in wanted]
+        return self.apply(type_url, Update(resources, removed=gone,
+                                           removed_variants=stale_variants, complete=True))
 
     def expire(self) -> None:
         """Remove every variant whose TTL lapsed without a heartbeat."""
         now = self._clock()
-        for type_url, entry in list(self._types.items()):
-            lapsed = [key for key, deadline in entry.expires.items() if deadline <= now]
-            if lapsed:
-                self.apply(type_url, [], removed_variants=lapsed)
+        lapsed: dict[str, list[tuple[str, str]]] = {}
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, type_url, name, key = heapq.heappop(self._deadlines)
+            if self._deadline_of(type_url, name, key) == deadline:
+                lapsed.setdefault(type_url, []).append((name, key))
+        for type_url, variants in lapsed.items():
+            self.apply(type_url, Update(removed_variants=variants))
 
     def forget(self, type_url: str, names: Iterable[str], keep: Iterable[str] = ()) -> None:
-        """Drop names nobody subscribes to any more (no listener is told).
+        """Drop all the cache knows of names nobody subscribes to any more (no
+        listener is told).
 
         A forgotten alias takes its canonical resource along unless that is
         in ``keep`` or another alias still points at it.
@@ -323,41 +317,147 @@ class ResourceCache:
         if entry is None:
             return
         gone = set(names)
-        for alias in [a for a in gone if a in entry.aliases]:
+        kept = set(keep)
+        for alias in [name for name in gone if name in entry.aliases]:
             canonical = entry.aliases.pop(alias)
-            if canonical not in set(keep) and canonical not in entry.aliases.values():
-                gone.add(canonical)
+            record = entry.records.get(canonical)
+            if record is not None:
+                record.aliases.discard(alias)
+                if canonical not in kept and not record.aliases:
+                    gone.add(canonical)
         for name in gone:
-            entry.variants.pop(name, None)
-            entry.absent.discard(name)
-            entry.errors.pop(name, None)
-        entry.settled = {(n, p) for n, p in entry.settled if n not in gone}
+            record = entry.records.pop(name, None)
+            if record is not None:
+                for alias in record.aliases:
+                    entry.aliases.pop(alias, None)
 
     def forget_variants(self, type_url: str, name: str, keep: Iterable[str],
-                        unsettle: Iterable[Params]) -> None:
-        """Drop the variants of ``name`` not in ``keep`` (no subscription answers them)."""
+                        unanswer: Iterable[Params]) -> None:
+        """Drop the variants of ``name`` not in ``keep`` (no subscription brings
+        them any more) and the answers to the dropped parameters."""
         entry = self._types.get(type_url)
-        if entry is None:
+        record = entry.records.get(name) if entry is not None else None
+        if entry is None or record is None:
             return
         keys = set(keep)
-        by_key = entry.variants.get(name, {})
-        for key in [k for k in by_key if k not in keys]:
-            del by_key[key]
-        if name in entry.variants and not by_key:
-            del entry.variants[name]
-        entry.settled -= {(name, p) for p in unsettle}
+        for key in [k for k in record.variants if k not in keys]:
+            del record.variants[key]
+            record.expires.pop(key, None)
+        record.answered.difference_update(unanswer)
+        entry.prune(name)
 
-    def forget_all_but(self, type_url: str, keep: set[str]) -> None:
-        """After a wildcard subscription ends: keep only explicitly wanted names."""
+    def end_wildcard(self, type_url: str, keep: set[str]) -> None:
+        """A wildcard subscription ended: keep only the explicitly wanted names."""
         entry = self._types.get(type_url)
         if entry is None:
             return
         entry.complete = False
-        for name in [n for n in entry.variants if n not in keep]:
-            del entry.variants[name]
-        entry.absent &= keep
-        entry.settled = {(n, p) for n, p in entry.settled if n in keep}
+        self.forget(type_url, [name for name in entry.records if name not in keep], keep)
+
+    # -- one write, piece by piece --------------------------------------------
+
+    @staticmethod
+    def _set_error(entry: _TypeEntry, error: discovery_pb2.ResourceError,
+                   changed: set[str]) -> None:
+        name = error.resource_name.name
+        constraints = compile_constraints(
+            error.resource_name.dynamic_parameter_constraints
+            if error.resource_name.HasField("dynamic_parameter_constraints") else None)
+        errors = entry.record(name).errors
+        known = errors.get(constraints.key)
+        if known is None or known[1] != error:
+            errors[constraints.key] = (constraints, error)
+            changed.add(name)
+
+    def _upsert(self, type_url: str, entry: _TypeEntry, resource: CachedResource,
+                now: float, changed: set[str], beats: set[str]) -> None:
+        name, key = resource.name, resource.variant_key
+        record = entry.record(name)
+        # A variant that arrives clears its own error and the name's.
+        if record.errors and any([record.errors.pop(k, None) for k in {key, ""}]):
+            changed.add(name)
+        ttl = resource.ttl_seconds
+        if ttl is None:
+            record.expires.pop(key, None)
+        else:
+            self._set_deadline(type_url, record, name, key, now + ttl)
+        old = record.variants.get(key)
+        # Content decides, not the version string: an identical resend
+        # (istiod resends everything on every new stream) is no news. A
+        # do-not-cache resource is news each time it is fetched: the
+        # subscribers that asked for a fresh copy are waiting for it.
+        if old is None or old.digest != resource.digest or resource.do_not_cache:
+            record.variants[key] = resource
+            changed.add(name)
+        elif ttl is not None:
+            beats.add(name)  # its TTL restarted at the origin: so at the clients
+        record.absent = False
+        for alias in resource.resource.aliases:
+            entry.aliases[alias] = name
+            record.aliases.add(alias)
+            alias_record = entry.records.get(alias)
+            if alias_record is not None:
+                alias_record.absent = False
+                entry.prune(alias)
+
+    @staticmethod
+    def _remove_name(entry: _TypeEntry, name: str, changed: set[str]) -> None:
+        record = entry.record(name)
+        if record.variants or not record.absent:
+            changed.add(name)
+        record.variants.clear()
+        record.expires.clear()
+        record.absent = True
+        _drop_aliases(entry, name, record, changed)
+
+    @staticmethod
+    def _remove_variant(entry: _TypeEntry, name: str, variant_key: str,
+                        changed: set[str]) -> None:
+        record = entry.records.get(name)
+        if record is None:
+            return
+        record.expires.pop(variant_key, None)
+        if record.variants.pop(variant_key, None) is None:
+            return
+        changed.add(name)
+        if not record.variants:
+            record.absent = True
+            _drop_aliases(entry, name, record, changed)
+
+    def _heartbeat(self, type_url: str, entry: _TypeEntry, name: str, variant_key: str,
+                   version: str, now: float, beats: set[str]) -> None:
+        """The origin confirmed a variant unchanged: restart its TTL.
+
+        A heartbeat for a version the cache does not hold changes nothing.
+        """
+        record = entry.records.get(name)
+        variant = record.variants.get(variant_key) if record is not None else None
+        if record is None or variant is None or variant.origin_version != version:
+            return
+        ttl = variant.ttl_seconds
+        if ttl is not None:
+            self._set_deadline(type_url, record, name, variant_key, now + ttl)
+        beats.add(name)
+
+    def _set_deadline(self, type_url: str, record: _Record, name: str, key: str,
+                      deadline: float) -> None:
+        record.expires[key] = deadline
+        heapq.heappush(self._deadlines, (deadline, type_url, name, key))
+
+    def _deadline_of(self, type_url: str, name: str, key: str) -> float | None:
+        entry = self._types.get(type_url)
+        record = entry.records.get(name) if entry is not None else None
+        return record.expires.get(key) if record is not None else None
 
     def _notify(self, change: CacheChange) -> None:
         for listener in self._listeners:
             listener(change)
+
+
+def _drop_aliases(entry: _TypeEntry, name: str, record: _Record, changed: set[str]) -> None:
+    """The resource ``name`` is gone: its aliases are gone with it."""
+    for alias in record.aliases:
+        entry.aliases.pop(alias, None)
+        entry.record(alias).absent = True
+        changed.add(alias)
+    record.aliases.clear()

@@ -49,7 +49,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from operator import attrgetter
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -58,6 +58,7 @@ __all__ = [
     "UNCONSTRAINED",
     "Constraints",
     "InvalidConstraints",
+    "Locator",
     "Params",
     "compile_constraints",
     "constraints_message",
@@ -76,6 +77,14 @@ frozenset's hash, so looking the same object up again is cheap.
 
 EMPTY_PARAMS: Params = frozenset()
 """The parameters of a client that sent none."""
+
+
+class Locator(NamedTuple):
+    """A subscription to one resource: its name and the dynamic parameters it
+    is wanted with (:data:`EMPTY_PARAMS` for a plain name)."""
+
+    name: str
+    params: Params = EMPTY_PARAMS
 
 # How many distinct parameter sets params_of shares one object for (see there).
 _SHARED_PARAMS_SIZE = 65536

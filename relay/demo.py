@@ -90,7 +90,7 @@ async def run_demo(resources: Path, port: int, admin_port: int, origin_port: int
         await origin.stop(0)
         raise
     try:
-        await asyncio.wait_for(relay.upstream.connected_event.wait(), 10)  # type: ignore[union-attr]
+        await asyncio.wait_for(relay.upstream.synced_event.wait(), 10)  # type: ignore[union-attr]
         print(f"""
 xds-relay demo is running
   origin (files in {resources}/): Delta ADS on 127.0.0.1:{origin.xds_port}

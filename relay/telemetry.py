@@ -2,7 +2,7 @@
 
 Instruments come from an OpenTelemetry ``MeterProvider``; :func:`prometheus_provider`
 makes one whose readings are served at ``/metrics``. Labels are bounded: type
-URLs (short names), stream variant, outcome. Never a client or resource name.
+URLs (short names), wire protocol (sotw or delta), outcome. Never a client or resource name.
 """
 
 from __future__ import annotations
@@ -93,12 +93,12 @@ class Metrics:
             "xds_relay_downstream_streams", description="Connected downstream xDS streams")
         self.downstream_pushes = HotCounter(
             meter, "xds_relay_downstream_pushes", "Responses sent to downstream clients",
-            ("variant", "type"))
+            ("protocol", "type"))
         self.downstream_acks = HotCounter(
-            meter, "xds_relay_downstream_acks", "Downstream ACKs received", ("variant", "type"))
+            meter, "xds_relay_downstream_acks", "Downstream ACKs received", ("protocol", "type"))
         self.downstream_nacks = HotCounter(
             meter, "xds_relay_downstream_nacks", "Downstream NACKs received",
-            ("variant", "type"))
+            ("protocol", "type"))
         self.downstream_rejected = meter.create_counter(
             "xds_relay_downstream_rejected_streams",
             description="Downstream streams ended for a protocol error")
@@ -111,7 +111,7 @@ class Metrics:
         self.downstream_coalesced = HotCounter(
             meter, "xds_relay_downstream_coalesced_updates",
             "Updates to a client superseded by a newer one before they were sent",
-            ("variant", "type"))
+            ("protocol", "type"))
         self.push_latency = HotHistogram(
             "xds_relay_push_latency_seconds",
             "From receiving an origin update to sending it to a client, per pushed response",
@@ -126,8 +126,8 @@ class Metrics:
 
         self._meter = meter
 
-    def push(self, variant: str, type_url: str) -> None:
-        self.downstream_pushes.add(variant, short_name(type_url))
+    def push(self, protocol: str, type_url: str) -> None:
+        self.downstream_pushes.add(protocol, short_name(type_url))
 
     def observe_state(self, cache_counts: Callable[[], Mapping[str, tuple[int, int]]],
                       downstream_counts: Callable[[], Mapping[tuple[str, ...], int]],
@@ -149,7 +149,7 @@ class Metrics:
                      ("type",),
                      lambda: per_type({t: v for t, (_, v) in cache_counts().items()}))
         self.observe("xds_relay_downstream_subscriptions",
-                     "Downstream streams subscribed to a type", ("variant", "type"),
+                     "Downstream streams subscribed to a type", ("protocol", "type"),
                      downstream_counts)
         if upstream_counts is not None:
             self.observe("xds_relay_upstream_subscriptions",

@@ -8,7 +8,7 @@ import json
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.admin import AdminServer
-from relay.cache import ResourceCache
+from relay.cache import ResourceCache, Update
 from relay.resource import CachedResource
 from relay.telemetry import new_metrics, prometheus_provider
 from relay.xds_types import CLUSTER, ENDPOINT
@@ -18,8 +18,8 @@ from tests.builders import cluster, endpoints, pack
 def admin(not_ready: str | None = None) -> tuple[AdminServer, ResourceCache]:
     cache = ResourceCache()
     for msg, type_url, name in ((cluster("a"), CLUSTER, "a"), (endpoints("a", 9), ENDPOINT, "a")):
-        cache.apply(type_url, [CachedResource(type_url, name, "v1", discovery_pb2.Resource(
-            name=name, version="v1", resource=pack(msg)))])
+        cache.apply(type_url, Update([CachedResource(type_url, name, "v1", discovery_pb2.Resource(
+            name=name, version="v1", resource=pack(msg)))]))
     provider, registry = prometheus_provider()
     new_metrics(provider).push("delta", CLUSTER)
     return AdminServer(cache, registry, lambda: not_ready), cache
@@ -50,7 +50,7 @@ def test_metrics_are_prometheus_text() -> None:
     reply = server.route("GET", "/metrics")
     assert reply.status == 200 and reply.content_type.startswith("text/plain")
     assert b'xds_relay_downstream_pushes_total{' in reply.body
-    assert b'type="Cluster"' in reply.body and b'variant="delta"' in reply.body
+    assert b'type="Cluster"' in reply.body and b'protocol="delta"' in reply.body
 
 
 def test_unknown_path_and_method() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.cache import ABSENT, UNKNOWN, CacheChange, ResourceCache
-from relay.constraints import UNCONSTRAINED, Constraints, compile_constraints, params_of
+from relay.cache import ABSENT, UNKNOWN, CacheChange, ResourceCache, Update
+from relay.constraints import UNCONSTRAINED, Constraints, Locator, compile_constraints, params_of
 from relay.resource import CachedResource
 from relay.xds_types import CLUSTER
 
@@ -35,7 +35,7 @@ def test_unsynced_type_is_unknown() -> None:
 
 def test_first_write_syncs_and_notifies_changed_names() -> None:
     cache, changes = recording()
-    cache.apply(CLUSTER, [res("a", "1")])
+    cache.apply(CLUSTER, Update([res("a", "1")]))
     assert changes == [CacheChange(CLUSTER, frozenset({"a"}), True)]
     found = cache.variants(CLUSTER, "a")
     assert not isinstance(found, type(UNKNOWN)) and found[""].version == "1"
@@ -43,44 +43,44 @@ def test_first_write_syncs_and_notifies_changed_names() -> None:
 
 def test_empty_first_write_still_syncs() -> None:
     cache, changes = recording()
-    cache.apply(CLUSTER, [])
+    cache.apply(CLUSTER, Update())
     assert cache.is_synced(CLUSTER)
     assert changes == [CacheChange(CLUSTER, frozenset(), True)]
 
 
 def test_unchanged_resource_is_not_a_change() -> None:
     cache, changes = recording()
-    cache.apply(CLUSTER, [res("a", "1")])
-    assert cache.apply(CLUSTER, [res("a", "1")]) == frozenset()
+    cache.apply(CLUSTER, Update([res("a", "1")]))
+    assert cache.apply(CLUSTER, Update([res("a", "1")])) == frozenset()
     assert len(changes) == 1
 
 
 def test_removed_name_becomes_absent_and_notifies() -> None:
     cache, changes = recording()
-    cache.apply(CLUSTER, [res("a", "1")])
-    cache.apply(CLUSTER, [], ["a"])
+    cache.apply(CLUSTER, Update([res("a", "1")]))
+    cache.apply(CLUSTER, Update(removed=["a"]))
     assert cache.variants(CLUSTER, "a") is ABSENT
     assert changes[-1] == CacheChange(CLUSTER, frozenset({"a"}))
 
 
 def test_missing_name_is_unknown_unless_type_is_complete() -> None:
     cache, _ = recording()
-    cache.apply(CLUSTER, [res("a", "1")])
+    cache.apply(CLUSTER, Update([res("a", "1")]))
     assert cache.variants(CLUSTER, "zz") is UNKNOWN
-    cache.apply(CLUSTER, [], complete=True)
+    cache.apply(CLUSTER, Update(complete=True))
     assert cache.variants(CLUSTER, "zz") is ABSENT
 
 
 def test_variants_are_separate_entries_and_removed_one_by_one() -> None:
     cache, _ = recording()
     k1, k2 = env("canary").key, env("prod").key
-    cache.apply(CLUSTER, [res("a", "1", env("canary")), res("a", "1", env("prod"))])
+    cache.apply(CLUSTER, Update([res("a", "1", env("canary")), res("a", "1", env("prod"))]))
     found = cache.variants(CLUSTER, "a")
     assert not isinstance(found, type(UNKNOWN)) and sorted(found) == sorted([k1, k2])
-    cache.apply(CLUSTER, [], removed_variants=[("a", k1)])
+    cache.apply(CLUSTER, Update(removed_variants=[("a", k1)]))
     found = cache.variants(CLUSTER, "a")
     assert not isinstance(found, type(UNKNOWN)) and list(found) == [k2]
-    cache.apply(CLUSTER, [], removed_variants=[("a", k2)])
+    cache.apply(CLUSTER, Update(removed_variants=[("a", k2)]))
     assert cache.variants(CLUSTER, "a") is ABSENT
 
 
@@ -94,39 +94,39 @@ def test_replace_type_removes_what_is_not_listed() -> None:
 
 def test_forget_drops_without_notifying() -> None:
     cache, changes = recording()
-    cache.apply(CLUSTER, [res("a", "1"), res("b", "1")])
+    cache.apply(CLUSTER, Update([res("a", "1"), res("b", "1")]))
     cache.forget(CLUSTER, ["a"])
     assert cache.variants(CLUSTER, "a") is UNKNOWN
-    cache.forget_all_but(CLUSTER, {"b"})
+    cache.end_wildcard(CLUSTER, {"b"})
     assert list(cache.names(CLUSTER)) == ["b"]
     assert len(changes) == 1
 
 
 def test_settled_locators_are_per_parameters_and_notify_once() -> None:
     cache, changes = recording()
-    cache.apply(CLUSTER, [res("a", "1", env("canary"))])
+    cache.apply(CLUSTER, Update([res("a", "1", env("canary"))]))
     prod = params_of({"env": "prod"})
-    assert not cache.is_settled(CLUSTER, "a", prod)
-    cache.settle(CLUSTER, [("a", prod)])
-    assert cache.is_settled(CLUSTER, "a", prod)
-    assert not cache.is_settled(CLUSTER, "a", params_of({"env": "dev"}))
+    assert not cache.is_answered(CLUSTER, Locator("a", prod))
+    cache.apply(CLUSTER, Update(answered=[Locator("a", prod)]))
+    assert cache.is_answered(CLUSTER, Locator("a", prod))
+    assert not cache.is_answered(CLUSTER, Locator("a", params_of({"env": "dev"})))
     assert changes[-1] == CacheChange(CLUSTER, frozenset({"a"}))
     count = len(changes)
-    cache.settle(CLUSTER, [("a", prod)])
+    cache.apply(CLUSTER, Update(answered=[Locator("a", prod)]))
     assert len(changes) == count
     cache.forget(CLUSTER, ["a"])
-    assert not cache.is_settled(CLUSTER, "a", prod)
+    assert not cache.is_answered(CLUSTER, Locator("a", prod))
 
 
 def test_forget_variants_keeps_only_the_listed_ones() -> None:
     cache, _ = recording()
-    cache.apply(CLUSTER, [res("a", "1", env("canary")), res("a", "1", env("prod"))])
+    cache.apply(CLUSTER, Update([res("a", "1", env("canary")), res("a", "1", env("prod"))]))
     prod = params_of({"env": "prod"})
-    cache.settle(CLUSTER, [("a", prod)])
+    cache.apply(CLUSTER, Update(answered=[Locator("a", prod)]))
     cache.forget_variants(CLUSTER, "a", [env("canary").key], [prod])
     found = cache.variants(CLUSTER, "a")
     assert not isinstance(found, type(UNKNOWN)) and list(found) == [env("canary").key]
-    assert not cache.is_settled(CLUSTER, "a", prod)
+    assert not cache.is_answered(CLUSTER, Locator("a", prod))
 
 
 class FakeClock:
@@ -148,10 +148,10 @@ def test_invariant_22_ttl_lapses_without_heartbeat_and_heartbeat_restarts_it() -
     cache = ResourceCache(clock)
     changes: list[CacheChange] = []
     cache.add_listener(changes.append)
-    cache.apply(CLUSTER, [with_ttl("a", "1", 10), res("b", "1")])
+    cache.apply(CLUSTER, Update([with_ttl("a", "1", 10), res("b", "1")]))
     assert cache.next_expiry() == 110.0
     clock.now = 108.0
-    assert cache.heartbeat(CLUSTER, [("a", "", "1")]) == frozenset({"a"})
+    assert cache.apply(CLUSTER, Update(heartbeats=[("a", "", "1")])) == frozenset()
     assert changes[-1] == CacheChange(CLUSTER, frozenset(), heartbeats=frozenset({"a"}))
     assert cache.next_expiry() == 118.0
     clock.now = 117.0
@@ -168,8 +168,12 @@ def test_invariant_22_ttl_lapses_without_heartbeat_and_heartbeat_restarts_it() -
 def test_heartbeat_for_another_version_changes_nothing() -> None:
     clock = FakeClock()
     cache = ResourceCache(clock)
-    cache.apply(CLUSTER, [with_ttl("a", "1", 10)])
-    assert cache.heartbeat(CLUSTER, [("a", "", "2"), ("zz", "", "1")]) == frozenset()
+    changes: list[CacheChange] = []
+    cache.add_listener(changes.append)
+    cache.apply(CLUSTER, Update([with_ttl("a", "1", 10)]))
+    assert cache.apply(CLUSTER, Update(heartbeats=[("a", "", "2"), ("zz", "", "1")])) == \
+        frozenset()
+    assert len(changes) == 1  # the first write only: no heartbeat was heard
     assert cache.next_expiry() == 110.0
 
 
@@ -185,18 +189,18 @@ def resource_error(name: str, env_value: str | None = None) -> discovery_pb2.Res
 def test_resource_errors_are_per_variant_and_cleared_by_that_variant() -> None:
     cache = ResourceCache()
     canary, whole = resource_error("a", "canary"), resource_error("b")
-    cache.apply(CLUSTER, [], errors=[canary, whole])
+    cache.apply(CLUSTER, Update(errors=[canary, whole]))
     canary_params, prod_params = params_of({"env": "canary"}), params_of({"env": "prod"})
     assert cache.error(CLUSTER, "a", canary_params) == canary
     assert cache.error(CLUSTER, "a", prod_params) is None
     # An error about the name as a whole is everyone's.
     assert cache.error(CLUSTER, "b", prod_params) == whole
     # The prod variant arriving leaves the canary error; the canary one clears it.
-    cache.apply(CLUSTER, [res("a", "1", env("prod"))])
+    cache.apply(CLUSTER, Update([res("a", "1", env("prod"))]))
     assert cache.error(CLUSTER, "a", canary_params) == canary
-    cache.apply(CLUSTER, [res("a", "1", env("canary"))])
+    cache.apply(CLUSTER, Update([res("a", "1", env("canary"))]))
     assert cache.error(CLUSTER, "a", canary_params) is None
-    cache.apply(CLUSTER, [res("b", "1", env("prod"))])
+    cache.apply(CLUSTER, Update([res("b", "1", env("prod"))]))
     assert cache.error(CLUSTER, "b", prod_params) is None
 
 
@@ -209,24 +213,24 @@ def with_body(name: str, version: str, body: bytes) -> CachedResource:
 
 def test_an_identical_resend_is_no_change() -> None:
     cache, changes = recording()
-    cache.apply(CLUSTER, [with_body("a", "1", b"\x08\x01")])
+    cache.apply(CLUSTER, Update([with_body("a", "1", b"\x08\x01")]))
     kept = cache.variants(CLUSTER, "a")
-    assert cache.apply(CLUSTER, [with_body("a", "1", b"\x08\x01")]) == frozenset()
+    assert cache.apply(CLUSTER, Update([with_body("a", "1", b"\x08\x01")])) == frozenset()
     assert len(changes) == 1
     assert cache.variants(CLUSTER, "a") == kept  # the first copy stays, with its bytes
 
 
 def test_new_content_under_the_same_version_is_a_change() -> None:
     cache, changes = recording()
-    cache.apply(CLUSTER, [with_body("a", "1", b"\x08\x01")])
-    assert cache.apply(CLUSTER, [with_body("a", "1", b"\x08\x02")]) == frozenset({"a"})
+    cache.apply(CLUSTER, Update([with_body("a", "1", b"\x08\x01")]))
+    assert cache.apply(CLUSTER, Update([with_body("a", "1", b"\x08\x02")])) == frozenset({"a"})
     assert changes[-1] == CacheChange(CLUSTER, frozenset({"a"}))
 
 
 def test_a_new_version_of_the_same_content_is_a_change() -> None:
     cache, _ = recording()
-    cache.apply(CLUSTER, [with_body("a", "1", b"\x08\x01")])
-    assert cache.apply(CLUSTER, [with_body("a", "2", b"\x08\x01")]) == frozenset({"a"})
+    cache.apply(CLUSTER, Update([with_body("a", "1", b"\x08\x01")]))
+    assert cache.apply(CLUSTER, Update([with_body("a", "2", b"\x08\x01")])) == frozenset({"a"})
 
 
 def test_derived_versions_follow_the_content_and_heartbeats_the_origins_version() -> None:
@@ -245,10 +249,14 @@ def test_derived_versions_follow_the_content_and_heartbeats_the_origins_version(
     assert first.resource.version == first.version  # what delta clients are sent
     clock = FakeClock()
     cache = ResourceCache(clock)
-    cache.apply(CLUSTER, [first])
+    changes: list[CacheChange] = []
+    cache.add_listener(changes.append)
+    cache.apply(CLUSTER, Update([first]))
     # The origin's heartbeat carries its own (empty) version, not the derived one.
-    assert cache.heartbeat(CLUSTER, [("a", "", "")]) == frozenset({"a"})
-    assert cache.heartbeat(CLUSTER, [("a", "", first.version)]) == frozenset()
+    cache.apply(CLUSTER, Update(heartbeats=[("a", "", "")]))
+    assert changes[-1] == CacheChange(CLUSTER, frozenset(), heartbeats=frozenset({"a"}))
+    cache.apply(CLUSTER, Update(heartbeats=[("a", "", first.version)]))
+    assert len(changes) == 2
 
 
 def test_an_identical_resend_of_a_resource_with_a_ttl_is_a_heartbeat() -> None:
@@ -256,8 +264,41 @@ def test_an_identical_resend_of_a_resource_with_a_ttl_is_a_heartbeat() -> None:
     cache = ResourceCache(clock)
     changes: list[CacheChange] = []
     cache.add_listener(changes.append)
-    cache.apply(CLUSTER, [with_ttl("a", "1", 10)])
+    cache.apply(CLUSTER, Update([with_ttl("a", "1", 10)]))
     clock.now = 105.0
-    assert cache.apply(CLUSTER, [with_ttl("a", "1", 10)]) == frozenset()
+    assert cache.apply(CLUSTER, Update([with_ttl("a", "1", 10)])) == frozenset()
     assert changes[-1] == CacheChange(CLUSTER, frozenset(), heartbeats=frozenset({"a"}))
     assert cache.next_expiry() == 115.0  # the TTL restarted
+
+
+def test_forgetting_a_name_drops_everything_known_of_it() -> None:
+    clock = FakeClock()
+    cache = ResourceCache(clock)
+    aliased = with_ttl("a", "1", 10)
+    aliased.resource.aliases.append("alias-of-a")
+    canary = params_of({"env": "canary"})
+    cache.apply(CLUSTER, Update([aliased], errors=[resource_error("a", "prod")],
+                                answered=[Locator("a", canary)]))
+    assert cache.aliases_of(CLUSTER, "a") == {"alias-of-a"}
+    assert cache.next_expiry() == 110.0
+    cache.forget(CLUSTER, ["a"])
+    assert cache.variants(CLUSTER, "a") is UNKNOWN
+    assert cache.variants(CLUSTER, "alias-of-a") is UNKNOWN
+    assert cache.error(CLUSTER, "a", params_of({"env": "prod"})) is None
+    assert not cache.is_answered(CLUSTER, Locator("a", canary))
+    assert cache.aliases_of(CLUSTER, "a") == set()
+    assert cache.next_expiry() is None  # its TTL went with it
+    # Subscribed again later, the name starts from nothing: no stale error.
+    cache.apply(CLUSTER, Update([res("a", "2")]))
+    assert cache.error(CLUSTER, "a", params_of({"env": "prod"})) is None
+
+
+def test_the_end_of_a_wildcard_forgets_every_field_of_the_names_not_kept() -> None:
+    cache = ResourceCache()
+    cache.apply(CLUSTER, Update([res("a", "1"), with_ttl("b", "1", 10)],
+                                errors=[resource_error("b")], complete=True))
+    cache.end_wildcard(CLUSTER, {"a"})
+    assert not cache.is_complete(CLUSTER)
+    assert cache.names(CLUSTER) == ["a"]
+    assert cache.error(CLUSTER, "b", params_of({})) is None
+    assert cache.next_expiry() is None

@@ -106,23 +106,23 @@ async def test_metrics_count_known_traffic_exactly() -> None:
     assert series(samples, "xds_relay_cache_variants") == {
         labels(type="Cluster"): 2, labels(type="ClusterLoadAssignment"): 1}
     assert series(samples, "xds_relay_downstream_streams") == {
-        labels(variant="delta"): 1, labels(variant="sotw"): 1}
+        labels(protocol="delta"): 1, labels(protocol="sotw"): 1}
     assert series(samples, "xds_relay_downstream_subscriptions") == {
-        labels(variant="delta", type="Cluster"): 1,
-        labels(variant="delta", type="ClusterLoadAssignment"): 1,
-        labels(variant="sotw", type="Cluster"): 1}
+        labels(protocol="delta", type="Cluster"): 1,
+        labels(protocol="delta", type="ClusterLoadAssignment"): 1,
+        labels(protocol="sotw", type="Cluster"): 1}
     assert series(samples, "xds_relay_downstream_pushes_total") == {
-        labels(variant="delta", type="Cluster"): 4,   # first fetch, v2, v3, v5
-        labels(variant="delta", type="ClusterLoadAssignment"): 1,
-        labels(variant="sotw", type="Cluster"): 3}    # from cache, v2, v5
+        labels(protocol="delta", type="Cluster"): 4,   # first fetch, v2, v3, v5
+        labels(protocol="delta", type="ClusterLoadAssignment"): 1,
+        labels(protocol="sotw", type="Cluster"): 3}    # from cache, v2, v5
     assert series(samples, "xds_relay_downstream_acks_total") == {
-        labels(variant="delta", type="Cluster"): 4,
-        labels(variant="delta", type="ClusterLoadAssignment"): 1,
-        labels(variant="sotw", type="Cluster"): 2}
+        labels(protocol="delta", type="Cluster"): 4,
+        labels(protocol="delta", type="ClusterLoadAssignment"): 1,
+        labels(protocol="sotw", type="Cluster"): 2}
     assert series(samples, "xds_relay_downstream_nacks_total") == {
-        labels(variant="sotw", type="Cluster"): 1}
+        labels(protocol="sotw", type="Cluster"): 1}
     assert series(samples, "xds_relay_downstream_coalesced_updates_total") == {
-        labels(variant="delta", type="Cluster"): 1, labels(variant="sotw", type="Cluster"): 2}
+        labels(protocol="delta", type="Cluster"): 1, labels(protocol="sotw", type="Cluster"): 2}
     assert series(samples, "xds_relay_upstream_responses_total") == {
         labels(type="Cluster", outcome="ack"): 5,
         labels(type="ClusterLoadAssignment", outcome="ack"): 1}
@@ -162,10 +162,10 @@ async def test_clients_endpoint_shows_each_client_subscriptions_acks_and_nacks()
     for client in clients["clients"]:
         assert client.pop("peer").startswith("ipv4:127.0.0.1:")
     assert clients == {"clients": [
-        {"node_id": "delta-1", "variant": "delta", "types": {ENDPOINT: {
+        {"node_id": "delta-1", "protocol": "delta", "types": {ENDPOINT: {
             "subscribed": ["a"], "wildcard": False, "versions": {"a": "v1"},
             "acked": answer.nonce, "in_flight": None, "last_nack": None}}},
-        {"node_id": "sotw-1", "variant": "sotw", "types": {CLUSTER: {
+        {"node_id": "sotw-1", "protocol": "sotw", "types": {CLUSTER: {
             "subscribed": [], "wildcard": True, "versions": {"a": "v2", "b": "v1"},
             "acked": first.version_info, "in_flight": None,
             "last_nack": {"nonce": rejected.nonce, "version": rejected.version_info,

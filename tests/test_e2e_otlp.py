@@ -69,7 +69,7 @@ metrics:
     relay = Relay(parse_config(config, "otlp.yaml"))
     await relay.start()
     try:
-        await eventually(relay.is_ready)
+        await eventually(lambda: relay.not_ready_reason() is None)
         await eventually(lambda: collector.gauges().get("xds_relay_upstream_connected",
                                                         [])[-1:] == [1.0])
     finally:

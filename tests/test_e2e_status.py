@@ -73,7 +73,7 @@ async def test_health_serving_after_start_and_not_serving_after_set_not_serving(
         stub = health_pb2_grpc.HealthStub(stack.channel)
         watch = stub.Watch(health_pb2.HealthCheckRequest(service=""))
         assert (await watch.read()).status == SERVING
-        await eventually(stack.relay.is_ready)
+        await eventually(lambda: stack.relay.not_ready_reason() is None)
         ads = stub.Watch(health_pb2.HealthCheckRequest(service=ADS_SERVICE))
         assert (await asyncio.wait_for(ads.read(), TIMEOUT)).status == SERVING
         ads.cancel()
@@ -103,7 +103,7 @@ async def test_xds_services_are_not_serving_until_the_relay_has_synced() -> None
             assert relay.not_ready_reason() == "not yet synced with the origin"
             revived = await ScriptedOrigin().start(port)
             try:
-                await eventually(relay.is_ready)
+                await eventually(lambda: relay.not_ready_reason() is None)
                 watch = stub.Watch(health_pb2.HealthCheckRequest(service=ADS_SERVICE))
                 while (await asyncio.wait_for(watch.read(), TIMEOUT)).status != SERVING:
                     pass

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.constraints import EMPTY_PARAMS, Params
+from relay.interest import Interest
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack
 from relay.protocol.view import ResourceView
 from relay.resource import CachedResource
-from relay.subscriptions import Interest
 
 
 @dataclass

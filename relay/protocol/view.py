@@ -9,7 +9,7 @@ from typing import Protocol
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN, Missing, ResourceCache
-from relay.constraints import Params, select_variant
+from relay.constraints import Locator, Params, select_variant
 from relay.resource import CachedResource
 
 log = logging.getLogger("relay.variants")
@@ -55,7 +55,8 @@ class CacheView:
 
     def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
         found = self._cache.variants(type_url, name)
-        if found is UNKNOWN and params and self._cache.is_settled(type_url, name, params):
+        answered = self._cache.is_answered(type_url, Locator(name, params))
+        if found is UNKNOWN and params and answered:
             # The origin answered this subscriber's locator with no variant
             # (the ones it had may have gone with their last subscriber).
             # Plain names keep waiting for the origin to say "removed".
@@ -73,7 +74,7 @@ class CacheView:
                 self._ambiguous(type_url, name, frozenset(found))
             if choice is not None:
                 return choice
-        if self._cache.is_complete(type_url) or self._cache.is_settled(type_url, name, params):
+        if self._cache.is_complete(type_url) or answered:
             return ABSENT
         return UNKNOWN
 

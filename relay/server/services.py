@@ -15,7 +15,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.protocol.sotw import SotwSubscription
 from relay.protocol.view import NonceSource
-from relay.server.streams import DownstreamStream, ServingContext, Variant, encode_plan
+from relay.server.streams import DownstreamStream, ServingContext, XdsProtocol, encode_plan
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
 # The status message of streams refused or closed while the relay drains.
@@ -26,15 +26,15 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-def _stream_handler(serving: ServingContext, variant: Variant,
+def _stream_handler(serving: ServingContext, protocol: XdsProtocol,
                     fixed_type_url: str | None) -> grpc.RpcMethodHandler:
-    request_class: Any = (discovery_pb2.DeltaDiscoveryRequest if variant == "delta"
+    request_class: Any = (discovery_pb2.DeltaDiscoveryRequest if protocol == "delta"
                           else discovery_pb2.DiscoveryRequest)
 
     async def behaviour(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         if serving.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
-        stream = DownstreamStream(serving, variant, context.peer(), fixed_type_url)
+        stream = DownstreamStream(serving, protocol, context.peer(), fixed_type_url)
         await stream.serve(requests, context)
 
     return grpc.stream_stream_rpc_method_handler(

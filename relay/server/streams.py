@@ -23,17 +23,18 @@ from envoy.config.core.v3 import base_pb2
 from relay.cache import ResourceCache
 from relay.constraints import EMPTY_PARAMS, Params, params_of
 from relay.encoding import encode_delta_response, encode_sotw_response, locator_size
+from relay.interest import InterestIndex
 from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
 from relay.protocol.view import CacheView, NonceSource
-from relay.subscriptions import SubscriptionIndex
 from relay.telemetry import Metrics
 from relay.xds_types import CLUSTER, ENDPOINT, push_rank, short_name
 
 log = logging.getLogger("relay.downstream")
 
-Variant = Literal["sotw", "delta"]
+# The two xDS wire protocols: state of the world and incremental.
+XdsProtocol = Literal["sotw", "delta"]
 
 # A SotW client announcing this accepts resources wrapped in Resource (TTLs,
 # heartbeats); others get bare resources.
@@ -47,7 +48,7 @@ class ServingContext:
     """What every downstream stream shares."""
 
     cache: ResourceCache
-    index: SubscriptionIndex
+    index: InterestIndex
     metrics: Metrics
     view: CacheView
     batch_window: float = 0.0
@@ -64,12 +65,12 @@ class ServingContext:
         self.idle.set()
 
     def subscription_counts(self) -> Counter[tuple[str, ...]]:
-        """Streams subscribed to each type, by (variant, short type name)."""
+        """Streams subscribed to each type, by (protocol, short type name)."""
         counts: Counter[tuple[str, ...]] = Counter()
         # Snapshots (list(...)): the OTLP exporter calls this from its own thread.
         for stream in list(self.streams):
             for type_url in list(stream.states):
-                counts[stream.variant, short_name(type_url)] += 1
+                counts[stream.protocol, short_name(type_url)] += 1
         return counts
 
     def close_streams(self, reason: str) -> None:
@@ -83,7 +84,7 @@ class ServingContext:
                       key=lambda s: (s["node_id"], s["peer"]))
 
     @classmethod
-    def create(cls, cache: ResourceCache, index: SubscriptionIndex, metrics: Metrics,
+    def create(cls, cache: ResourceCache, index: InterestIndex, metrics: Metrics,
                batch_window: float = 0.0) -> ServingContext:
         def conflict(type_url: str, name: str) -> None:
             metrics.variant_conflicts.add(1, {"type": short_name(type_url)})
@@ -94,10 +95,10 @@ class ServingContext:
 class DownstreamStream:
     """One downstream xDS stream, ADS (any type) or per-type (``fixed_type_url``)."""
 
-    def __init__(self, serving: ServingContext, variant: Variant, peer: str,
+    def __init__(self, serving: ServingContext, protocol: XdsProtocol, peer: str,
                  fixed_type_url: str | None = None) -> None:
         self.serving = serving
-        self.variant: Variant = variant
+        self.protocol: XdsProtocol = protocol
         self.peer = peer
         self.fixed_type_url = fixed_type_url
         self.node: base_pb2.Node | None = None
@@ -148,7 +149,7 @@ class DownstreamStream:
                 "last_nack": None if nack is None else {
                     "nonce": nack.nonce, "version": nack.version, "message": nack.message},
             }
-        return {"node_id": self.node_id, "peer": self.peer, "variant": self.variant,
+        return {"node_id": self.node_id, "peer": self.peer, "protocol": self.protocol,
                 "types": types}
 
     def close(self, reason: str) -> None:
@@ -164,7 +165,7 @@ class DownstreamStream:
             coalesced = state.resources_changed(names, everything)
             if coalesced:
                 self.serving.metrics.downstream_coalesced.add(
-                    self.variant, short_name(type_url), amount=coalesced)
+                    self.protocol, short_name(type_url), amount=coalesced)
             self._origin_changed = True
             self._wake.set()
 
@@ -201,7 +202,7 @@ class DownstreamStream:
         limit = self.serving.max_locator_size
         if limit is None:
             return
-        delta = self.variant == "delta"
+        delta = self.protocol == "delta"
         names = request.resource_names_subscribe if delta else request.resource_names
         locators = request.resource_locators_subscribe if delta else request.resource_locators
         with_params = locator_size("", node_params) if node_params else 0
@@ -233,7 +234,7 @@ class DownstreamStream:
         self.check_locator_sizes(request, self.node_params.get(type_url, EMPTY_PARAMS))
         state = self.states.get(type_url)
         if state is None:
-            state = (DeltaSubscription(type_url) if self.variant == "delta"
+            state = (DeltaSubscription(type_url) if self.protocol == "delta"
                      else SotwSubscription(type_url))
             state.set_node_params(self.node_params.get(type_url, EMPTY_PARAMS))
             if isinstance(state, SotwSubscription) and self.node is not None:
@@ -244,12 +245,12 @@ class DownstreamStream:
             self._requested_at[type_url] = time.monotonic()
         metrics = self.serving.metrics
         if outcome.nack is not None:
-            metrics.downstream_nacks.add(self.variant, short_name(type_url))
+            metrics.downstream_nacks.add(self.protocol, short_name(type_url))
             log.warning("NACK from node=%r peer=%s type=%s nonce=%s: %s", self.node_id,
                         self.peer, short_name(type_url), outcome.nack.nonce,
                         outcome.nack.message)
         elif outcome.ack_nonce is not None:
-            metrics.downstream_acks.add(self.variant, short_name(type_url))
+            metrics.downstream_acks.add(self.protocol, short_name(type_url))
         # Plain ACKs are the bulk of traffic and never change interest; any
         # other request (re)registers, so a first request with no names still
         # puts the stream in the index to hear that its type became synced.
@@ -286,7 +287,7 @@ class DownstreamStream:
             if type_url == CLUSTER and _only_removes(plan):
                 deferred.append(plan)
                 continue
-            if type_url == CLUSTER and self.variant == "sotw":
+            if type_url == CLUSTER and self.protocol == "sotw":
                 # Envoy re-requests endpoints after a cluster update and waits
                 # for an answer even if they did not change.
                 endpoints = self.states.get(ENDPOINT)
@@ -302,7 +303,7 @@ class DownstreamStream:
 
     def _sent(self, plan: DeltaResponsePlan | SotwResponsePlan) -> bytes:
         metrics = self.serving.metrics
-        metrics.push(self.variant, plan.type_url)
+        metrics.push(self.protocol, plan.type_url)
         if plan.resources:
             newest = max(r.received for r in plan.resources)
             if newest > self._requested_at.get(plan.type_url, 0.0):
@@ -318,7 +319,7 @@ class DownstreamStream:
         async generators less per message on the fan-out path.
         """
         metrics = self.serving.metrics
-        metrics.downstream_streams.add(1, {"variant": self.variant})
+        metrics.downstream_streams.add(1, {"protocol": self.protocol})
         self.serving.streams.add(self)
         self.serving.idle.clear()
         reader = asyncio.create_task(self._read(requests))
@@ -331,7 +332,7 @@ class DownstreamStream:
                 if reader.done():
                     error = reader.exception()
                     if isinstance(error, ProtocolError):
-                        metrics.downstream_rejected.add(1, {"variant": self.variant})
+                        metrics.downstream_rejected.add(1, {"protocol": self.protocol})
                         log.warning("rejecting stream from %s: %s", self.peer, error)
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
                     return
@@ -347,7 +348,7 @@ class DownstreamStream:
             if not self.serving.streams:
                 self.serving.idle.set()
             self.serving.index.remove(self)
-            metrics.downstream_streams.add(-1, {"variant": self.variant})
+            metrics.downstream_streams.add(-1, {"protocol": self.protocol})
 
     async def _read(self, requests: AsyncIterator[Request]) -> None:
         try:

@@ -31,7 +31,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.telemetry import Metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.dial import Dialer, DialError
-from relay.upstream.state import UpstreamState
+from relay.upstream.state import Demand, UpstreamState
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.upstream")
@@ -46,13 +46,20 @@ _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 class UpstreamClient:
-    """Keeps one Delta-ADS stream to the origin open for as long as it runs."""
+    """Keeps one Delta-ADS stream to the origin open for as long as it runs.
 
-    def __init__(self, dialer: Dialer, state: UpstreamState, backoff: Backoff,
+    It is the receiving end of :class:`relay.interest.Upward`: told that the
+    clients' interest in a type changed, or that they need fresh copies, it
+    acts in a later turn of the event loop (changes in one turn coalesce),
+    reading what is wanted from ``demand``.
+    """
+
+    def __init__(self, dialer: Dialer, state: UpstreamState, demand: Demand, backoff: Backoff,
                  metrics: Metrics,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.dialer = dialer
         self.state = state
+        self.demand = demand
         self.backoff = backoff
         self.metrics = metrics
         self._sleep = sleep
@@ -60,22 +67,44 @@ class UpstreamClient:
         self._outbox: asyncio.Queue[Request] | None = None
         self._timer_changed = asyncio.Event()
         self.connected_event = asyncio.Event()
-        self.ever_connected = False
-        state.index.add_interest_listener(self.interest_changed)
-        state.index.add_refetch_listener(self.refetch)
+        # set once the relay is synced: the origin sent a valid response (or,
+        # with nothing subscribed yet, kept a stream open for answer_grace)
+        self.synced_event = asyncio.Event()
+        # what clients asked for since the last turn: types whose interest
+        # changed, and names to fetch afresh
+        self._changed_types: set[str] = set()
+        self._refetches: dict[str, set[str]] = {}
+        self._scheduled = False
 
     @property
     def target(self) -> str:
         return self.dialer.target
 
     def interest_changed(self, type_url: str) -> None:
-        """Called by the subscription index when the union for a type changes."""
-        self._send(self.state.on_interest_changed(type_url, time.monotonic()))
-        self._timer_changed.set()
+        """The union of what clients want of ``type_url`` changed (see Upward)."""
+        self._changed_types.add(type_url)
+        self._schedule()
 
     def refetch(self, type_url: str, names: frozenset[str]) -> None:
-        """Called by the subscription index when a client needs a fresh copy."""
-        self._send(self.state.on_refetch(type_url, names))
+        """Clients need fresh copies of these resources (see Upward)."""
+        self._refetches.setdefault(type_url, set()).update(names)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._act_on_demand)
+
+    def _act_on_demand(self) -> None:
+        self._scheduled = False
+        changed, self._changed_types = sorted(self._changed_types), set()
+        refetches, self._refetches = self._refetches, {}
+        now = time.monotonic()
+        for type_url in changed:
+            self._send(self.state.on_interest_changed(type_url, self.demand, now))
+        for type_url, names in sorted(refetches.items()):
+            self._send(self.state.on_refetch(type_url, frozenset(names)))
+        self._timer_changed.set()
 
     def _send(self, requests: list[Request]) -> None:
         if self._outbox is not None:
@@ -121,7 +150,7 @@ class UpstreamClient:
                 self.metrics.upstream_reconnects.add(1)
             outbox: asyncio.Queue[Request] = asyncio.Queue()
             self._outbox = outbox
-            for request in self.state.on_connect(time.monotonic()):
+            for request in self.state.on_connect(self.demand, time.monotonic()):
                 outbox.put_nowait(request)
             writer = asyncio.create_task(self._write(call, outbox))
             session = asyncio.create_task(self._read(call, outbox))
@@ -160,7 +189,9 @@ class UpstreamClient:
                     # Only an answer proves the origin serves us: reset backoff now.
                     answered = True
                     self.backoff.reset()
-                replies = self.state.on_response(response, time.monotonic())
+                replies = self.state.on_response(response, self.demand, time.monotonic())
+                if self.state.answered:
+                    self.synced_event.set()
                 outcome = "nack" if replies[0].HasField("error_detail") else "ack"
                 self.metrics.upstream_responses.add(
                     1, {"type": short_name(response.type_url), "outcome": outcome})
@@ -177,10 +208,15 @@ class UpstreamClient:
 
     async def _mark_connected(self, channel: grpc.aio.Channel) -> None:
         await channel.channel_ready()
-        self.ever_connected = True
         self.connected_event.set()
         self.metrics.upstream_connected.add(1)
         log.info("connected to origin %s", self.target)
+        # With nothing subscribed the origin has nothing to answer: it has
+        # accepted the relay once the stream outlives a refusal (an origin
+        # refusing credentials ends it at once). This task ends with the stream.
+        await asyncio.sleep(self.state.answer_grace)
+        if not self.state.has_subscriptions():
+            self.synced_event.set()
 
     @staticmethod
     async def _write(call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[Request]) -> None:
@@ -200,4 +236,4 @@ class UpstreamClient:
             try:
                 await asyncio.wait_for(self._timer_changed.wait(), timeout)
             except TimeoutError:
-                self._send(self.state.on_tick(time.monotonic()))
+                self._send(self.state.on_tick(self.demand, time.monotonic()))

@@ -1,9 +1,11 @@
 """The relay's side of its Delta-ADS stream to the origin, without I/O.
 
-:class:`UpstreamState` turns downstream interest into subscribe and
-unsubscribe requests, checks each origin response, writes usable ones into
-the cache and says whether to ACK or NACK. The client loop in
-:mod:`relay.upstream.client` only moves its messages over gRPC.
+:class:`UpstreamState` is given what downstream clients want (a
+:class:`Demand`, read when it acts) and turns it into subscribe and
+unsubscribe requests; it checks each origin response, writes usable ones
+into the cache (one :class:`~relay.cache.Update` per response) and says
+whether to ACK or NACK. The client loop in :mod:`relay.upstream.client` only
+moves its messages over gRPC.
 
 Subscriptions are *locators*: a name plus the dynamic parameters a client
 needs it with (none for a plain name). The relay subscribes the distinct
@@ -11,14 +13,18 @@ locators its clients use, except where a cached variant, obtained through a
 locator already subscribed, also answers the new parameters: that client is
 served from cache with no upstream round trip.
 
+A response tells nothing of which requests the origin had read when it sent
+it. A locator is taken as *answered* (its clients may be told that nothing
+exists for them) only by a response at least ``answer_grace`` after it was
+subscribed, or ``answer_grace`` after a response that followed it sooner.
+
 After a reconnect the cache may hold resources the origin deleted while the
 relay was away. An origin that honours ``initial_resource_versions`` says so
 with removals; one that ignores them (istiod) resends everything it has and
 says nothing of the rest. So each cached variant must be either declared to
 an origin that honours declarations, or confirmed on the new stream (resent,
-heartbeated or reported in error); once the origin has answered the
-resubscription (``answer_grace`` after it, as for :meth:`UpstreamState._settle`),
-the rest is removed. Which kind the origin is comes from the
+heartbeated or reported in error); ``answer_grace`` after the origin's first
+answer, the rest is removed. Which kind the origin is comes from the
 ``initial_versions`` setting, or, with ``auto``, from what it does: sending a
 resource without a version (it cannot compare versions), or resending one the
 relay declared it holds unchanged, shows that it ignores them.
@@ -29,26 +35,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
-from google.protobuf import message
 from google.rpc import code_pb2, status_pb2
 
-from relay.cache import ResourceCache
-from relay.constraints import (
-    EMPTY_PARAMS,
-    UNCONSTRAINED,
-    Constraints,
-    InvalidConstraints,
-    Params,
-    compile_constraints,
-)
+from relay.cache import ResourceCache, Update
+from relay.constraints import UNCONSTRAINED, Locator, Params
 from relay.resource import CachedResource
-from relay.subscriptions import Interest, SubscriptionIndex
 from relay.upstream.requests import Split, SubscriptionChange, split_requests
-from relay.xds_types import WILDCARD, message_class, short_name
+from relay.upstream.responses import UnusableResponse, parse_response
+from relay.xds_types import WILDCARD, short_name
 
 log = logging.getLogger("relay.upstream")
 
@@ -62,24 +60,29 @@ InitialVersions = Literal["auto", "honoured", "ignored"]
 DEFAULT_MAX_REQUEST_SIZE = 1024 * 1024
 # A NACK's reason quotes names from the response; keep it readable and small.
 _MAX_NACK_MESSAGE = 2048
+_WILDCARD = Locator(WILDCARD)
+
+# How long after subscribing a locator a response must arrive for the relay to
+# take it as the origin's answer (see the module docstring): more than the
+# time an origin takes to read a request, less than a client's patience. The
+# default of config's upstream.answer_grace.
+SETTLE_GRACE = 0.5
 
 
-class UnusableResponse(Exception):
-    """An origin response the relay must NACK; the message is the NACK's reason."""
+class Demand(Protocol):
+    """What downstream clients want of the origin: all the upstream reads from below.
 
+    :class:`relay.interest.InterestIndex` provides it.
+    """
 
-def constraints_of(resource: discovery_pb2.Resource) -> Constraints:
-    """The compiled constraints of a resource (raises InvalidConstraints)."""
-    if not resource.HasField("resource_name") or \
-            not resource.resource_name.HasField("dynamic_parameter_constraints"):
-        return compile_constraints(None)
-    return compile_constraints(resource.resource_name.dynamic_parameter_constraints)
+    def wanted_types(self) -> list[str]:
+        """Types with at least one name or wildcard subscription."""
 
+    def wanted_locators(self, type_url: str) -> dict[str, frozenset[Params]]:
+        """Per name, the distinct parameter sets clients want it with (a new dict)."""
 
-def resource_name_of(resource: discovery_pb2.Resource) -> str:
-    name: str = (resource.resource_name.name if resource.HasField("resource_name")
-                 else resource.name)
-    return name
+    def wants_wildcard(self, type_url: str) -> bool:
+        """Whether any client wants every resource of the type."""
 
 
 def _params_order(params: Params) -> list[tuple[str, str]]:
@@ -117,24 +120,16 @@ class _Resync:
         return None if self.answered_at is None else self.answered_at + grace
 
 
-# How long after subscribing a locator a response must arrive for the relay to
-# take it as the origin's answer (see UpstreamState._settle): more than the time
-# an origin takes to read a request, less than a client's patience. The
-# default of config's upstream.answer_grace.
-SETTLE_GRACE = 0.5
-
-
 class UpstreamState:
     """Subscription and ACK bookkeeping for the one origin stream."""
 
-    def __init__(self, node: base_pb2.Node, cache: ResourceCache, index: SubscriptionIndex,
+    def __init__(self, node: base_pb2.Node, cache: ResourceCache,
                  linger: float = 0.0, answer_grace: float = SETTLE_GRACE,
                  max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
                  initial_versions: InitialVersions = "auto") -> None:
         self.node = node
         self.answer_grace = answer_grace
         self.cache = cache
-        self.index = index
         self.linger = linger
         self.max_request_size = max_request_size
         self.initial_versions: InitialVersions = initial_versions
@@ -142,19 +137,24 @@ class UpstreamState:
         self._ignores_declarations: set[str] = set()
         self._resync: dict[str, _Resync] = {}
         self.connected = False
+        # whether a valid response has arrived on any stream: the relay is synced
+        self.answered = False
         self._node_sent = False
         self._subscribed: dict[str, _TypeSubscription] = {}
-        # (type_url, name or "*", params) -> monotonic time after which it may go
-        self._lingering: dict[tuple[str, str, Params], float] = {}
+        # (type_url, locator or the wildcard) -> monotonic time after which it may go
+        self._lingering: dict[tuple[str, Locator], float] = {}
         # locators subscribed on this stream that no response has followed yet,
         # with when they were subscribed
-        self._unsettled: dict[str, dict[tuple[str, Params], float]] = {}
+        self._unsettled: dict[str, dict[Locator, float]] = {}
         # locators a response followed too soon to be sure it answered them:
-        # settled at the time given (by the timer, or by a response after it)
-        self._settling: dict[str, dict[tuple[str, Params], float]] = {}
-        self.last_nack: dict[str, str] = {}
+        # answered at the time given (by the timer, or by a response after it)
+        self._settling: dict[str, dict[Locator, float]] = {}
         # names re-subscribed to get a fresh do-not-cache copy, per type
         self._refetching: dict[str, set[str]] = {}
+
+    def has_subscriptions(self) -> bool:
+        """Whether anything is subscribed on the current stream."""
+        return bool(self._subscribed)
 
     def subscription_counts(self) -> dict[str, int]:
         """Per type URL: resource locators subscribed on the stream (a wildcard counts one)."""
@@ -164,7 +164,7 @@ class UpstreamState:
 
     # -- connection lifecycle ---------------------------------------------
 
-    def on_connect(self, now: float) -> list[Request]:
+    def on_connect(self, demand: Demand, now: float) -> list[Request]:
         """A new stream: resubscribe everything, telling the origin what is cached."""
         self.connected = True
         self._node_sent = False
@@ -173,20 +173,21 @@ class UpstreamState:
         self._settling = {}
         self._resync = {}
         requests = []
-        types = set(self.index.wanted_types()) | {t for t, _, _ in self._lingering}
+        types = set(demand.wanted_types()) | {t for t, _ in self._lingering}
         for type_url in sorted(types):
-            target, wildcard = self._target(type_url, now)
+            target, wildcard = self._target(type_url, demand, now)
             if not target and not wildcard:
                 continue
             self._subscribed[type_url] = _TypeSubscription(
                 {n: set(ps) for n, ps in target.items()}, wildcard)
-            self._unsettled[type_url] = {(n, p): now for n, ps in target.items() for p in ps}
+            self._unsettled[type_url] = {Locator(n, p): now
+                                         for n, ps in target.items() for p in ps}
             initial = {}
             for name in target:
                 found = self.cache.variants(type_url, name)
                 if isinstance(found, Mapping) and len(found) == 1:
                     initial[name] = next(iter(found.values())).version
-            cached = list(self.cache.resources(type_url))
+            cached = self.cache.resources(type_url)
             if wildcard:
                 initial.update({r.name: r.version for r in cached
                                 if r.name not in initial and r.name not in target})
@@ -205,23 +206,23 @@ class UpstreamState:
 
     # -- interest -----------------------------------------------------------
 
-    def on_interest_changed(self, type_url: str, now: float) -> list[Request]:
-        """Downstream interest in ``type_url`` changed: the request to send, if any."""
-        wanted = self.index.wanted_locators(type_url)
-        wildcard = self.index.wants_wildcard(type_url)
+    def on_interest_changed(self, type_url: str, demand: Demand, now: float) -> list[Request]:
+        """Downstream interest in ``type_url`` changed: the requests to send, if any."""
+        wanted = demand.wanted_locators(type_url)
+        wildcard = demand.wants_wildcard(type_url)
         sub = self._subscribed.get(type_url, _TypeSubscription())
         # Whatever nobody wants any more starts lingering (or goes at once).
         for name, params_set in sub.locators.items():
             for params in params_set - wanted.get(name, frozenset()):
-                self._lingering.setdefault((type_url, name, params), now + self.linger)
+                self._lingering.setdefault((type_url, Locator(name, params)), now + self.linger)
         if sub.wildcard and not wildcard:
-            self._lingering.setdefault((type_url, WILDCARD, EMPTY_PARAMS), now + self.linger)
+            self._lingering.setdefault((type_url, _WILDCARD), now + self.linger)
         for name, wanted_params in wanted.items():
             for params in wanted_params:
-                self._lingering.pop((type_url, name, params), None)
+                self._lingering.pop((type_url, Locator(name, params)), None)
         if wildcard:
-            self._lingering.pop((type_url, WILDCARD, EMPTY_PARAMS), None)
-        return self._sync_type(type_url, now)
+            self._lingering.pop((type_url, _WILDCARD), None)
+        return self._sync_type(type_url, demand, now)
 
     def on_refetch(self, type_url: str, names: frozenset[str]) -> list[Request]:
         """Subscribe these names again so the origin resends them (do-not-cache).
@@ -239,16 +240,20 @@ class UpstreamState:
         asking.update(fresh)
         return self._split(SubscriptionChange(type_url, fresh)).requests
 
-    def on_tick(self, now: float) -> list[Request]:
+    def on_tick(self, demand: Demand, now: float) -> list[Request]:
         """Drop lingering subscriptions whose time is up; settle and reconcile what is due."""
         for type_url in list(self._settling):
-            self._settle_due(type_url, now)
+            due = self._settle_due(type_url, now)
+            if due:
+                self.cache.apply(type_url, Update(answered=due))
         for type_url in list(self._resync):
-            self._finish_resync_if_due(type_url, now)
-        due = sorted({t for (t, _, _), deadline in self._lingering.items() if deadline <= now})
+            gone = self._reconcile_due(type_url, now)
+            if gone:
+                self.cache.apply(type_url, Update(removed_variants=gone))
+        due_types = sorted({t for (t, _), deadline in self._lingering.items() if deadline <= now})
         requests = []
-        for type_url in due:
-            requests.extend(self._sync_type(type_url, now))
+        for type_url in due_types:
+            requests.extend(self._sync_type(type_url, demand, now))
         return requests
 
     def next_deadline(self) -> float | None:
@@ -258,55 +263,49 @@ class UpstreamState:
                       if (due := r.due(self.answer_grace)) is not None)),
                    default=None)
 
-    def _settle(self, type_url: str, now: float) -> None:
-        """A response arrived: the locators subscribed long enough before it are answered.
-
-        A response tells nothing of which requests the origin had read when
-        it sent it. One that follows a subscription closely may have crossed
-        it on the wire, and taking it as the answer would tell the clients
-        of that locator that their resource does not exist. Those locators
-        are settled ``answer_grace`` after they were subscribed instead (or
-        by a response that late), when the origin has had time to answer.
-        """
+    def _settle(self, type_url: str, now: float) -> list[Locator]:
+        """A response arrived: the locators it answers (subscribed long enough
+        before it); those subscribed sooner are due ``answer_grace`` after
+        they were subscribed (see the module docstring)."""
         unsettled = self._unsettled.pop(type_url, {})
         settling = self._settling.setdefault(type_url, {})
         for locator, subscribed_at in unsettled.items():
             settling[locator] = subscribed_at + self.answer_grace
-        self._settle_due(type_url, now)
+        return self._settle_due(type_url, now)
 
-    def _settle_due(self, type_url: str, now: float) -> None:
+    def _settle_due(self, type_url: str, now: float) -> list[Locator]:
         settling = self._settling.get(type_url, {})
         due = [locator for locator, at in settling.items() if at <= now]
         for locator in due:
             del settling[locator]
         if not settling:
             self._settling.pop(type_url, None)
-        if due:
-            self.cache.settle(type_url, due)
+        return due
 
-    def _target(self, type_url: str, now: float) -> tuple[Locators, bool]:
+    def _target(self, type_url: str, demand: Demand, now: float) -> tuple[Locators, bool]:
         """The locators to be subscribed to: what is needed and not answered already."""
-        needed = self.index.wanted_locators(type_url)
-        wildcard = self.index.wants_wildcard(type_url)
-        for (t, name, params), deadline in self._lingering.items():
+        needed = demand.wanted_locators(type_url)
+        wildcard = demand.wants_wildcard(type_url)
+        for (t, locator), deadline in self._lingering.items():
             if t != type_url or deadline <= now:
                 continue
-            if name == WILDCARD:
+            if locator == _WILDCARD:
                 wildcard = True
             else:
-                needed[name] = needed.get(name, frozenset()) | {params}
+                needed[locator.name] = needed.get(locator.name, frozenset()) | {locator.params}
         current = self._subscribed.get(type_url, _TypeSubscription()).locators
         target: Locators = {}
         for name, params_set in needed.items():
             subscribed = current.get(name)
             chosen = set() if subscribed is None else subscribed & params_set
             for params in sorted(params_set - chosen, key=_params_order):
-                if not self._answered(type_url, name, params, chosen):
+                if not self._answered_by_cache(type_url, name, params, chosen):
                     chosen.add(params)
             target[name] = chosen
         return target, wildcard
 
-    def _answered(self, type_url: str, name: str, params: Params, chosen: set[Params]) -> bool:
+    def _answered_by_cache(self, type_url: str, name: str, params: Params,
+                           chosen: set[Params]) -> bool:
         """Whether a cached variant, obtained through ``chosen``, also fits ``params``."""
         if not chosen:
             return False  # nothing subscribed for the name brings a variant
@@ -317,10 +316,10 @@ class UpstreamState:
                    any(variant.constraints.matches(q) for q in chosen)
                    for variant in found.values())
 
-    def _sync_type(self, type_url: str, now: float) -> list[Request]:
+    def _sync_type(self, type_url: str, demand: Demand, now: float) -> list[Request]:
         for key in [k for k, d in self._lingering.items() if k[0] == type_url and d <= now]:
             del self._lingering[key]
-        target, wildcard = self._target(type_url, now)
+        target, wildcard = self._target(type_url, demand, now)
         sub = self._subscribed.setdefault(type_url, _TypeSubscription())
         subscribe: Locators = {}
         unsubscribe: Locators = {}
@@ -332,13 +331,13 @@ class UpstreamState:
                 unsubscribe[name] = old - new
                 self._forget(type_url, name, new, old - new, wildcard, set(target))
         unsettled = self._unsettled.setdefault(type_url, {})
-        unsettled.update({(n, p): now for n, ps in subscribe.items() for p in ps})
-        for locator in ((n, p) for n, ps in unsubscribe.items() for p in ps):
+        unsettled.update({Locator(n, p): now for n, ps in subscribe.items() for p in ps})
+        for locator in (Locator(n, p) for n, ps in unsubscribe.items() for p in ps):
             unsettled.pop(locator, None)
             self._settling.get(type_url, {}).pop(locator, None)
         was_wildcard = sub.wildcard
         if was_wildcard and not wildcard:
-            self.cache.forget_all_but(type_url, set(target))
+            self.cache.end_wildcard(type_url, set(target))
         sub.locators = {n: set(ps) for n, ps in target.items() if ps}
         sub.wildcard = wildcard
         if not sub.locators and not sub.wildcard:
@@ -364,44 +363,33 @@ class UpstreamState:
             if isinstance(found, Mapping) else []
         self.cache.forget_variants(type_url, name, keep, dropped)
 
-    def subscription(self, type_url: str) -> Interest:
-        """What the origin has been asked for (for tests and the admin view)."""
-        sub = self._subscribed.get(type_url)
-        if sub is None:
-            return Interest()
-        params = frozenset((n, p) for n, ps in sub.locators.items() for p in ps if p)
-        return Interest(frozenset(sub.locators), sub.wildcard, params)
-
     # -- responses ------------------------------------------------------------
 
-    def on_response(self, response: discovery_pb2.DeltaDiscoveryResponse,
+    def on_response(self, response: discovery_pb2.DeltaDiscoveryResponse, demand: Demand,
                     now: float = 0.0) -> list[Request]:
         """Check and apply one origin response; its ACK or NACK, then any resubscription."""
         type_url = response.type_url
         try:
-            upserts, removed_variants, heartbeats = self._check(response)
+            parsed = parse_response(response)
         except UnusableResponse as error:
-            self.last_nack[type_url] = str(error)
             log.warning("NACK to origin type=%s nonce=%s: %s", short_name(type_url),
                         response.nonce, error)
             return [self._request(type_url, nonce=response.nonce, error=str(error))]
+        self.answered = True
         ack = self._request(type_url, nonce=response.nonce)
         sub = self._subscribed.get(type_url)
         if sub is None:
             # A response for a type we no longer subscribe to raced our
             # unsubscribe: nothing in it is wanted, but it was valid: ACK it.
             return [ack]
-        wanted = [r for r in upserts if sub.wildcard or r.name in sub.locators
+        wanted = [r for r in parsed.upserts if sub.wildcard or r.name in sub.locators
                   or any(alias in sub.locators for alias in r.resource.aliases)]
         removed = [n for n in response.removed_resources if sub.wildcard or n in sub.locators
                    or self.cache.aliases_of(type_url, n) & sub.locators.keys()]
         errors = [e for e in response.resource_errors
                   if sub.wildcard or e.resource_name.name in sub.locators]
-        beats = [b for b in heartbeats if sub.wildcard or b[0] in sub.locators]
+        beats = [b for b in parsed.heartbeats if sub.wildcard or b[0] in sub.locators]
         self._learn_declarations(type_url, wanted)
-        self.cache.apply(type_url, wanted, removed, removed_variants,
-                         complete=True if sub.wildcard else None, errors=errors)
-        self.cache.heartbeat(type_url, beats)
         resync = self._resync.get(type_url)
         if resync is not None:
             if resync.answered_at is None:
@@ -409,14 +397,16 @@ class UpstreamState:
             resync.confirmed.update((r.name, r.variant_key) for r in wanted)
             resync.confirmed.update((name, key) for name, key, _ in beats)
             resync.erred.update(e.resource_name.name for e in errors)
-            self._finish_resync_if_due(type_url, now)
-        self._settle(type_url, now)
+        gone = self._reconcile_due(type_url, now)
+        self.cache.apply(type_url, Update(
+            wanted, removed, [*parsed.removed_variants, *gone], errors, beats,
+            answered=self._settle(type_url, now), complete=True if sub.wildcard else None))
         self._refetching.pop(type_url, None)
-        if not (removed or removed_variants or
+        if not (removed or parsed.removed_variants or gone or
                 any(r.constraints is not UNCONSTRAINED for r in wanted)):
             return [ack]
         # Variants changed: a client answered from cache may need its own locator.
-        return [ack, *self._sync_type(type_url, now)]
+        return [ack, *self._sync_type(type_url, demand, now)]
 
     def _learn_declarations(self, type_url: str, resources: list[CachedResource]) -> None:
         """With ``initial_versions: auto``, notice an origin that ignores them."""
@@ -441,12 +431,17 @@ class UpstreamState:
         return self.initial_versions == "honoured" or (
             self.initial_versions == "auto" and type_url not in self._ignores_declarations)
 
-    def _finish_resync_if_due(self, type_url: str, now: float) -> None:
-        """Once the origin has answered a new stream: remove what it no longer has."""
+    def _reconcile_due(self, type_url: str, now: float) -> list[tuple[str, str]]:
+        """Once the origin has answered a new stream: what it no longer has.
+
+        The variants cached before the reconnect that it neither confirmed
+        nor (to an origin that honours them) was told of; empty before the
+        reconcile is due, and after it.
+        """
         resync = self._resync.get(type_url)
         due = None if resync is None else resync.due(self.answer_grace)
         if resync is None or due is None or now < due:
-            return
+            return []
         del self._resync[type_url]
         trusted = self.trusts_declarations(type_url)
         gone = []
@@ -459,73 +454,7 @@ class UpstreamState:
         if gone:
             log.info("origin no longer has %d %s resource(s) cached before the reconnect: "
                      "removing them", len(gone), short_name(type_url))
-            self.cache.apply(type_url, [], removed_variants=sorted(gone))
-
-    def _check(self, response: discovery_pb2.DeltaDiscoveryResponse
-               ) -> tuple[list[CachedResource], list[tuple[str, str]],
-                          list[tuple[str, str, str]]]:
-        """Parse a response: its upserts, removed variants and heartbeats."""
-        type_url = response.type_url
-        if not type_url:
-            raise UnusableResponse("response has no type_url")
-        if not response.nonce:
-            raise UnusableResponse("response has no nonce")
-        body_class = message_class(type_url)
-        seen: set[tuple[str, str]] = set()
-        upserts: list[CachedResource] = []
-        heartbeats: list[tuple[str, str, str]] = []
-        for resource in response.resources:
-            name = resource_name_of(resource)
-            if not name:
-                raise UnusableResponse("a resource has no name")
-            try:
-                constraints = constraints_of(resource)
-            except InvalidConstraints as error:
-                raise UnusableResponse(
-                    f"resource {name!r} has invalid dynamic parameter constraints: "
-                    f"{error}") from None
-            key = (name, constraints.key)
-            if key in seen:
-                raise UnusableResponse(f"resource {name!r} appears more than once")
-            seen.add(key)
-            if not resource.HasField("resource"):
-                heartbeats.append((name, constraints.key, resource.version))
-                continue  # a heartbeat: nothing changes, the TTL restarts
-            body = resource.resource
-            if body.type_url != type_url:
-                raise UnusableResponse(
-                    f"resource {name!r} has type {body.type_url!r} in a response for "
-                    f"{type_url!r}")
-            if body_class is not None:
-                try:
-                    body_class.FromString(body.value)
-                except message.DecodeError as error:
-                    raise UnusableResponse(
-                        f"resource {name!r} cannot be decoded as {type_url}: {error}") from None
-            upserts.append(CachedResource.from_origin(type_url, name, resource, constraints))
-        removed_variants = []
-        for removed in response.removed_resource_names:
-            try:
-                constraints = compile_constraints(
-                    removed.dynamic_parameter_constraints
-                    if removed.HasField("dynamic_parameter_constraints") else None)
-            except InvalidConstraints as error:
-                raise UnusableResponse(
-                    f"removed resource {removed.name!r} has invalid dynamic parameter "
-                    f"constraints: {error}") from None
-            removed_variants.append((removed.name, constraints.key))
-        for failed in response.resource_errors:
-            name = failed.resource_name
-            if not name.name:
-                raise UnusableResponse("a resource error names no resource")
-            try:
-                compile_constraints(name.dynamic_parameter_constraints
-                                    if name.HasField("dynamic_parameter_constraints") else None)
-            except InvalidConstraints as error:
-                raise UnusableResponse(
-                    f"resource error for {name.name!r} has invalid dynamic parameter "
-                    f"constraints: {error}") from None
-        return upserts, removed_variants, heartbeats
+        return sorted(gone)
 
     def _request(self, type_url: str, *, nonce: str = "", error: str | None = None) -> Request:
         """An ACK, or a NACK with ``error`` as its reason."""

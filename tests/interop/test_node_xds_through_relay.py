@@ -21,7 +21,7 @@ group without a locality is NACKed with ``endpoints[0].locality unset``.
 
 Observed protocol (through the relay; traced with ``GRPC_TRACE=xds_client``)
 -------------------------------------------------------------------------
-SotW ADS only (``StreamAggregatedResources``; the relay counts it as ``variant="sotw"``),
+SotW ADS only (``StreamAggregatedResources``; the relay counts it as ``protocol="sotw"``),
 one stream, opened on the channel's first RPC::
 
     -> LDS [svc]              ver=""        nonce=""   node: id, cluster, locality,
@@ -174,7 +174,7 @@ def downstream_counts(registry: CollectorRegistry, metric: str) -> Counter[tuple
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         for sample in family.samples:
             if sample.name == f"xds_relay_downstream_{metric}_total":
-                key = (sample.labels.get("variant", ""), sample.labels.get("type", ""))
+                key = (sample.labels.get("protocol", ""), sample.labels.get("type", ""))
                 counts[key] += int(sample.value)
     return counts
 

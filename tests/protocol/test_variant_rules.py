@@ -18,11 +18,11 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
-from relay.cache import ABSENT, Missing, ResourceCache
-from relay.constraints import compile_constraints, params_of
+from relay.cache import ABSENT, Missing, ResourceCache, Update
+from relay.constraints import Locator, compile_constraints, params_of
+from relay.core import Core
 from relay.resource import CachedResource
 from relay.server.streams import DownstreamStream, ServingContext
-from relay.subscriptions import SubscriptionIndex
 from relay.telemetry import new_metrics, prometheus_provider
 from relay.upstream.state import SETTLE_GRACE, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
@@ -105,7 +105,11 @@ def unwrapped(entry: any_pb2.Any) -> discovery_pb2.Resource:
 
 @dataclass
 class Relay:
-    """A relay without gRPC: origin responses in, downstream responses out."""
+    """A relay without gRPC: origin responses in, downstream responses out.
+
+    It is the index's way back up (:class:`relay.interest.Upward`), acting at
+    once where the real client acts in the next turn of the event loop.
+    """
 
     serving: ServingContext
     upstream: UpstreamState
@@ -117,6 +121,16 @@ class Relay:
     def cache(self) -> ResourceCache:
         return self.serving.cache
 
+    def interest_changed(self, type_url: str) -> None:
+        self.to_origin.extend(
+            self.upstream.on_interest_changed(type_url, self.serving.index, self.now))
+
+    def refetch(self, type_url: str, names: frozenset[str]) -> None:
+        self.to_origin.extend(self.upstream.on_refetch(type_url, names))
+
+    def tick(self, now: float) -> list[Delta]:
+        return self.upstream.on_tick(self.serving.index, now)
+
     def from_origin(self, response: DeltaResponse) -> list[Delta]:
         """The origin sends a response: what the relay answers (ACK or NACK first).
 
@@ -124,7 +138,7 @@ class Relay:
         response as the answer to what it subscribed before.
         """
         self.now += SETTLE_GRACE
-        answers = self.upstream.on_response(response, self.now)
+        answers = self.upstream.on_response(response, self.serving.index, self.now)
         self.to_origin.extend(answers)
         return answers
 
@@ -143,17 +157,12 @@ def relay(*cached: CachedResource, linger: float = 0.0,
           serving: ServingContext | None = None) -> Relay:
     """A connected relay whose cache holds ``cached`` (as if the origin had sent them)."""
     if serving is None:
-        cache, index = ResourceCache(), SubscriptionIndex()
-        serving = ServingContext.create(cache, index, new_metrics())
-    serving.cache.add_listener(serving.index.on_cache_change)
-    made = Relay(serving, UpstreamState(base_pb2.Node(id="relay"), serving.cache,
-                                        serving.index, linger))
-    made.to_origin.extend(made.upstream.on_connect(0.0))
-    serving.index.add_interest_listener(
-        lambda type_url: made.to_origin.extend(
-            made.upstream.on_interest_changed(type_url, made.now)))
+        serving = Core.create().serving
+    made = Relay(serving, UpstreamState(base_pb2.Node(id="relay"), serving.cache, linger))
+    made.to_origin.extend(made.upstream.on_connect(serving.index, 0.0))
+    serving.index.link(made)
     if cached:
-        serving.cache.apply(CLUSTER, list(cached))
+        serving.cache.apply(CLUSTER, Update(list(cached)))
     return made
 
 
@@ -267,7 +276,7 @@ def test_invariant_13_31_a_change_to_parameters_matching_nothing_removes_the_var
     stream.handle_request(Delta(type_url=CLUSTER, node=on_cds("dev")))
     # The origin may still have a variant for env=dev: nothing yet.
     assert delta_out(stream) == []
-    r.cache.settle(CLUSTER, [("c", params_of({"env": "dev"}))])
+    r.cache.apply(CLUSTER, Update(answered=[Locator("c", params_of({"env": "dev"}))]))
     gone = only(delta_out(stream))
     assert list(gone.resources) == [] and list(gone.removed_resources) == []
     assert list(gone.removed_resource_names) == [variant_name(CANARY)]
@@ -282,7 +291,7 @@ def test_invariant_14_31_sotw_cds_omits_a_name_whose_new_parameters_match_nothin
     assert sotw_labels(first) == ["canary"]
     sotw_ack(stream, first, node=on_cds("dev"), resource_names=["c"])
     assert sotw_out(stream) == []  # absence would be deletion: wait for the origin
-    r.cache.settle(CLUSTER, [("c", params_of({"env": "dev"}))])
+    r.cache.apply(CLUSTER, Update(answered=[Locator("c", params_of({"env": "dev"}))]))
     emptied = only(sotw_out(stream))
     assert list(emptied.resources) == []
     assert emptied.version_info != first.version_info
@@ -345,7 +354,7 @@ def test_invariant_13_a_locator_resubscribed_to_match_nothing_removes_by_constra
                                 resource_locators_subscribe=[
                                     {"name": "c", "dynamic_parameters": {"env": "dev"}}]))
     assert delta_out(stream) == []
-    r.cache.settle(CLUSTER, [("c", params_of({"env": "dev"}))])
+    r.cache.apply(CLUSTER, Update(answered=[Locator("c", params_of({"env": "dev"}))]))
     gone = only(delta_out(stream))
     assert list(gone.resources) == [] and list(gone.removed_resources) == []
     assert list(gone.removed_resource_names) == [variant_name(CANARY)]
@@ -414,8 +423,7 @@ def test_sotw_locator_clients_get_a_resource_wrapping_with_the_constraints() -> 
 def test_several_matching_variants_are_resolved_counted_per_lookup_and_logged_once(
         caplog: pytest.LogCaptureFixture) -> None:
     provider, registry = prometheus_provider()
-    serving = ServingContext.create(ResourceCache(), SubscriptionIndex(),
-                                    new_metrics(provider, registry))
+    serving = Core.create(new_metrics(provider, registry)).serving
     eu = both(CANARY, DPC(constraint={"key": "region", "exists": {}}))
     # Listed with the less specific variant last: the choice does not follow the order.
     r = relay(variant("canary-eu", eu), variant("canary", CANARY), serving=serving)
@@ -445,7 +453,7 @@ def test_a_new_set_of_conflicting_variants_is_logged_again(
     params = params_of({"env": "canary", "region": "eu"})
     with caplog.at_level(logging.WARNING, logger="relay.variants"):
         r.serving.view.lookup(CLUSTER, "c", params)
-        r.cache.apply(CLUSTER, [variant("eu", has("region", "eu"))])
+        r.cache.apply(CLUSTER, Update([variant("eu", has("region", "eu"))]))
         r.serving.view.lookup(CLUSTER, "c", params)
         r.serving.view.lookup(CLUSTER, "c", params)
     assert len(caplog.records) == 2
@@ -562,8 +570,8 @@ def test_invariant_25_31_with_linger_the_old_locator_goes_only_after_the_linger(
     assert locators(subscribe) == [("c", {"env": "prod"})]
     assert locators(subscribe, subscribe=False) == []
     assert r.upstream.next_deadline() == 11.0
-    assert r.upstream.on_tick(10.5) == []
-    [unsubscribe] = r.upstream.on_tick(11.0)
+    assert r.tick(10.5) == []
+    [unsubscribe] = r.tick(11.0)
     assert locators(unsubscribe, subscribe=False) == [("c", {"env": "canary"})]
     assert locators(unsubscribe) == []
     assert r.upstream.next_deadline() is None

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.cache import ResourceCache
-from relay.constraints import Constraints, compile_constraints, params_of
+from relay.cache import ResourceCache, Update
+from relay.constraints import Constraints, Locator, compile_constraints, params_of
 from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
 from relay.protocol.sotw import SotwSubscription
 from relay.protocol.view import CacheView, NonceSource
@@ -37,8 +37,8 @@ def key(constraints: DPC) -> str:
 
 def three_variants() -> tuple[ResourceCache, CacheView, list[str]]:
     cache = ResourceCache()
-    cache.apply(CLUSTER, [variant("c", "1", CANARY), variant("c", "1", PROD),
-                          variant("c", "1", NO_ENV)], complete=False)
+    cache.apply(CLUSTER, Update([variant("c", "1", CANARY), variant("c", "1", PROD),
+                                 variant("c", "1", NO_ENV)], complete=False))
     conflicts: list[str] = []
     return cache, CacheView(cache, lambda t, n: conflicts.append(n)), conflicts
 
@@ -80,7 +80,7 @@ def test_matching_nothing_waits_until_the_origin_has_answered_then_does_not_exis
     cache, view, _ = three_variants()
     state, plan = delta_client(view, {"env": "dev"})
     assert plan is None  # the origin may still have a variant for env=dev
-    cache.settle(CLUSTER, [("c", params_of({"env": "dev"}))])
+    cache.apply(CLUSTER, Update(answered=[Locator("c", params_of({"env": "dev"}))]))
     state.resources_changed(frozenset({"c"}), False)
     plan = state.next_response(view, NonceSource())
     assert plan is not None and plan.removed == ["c"] and plan.resources == []
@@ -106,8 +106,8 @@ def test_invariant_13_removed_variant_goes_by_name_and_constraints_to_its_holder
     prod, _ = delta_client(view, {"env": "prod"})
     for state in (canary, prod):
         state.inflight_nonce = None  # both ACKed
-    cache.apply(CLUSTER, [], removed_variants=[("c", key(CANARY))])
-    cache.settle(CLUSTER, [("c", params_of({"env": "canary"}))])
+    cache.apply(CLUSTER, Update(removed_variants=[("c", key(CANARY))]))
+    cache.apply(CLUSTER, Update(answered=[Locator("c", params_of({"env": "canary"}))]))
     for state in (canary, prod):
         state.resources_changed(frozenset({"c"}), False)
     plan = canary.next_response(view, NonceSource())
@@ -140,8 +140,8 @@ def test_sotw_full_state_omits_a_variant_that_stops_matching() -> None:
     state.on_request(discovery_pb2.DiscoveryRequest(
         type_url=CLUSTER, response_nonce=plan.nonce, resource_locators=[
             {"name": "c", "dynamic_parameters": {"env": "prod"}}]))
-    cache.apply(CLUSTER, [], removed_variants=[("c", key(PROD))])
-    cache.settle(CLUSTER, [("c", params_of({"env": "prod"}))])
+    cache.apply(CLUSTER, Update(removed_variants=[("c", key(PROD))]))
+    cache.apply(CLUSTER, Update(answered=[Locator("c", params_of({"env": "prod"}))]))
     state.resources_changed(frozenset({"c"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and plan.resources == []  # absence means deletion
@@ -151,7 +151,7 @@ def test_several_matching_variants_resolve_deterministically_and_are_counted() -
     cache = ResourceCache()
     both = DPC(and_constraints={"constraints": [CANARY, DPC(
         constraint={"key": "region", "exists": {}})]})
-    cache.apply(CLUSTER, [variant("c", "1", CANARY), variant("c", "1", both)])
+    cache.apply(CLUSTER, Update([variant("c", "1", CANARY), variant("c", "1", both)]))
     conflicts: list[str] = []
     view = CacheView(cache, lambda t, n: conflicts.append(n))
     params = params_of({"env": "canary", "region": "eu"})
@@ -172,8 +172,8 @@ def test_repartition_in_one_origin_response_is_one_update_for_the_client() -> No
         constraint={"key": "zone", "value": "b"})]})
     zone_not_b = DPC(and_constraints={"constraints": [CANARY, DPC(
         not_constraints=DPC(constraint={"key": "zone", "value": "b"}))]})
-    cache.apply(CLUSTER, [variant("c", "2", zone_b), variant("c", "2", zone_not_b)],
-                removed_variants=[("c", key(CANARY))])
+    cache.apply(CLUSTER, Update([variant("c", "2", zone_b), variant("c", "2", zone_not_b)],
+                                removed_variants=[("c", key(CANARY))]))
     state.resources_changed(frozenset({"c"}), False)
     plan = state.next_response(view, NonceSource())
     assert plan is not None
@@ -217,7 +217,7 @@ def test_invariant_5_a_declared_version_does_not_vouch_for_a_variant() -> None:
 def test_invariant_5_a_declared_version_still_vouches_for_a_plain_resource() -> None:
     cache = ResourceCache()
     plain = discovery_pb2.Resource(name="p", version="1", resource=pack(cluster("p")))
-    cache.apply(CLUSTER, [CachedResource(CLUSTER, "p", "1", plain)], complete=False)
+    cache.apply(CLUSTER, Update([CachedResource(CLUSTER, "p", "1", plain)], complete=False))
     state = DeltaSubscription(CLUSTER)
     state.on_request(discovery_pb2.DeltaDiscoveryRequest(
         type_url=CLUSTER, resource_names_subscribe=["p"], initial_resource_versions={"p": "1"}))

@@ -12,12 +12,11 @@ from envoy.service.status.v3 import csds_pb2
 from envoy.type.matcher.v3 import node_pb2, string_pb2
 from google.rpc import status_pb2
 
-from relay.cache import ResourceCache
+from relay.cache import Update
+from relay.core import Core
 from relay.resource import CachedResource
 from relay.server.status import UnsupportedMatcher, client_config, client_status
-from relay.server.streams import DownstreamStream, ServingContext, Variant
-from relay.subscriptions import SubscriptionIndex
-from relay.telemetry import new_metrics
+from relay.server.streams import DownstreamStream, ServingContext, XdsProtocol
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
 
@@ -30,28 +29,26 @@ Failure = config_dump_shared_pb2.UpdateFailureState
 
 
 def serving() -> ServingContext:
-    cache, index = ResourceCache(), SubscriptionIndex()
-    cache.add_listener(index.on_cache_change)
-    return ServingContext.create(cache, index, new_metrics())
+    return Core.create().serving
 
 
 def put(ctx: ServingContext, msg: Any, version: str) -> None:
     type_url = pack(msg).type_url
     name = getattr(msg, "name", "") or msg.cluster_name
-    ctx.cache.apply(type_url, [CachedResource(type_url, name, version, discovery_pb2.Resource(
-        name=name, version=version, resource=pack(msg)))])
+    resource = discovery_pb2.Resource(name=name, version=version, resource=pack(msg))
+    ctx.cache.apply(type_url, Update([CachedResource(type_url, name, version, resource)]))
 
 
-def open_stream(ctx: ServingContext, variant: Variant = "delta",
+def open_stream(ctx: ServingContext, protocol: XdsProtocol = "delta",
                 node_id: str = "n1") -> DownstreamStream:
-    stream = DownstreamStream(ctx, variant, f"peer-{node_id}")
+    stream = DownstreamStream(ctx, protocol, f"peer-{node_id}")
     stream.node = base_pb2.Node(id=node_id)
     ctx.streams.add(stream)
     return stream
 
 
 def sent(stream: DownstreamStream) -> list[Any]:
-    cls: Any = (discovery_pb2.DeltaDiscoveryResponse if stream.variant == "delta"
+    cls: Any = (discovery_pb2.DeltaDiscoveryResponse if stream.protocol == "delta"
                 else discovery_pb2.DiscoveryResponse)
     return [cls.FromString(b) for b in stream.ready_responses()]
 
@@ -111,7 +108,7 @@ def test_delta_nack_marks_only_the_resources_of_the_rejected_response() -> None:
 
 def test_delta_name_reported_removed_does_not_exist() -> None:
     ctx = serving()
-    ctx.cache.apply(CLUSTER, [], removed_names=["gone"])
+    ctx.cache.apply(CLUSTER, Update(removed=["gone"]))
     stream = open_stream(ctx)
     stream.handle_request(Delta(type_url=CLUSTER, resource_names_subscribe=["gone"]))
     [response] = sent(stream)
@@ -158,7 +155,7 @@ def test_origin_error_passed_on_is_received_error_with_its_message() -> None:
     error = discovery_pb2.ResourceError(
         resource_name=discovery_pb2.ResourceName(name="x"),
         error_detail=status_pb2.Status(code=7, message="not allowed"))
-    ctx.cache.apply(ENDPOINT, [], errors=[error])
+    ctx.cache.apply(ENDPOINT, Update(errors=[error]))
     stream = open_stream(ctx)
     stream.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=["x"]))
     [response] = sent(stream)
@@ -209,7 +206,7 @@ def test_sotw_cluster_left_out_of_a_full_state_response_does_not_exist() -> None
 def test_sotw_endpoint_never_sent_stays_requested() -> None:
     ctx = serving()
     put(ctx, endpoints("a", 1), "1")
-    ctx.cache.apply(ENDPOINT, [], removed_names=["gone"])
+    ctx.cache.apply(ENDPOINT, Update(removed=["gone"]))
     stream = open_stream(ctx, "sotw")
     stream.handle_request(Sotw(type_url=ENDPOINT, resource_names=["a", "gone"]))
     sent(stream)

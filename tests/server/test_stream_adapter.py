@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.cache import ResourceCache
+from relay.cache import Update
+from relay.core import Core
+from relay.interest import Interest
 from relay.protocol.outcome import ProtocolError
 from relay.resource import CachedResource
 from relay.server.streams import DownstreamStream, ServingContext
-from relay.subscriptions import Interest, SubscriptionIndex
-from relay.telemetry import new_metrics
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE, RUNTIME
 from tests.builders import cluster, endpoints, listener, pack, route
 
@@ -18,14 +18,12 @@ Delta = discovery_pb2.DeltaDiscoveryRequest
 
 
 def serving() -> ServingContext:
-    cache, index = ResourceCache(), SubscriptionIndex()
-    cache.add_listener(index.on_cache_change)
-    return ServingContext.create(cache, index, new_metrics())
+    return Core.create().serving
 
 
 def put(ctx: ServingContext, type_url: str, name: str, msg: object, version: str = "1") -> None:
-    ctx.cache.apply(type_url, [CachedResource(type_url, name, version, discovery_pb2.Resource(
-        name=name, version=version, resource=pack(msg)))])  # type: ignore[arg-type]
+    resource = discovery_pb2.Resource(name=name, version=version, resource=pack(msg))  # type: ignore[arg-type]
+    ctx.cache.apply(type_url, Update([CachedResource(type_url, name, version, resource)]))
 
 
 def decoded(stream: DownstreamStream) -> list[discovery_pb2.DeltaDiscoveryResponse]:

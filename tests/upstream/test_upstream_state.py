@@ -8,8 +8,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, ResourceCache
-from relay.constraints import params_of
-from relay.subscriptions import Interest, SubscriptionIndex
+from relay.constraints import Locator, params_of
+from relay.interest import Interest, InterestIndex
 from relay.upstream.state import SETTLE_GRACE, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
@@ -24,9 +24,9 @@ class Sub:
         pass
 
 
-def make(linger: float = 0.0) -> tuple[UpstreamState, SubscriptionIndex, ResourceCache]:
-    cache, index = ResourceCache(), SubscriptionIndex()
-    return UpstreamState(base_pb2.Node(id="relay"), cache, index, linger), index, cache
+def make(linger: float = 0.0) -> tuple[UpstreamState, InterestIndex, ResourceCache]:
+    cache, index = ResourceCache(), InterestIndex()
+    return UpstreamState(base_pb2.Node(id="relay"), cache, linger), index, cache
 
 
 def response(type_url: str, nonce: str, *items: tuple[str, str, object],
@@ -40,34 +40,34 @@ def response(type_url: str, nonce: str, *items: tuple[str, str, object],
 
 def test_interest_becomes_subscribe_and_unsubscribe_requests() -> None:
     state, index, _ = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     sub = Sub()
     index.update(sub, ENDPOINT, Interest(frozenset({"a", "b"})))
-    [request] = state.on_interest_changed(ENDPOINT, 0)
+    [request] = state.on_interest_changed(ENDPOINT, index, 0)
     assert list(request.resource_names_subscribe) == ["a", "b"]
     assert request.node.id == "relay"  # the first request of the stream carries the node
     index.update(sub, ENDPOINT, Interest(frozenset({"b"})))
-    [request] = state.on_interest_changed(ENDPOINT, 0)
+    [request] = state.on_interest_changed(ENDPOINT, index, 0)
     assert list(request.resource_names_unsubscribe) == ["a"]
     assert not request.HasField("node")
 
 
 def test_wildcard_is_subscribed_explicitly() -> None:
     state, index, _ = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     index.update(Sub(), CLUSTER, Interest(wildcard=True))
-    [request] = state.on_interest_changed(CLUSTER, 0)
+    [request] = state.on_interest_changed(CLUSTER, index, 0)
     assert list(request.resource_names_subscribe) == ["*"]
 
 
 def test_reconnect_resends_subscriptions_with_initial_versions() -> None:
     state, index, _cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     index.update(Sub(), ENDPOINT, Interest(frozenset({"a", "b"})))
-    state.on_interest_changed(ENDPOINT, 0)
-    state.on_response(response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1))))
+    state.on_interest_changed(ENDPOINT, index, 0)
+    state.on_response(response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1))), index)
     state.on_disconnect()
-    [request] = state.on_connect(1)
+    [request] = state.on_connect(index, 1)
     assert list(request.resource_names_subscribe) == ["a", "b"]
     assert dict(request.initial_resource_versions) == {"a": "v1"}
     assert request.node.id == "relay"
@@ -76,17 +76,17 @@ def test_reconnect_resends_subscriptions_with_initial_versions() -> None:
 def test_no_requests_while_disconnected_but_interest_is_remembered() -> None:
     state, index, _ = make()
     index.update(Sub(), ENDPOINT, Interest(frozenset({"a"})))
-    assert state.on_interest_changed(ENDPOINT, 0) == []
-    [request] = state.on_connect(0)
+    assert state.on_interest_changed(ENDPOINT, index, 0) == []
+    [request] = state.on_connect(index, 0)
     assert list(request.resource_names_subscribe) == ["a"]
 
 
 def test_good_response_is_cached_and_acked() -> None:
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     index.update(Sub(), CLUSTER, Interest(wildcard=True))
-    state.on_interest_changed(CLUSTER, 0)
-    [ack] = state.on_response(response(CLUSTER, "n1", ("a", "v1", cluster("a"))))
+    state.on_interest_changed(CLUSTER, index, 0)
+    [ack] = state.on_response(response(CLUSTER, "n1", ("a", "v1", cluster("a"))), index)
     assert ack.response_nonce == "n1" and not ack.HasField("error_detail")
     assert [r.version for r in cache.resources(CLUSTER)] == ["v1"]
     assert cache.variants(CLUSTER, "other") is ABSENT  # wildcard: the set is complete
@@ -94,36 +94,36 @@ def test_good_response_is_cached_and_acked() -> None:
 
 def test_removed_resources_become_absent() -> None:
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     index.update(Sub(), ENDPOINT, Interest(frozenset({"a"})))
-    state.on_interest_changed(ENDPOINT, 0)
-    state.on_response(response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1))))
-    state.on_response(response(ENDPOINT, "2", removed=("a",)))
+    state.on_interest_changed(ENDPOINT, index, 0)
+    state.on_response(response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1))), index)
+    state.on_response(response(ENDPOINT, "2", removed=("a",)), index)
     assert cache.variants(ENDPOINT, "a") is ABSENT
 
 
 def test_unwanted_names_in_a_response_are_not_cached() -> None:
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     index.update(Sub(), ENDPOINT, Interest(frozenset({"a"})))
-    state.on_interest_changed(ENDPOINT, 0)
+    state.on_interest_changed(ENDPOINT, index, 0)
     state.on_response(response(ENDPOINT, "1", ("a", "1", endpoints("a", 1)),
-                               ("zz", "1", endpoints("zz", 1))))
+                               ("zz", "1", endpoints("zz", 1))), index)
     assert sorted(cache.names(ENDPOINT)) == ["a"]
 
 
 def test_type_mismatch_duplicate_and_undecodable_are_nacked_and_not_applied() -> None:
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     index.update(Sub(), CLUSTER, Interest(wildcard=True))
-    state.on_interest_changed(CLUSTER, 0)
+    state.on_interest_changed(CLUSTER, index, 0)
     mismatch = response(CLUSTER, "1", ("a", "1", endpoints("a", 1)))
     duplicate = response(CLUSTER, "2", ("a", "1", cluster("a")), ("a", "2", cluster("a")))
     undecodable = response(CLUSTER, "3", ("a", "1", cluster("a")))
     undecodable.resources[0].resource.value = b"\xff\xff"
     for bad, reason in ((mismatch, "has type"), (duplicate, "more than once"),
                         (undecodable, "cannot be decoded")):
-        [nack] = state.on_response(bad)
+        [nack] = state.on_response(bad, index)
         assert nack.response_nonce == bad.nonce
         assert reason in nack.error_detail.message and nack.error_detail.code == 3
     assert list(cache.resources(CLUSTER)) == []
@@ -132,37 +132,37 @@ def test_type_mismatch_duplicate_and_undecodable_are_nacked_and_not_applied() ->
 
 def test_last_client_leaving_unsubscribes_and_forgets() -> None:
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     sub = Sub()
     index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
-    state.on_interest_changed(ENDPOINT, 0)
-    state.on_response(response(ENDPOINT, "1", ("a", "1", endpoints("a", 1))))
+    state.on_interest_changed(ENDPOINT, index, 0)
+    state.on_response(response(ENDPOINT, "1", ("a", "1", endpoints("a", 1))), index)
     index.remove(sub)
-    [request] = state.on_interest_changed(ENDPOINT, 0)
+    [request] = state.on_interest_changed(ENDPOINT, index, 0)
     assert list(request.resource_names_unsubscribe) == ["a"]
     assert list(cache.names(ENDPOINT)) == []
-    assert state.subscription(ENDPOINT) == Interest()
+    assert state.subscription_counts() == {}
 
 
 def test_linger_delays_unsubscribe_and_a_return_cancels_it() -> None:
     state, index, _ = make(linger=10.0)
-    state.on_connect(0)
+    state.on_connect(index, 0)
     sub = Sub()
     index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
-    state.on_interest_changed(ENDPOINT, 0)
+    state.on_interest_changed(ENDPOINT, index, 0)
     index.remove(sub)
-    assert state.on_interest_changed(ENDPOINT, 1) == []
+    assert state.on_interest_changed(ENDPOINT, index, 1) == []
     assert state.next_deadline() == 11.0
-    assert state.on_tick(5) == []
-    [request] = state.on_tick(11)
+    assert state.on_tick(index, 5) == []
+    [request] = state.on_tick(index, 11)
     assert list(request.resource_names_unsubscribe) == ["a"]
     # Back within the linger period: nothing is sent at all.
     index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
-    state.on_interest_changed(ENDPOINT, 12)
+    state.on_interest_changed(ENDPOINT, index, 12)
     index.remove(sub)
-    state.on_interest_changed(ENDPOINT, 13)
+    state.on_interest_changed(ENDPOINT, index, 13)
     index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
-    assert state.on_interest_changed(ENDPOINT, 14) == []
+    assert state.on_interest_changed(ENDPOINT, index, 14) == []
     assert state.next_deadline() is None
 
 
@@ -195,11 +195,11 @@ def locators_of(request: discovery_pb2.DeltaDiscoveryRequest, subscribe: bool = 
 
 def test_distinct_locators_are_subscribed_once_each() -> None:
     state, index, _ = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     requests = []
     for params in ({"env": "canary"}, {"env": "canary"}, {"env": "prod"}):
         index.update(Sub(), CLUSTER, with_params(("c", params)))
-        requests += state.on_interest_changed(CLUSTER, 0)
+        requests += state.on_interest_changed(CLUSTER, index, 0)
     subscribed = [loc for r in requests for loc in locators_of(r)]
     assert subscribed == [("c", {"env": "canary"}), ("c", {"env": "prod"})]
     assert all(not r.resource_names_subscribe for r in requests)
@@ -207,25 +207,25 @@ def test_distinct_locators_are_subscribed_once_each() -> None:
 
 def test_parameters_answered_by_a_cached_variant_need_no_subscription() -> None:
     state, index, _cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary"})))
-    state.on_interest_changed(CLUSTER, 0)
-    state.on_response(variant_response("1", CANARY))
+    state.on_interest_changed(CLUSTER, index, 0)
+    state.on_response(variant_response("1", CANARY), index)
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary", "zone": "b"})))
-    assert state.on_interest_changed(CLUSTER, 0) == []
+    assert state.on_interest_changed(CLUSTER, index, 0) == []
 
 
 def test_when_the_subscribing_locator_leaves_answered_parameters_take_over() -> None:
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     first, second = Sub(), Sub()
     index.update(first, CLUSTER, with_params(("c", {"env": "canary"})))
-    state.on_interest_changed(CLUSTER, 0)
-    state.on_response(variant_response("1", CANARY))
+    state.on_interest_changed(CLUSTER, index, 0)
+    state.on_response(variant_response("1", CANARY), index)
     index.update(second, CLUSTER, with_params(("c", {"env": "canary", "zone": "b"})))
-    state.on_interest_changed(CLUSTER, 0)
+    state.on_interest_changed(CLUSTER, index, 0)
     index.remove(first)
-    [request] = state.on_interest_changed(CLUSTER, 0)
+    [request] = state.on_interest_changed(CLUSTER, index, 0)
     # One request: the new locator in, the old one out, so the variant never lapses.
     assert locators_of(request) == [("c", {"env": "canary", "zone": "b"})]
     assert locators_of(request, subscribe=False) == [("c", {"env": "canary"})]
@@ -234,52 +234,53 @@ def test_when_the_subscribing_locator_leaves_answered_parameters_take_over() -> 
 
 def test_a_response_settles_the_locators_subscribed_well_before_it() -> None:
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     dev = params_of({"env": "dev"})
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "dev"})))
-    state.on_interest_changed(CLUSTER, 10.0)
-    assert not cache.is_settled(CLUSTER, "c", dev)
-    state.on_response(discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"),
+    state.on_interest_changed(CLUSTER, index, 10.0)
+    assert not cache.is_answered(CLUSTER, Locator("c", dev))
+    state.on_response(discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"), index,
                       10.0 + SETTLE_GRACE)
-    assert cache.is_settled(CLUSTER, "c", dev)
+    assert cache.is_answered(CLUSTER, Locator("c", dev))
 
 
 def test_invariant_6_a_response_right_after_a_subscription_may_not_answer_it() -> None:
     # The origin may have sent it before reading the subscription: settling
     # the locator now would tell its clients their resource does not exist.
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     dev = params_of({"env": "dev"})
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "dev"})))
-    state.on_interest_changed(CLUSTER, 10.0)
-    state.on_response(discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"), 10.1)
-    assert not cache.is_settled(CLUSTER, "c", dev)
+    state.on_interest_changed(CLUSTER, index, 10.0)
+    state.on_response(discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"),
+                      index, 10.1)
+    assert not cache.is_answered(CLUSTER, Locator("c", dev))
     assert state.next_deadline() == 10.0 + SETTLE_GRACE
-    assert state.on_tick(10.0 + SETTLE_GRACE - 0.01) == [] and \
-        not cache.is_settled(CLUSTER, "c", dev)
-    state.on_tick(10.0 + SETTLE_GRACE)
-    assert cache.is_settled(CLUSTER, "c", dev)
+    assert state.on_tick(index, 10.0 + SETTLE_GRACE - 0.01) == [] and \
+        not cache.is_answered(CLUSTER, Locator("c", dev))
+    state.on_tick(index, 10.0 + SETTLE_GRACE)
+    assert cache.is_answered(CLUSTER, Locator("c", dev))
     assert state.next_deadline() is None
 
 
 def test_a_locator_never_followed_by_a_response_is_never_settled() -> None:
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "dev"})))
-    state.on_interest_changed(CLUSTER, 10.0)
+    state.on_interest_changed(CLUSTER, index, 10.0)
     assert state.next_deadline() is None
-    state.on_tick(100.0)
-    assert not cache.is_settled(CLUSTER, "c", params_of({"env": "dev"}))
+    state.on_tick(index, 100.0)
+    assert not cache.is_answered(CLUSTER, Locator("c", params_of({"env": "dev"})))
 
 
 def test_invalid_constraints_from_the_origin_are_nacked_and_cache_kept() -> None:
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary"})))
-    state.on_interest_changed(CLUSTER, 0)
-    state.on_response(variant_response("1", CANARY))
+    state.on_interest_changed(CLUSTER, index, 0)
+    state.on_response(variant_response("1", CANARY), index)
     malformed = DPC(constraint={"key": "env"})  # neither value nor exists
-    [nack] = state.on_response(variant_response("2", malformed, version="2"))
+    [nack] = state.on_response(variant_response("2", malformed, version="2"), index)
     assert nack.response_nonce == "2" and nack.error_detail.code == 3
     assert "invalid dynamic parameter constraints" in nack.error_detail.message
     assert [r.version for r in cache.resources(CLUSTER)] == ["1"]
@@ -287,21 +288,21 @@ def test_invalid_constraints_from_the_origin_are_nacked_and_cache_kept() -> None
 
 def test_resource_errors_with_invalid_constraints_or_no_name_are_nacked() -> None:
     state, index, cache = make()
-    state.on_connect(0)
+    state.on_connect(index, 0)
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary"})))
-    state.on_interest_changed(CLUSTER, 0)
+    state.on_interest_changed(CLUSTER, index, 0)
     bad = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="9")
     failed = bad.resource_errors.add(error_detail={"code": 5, "message": "x"})
     failed.resource_name.name = "c"
     failed.resource_name.dynamic_parameter_constraints.CopyFrom(
         DPC(constraint={"key": "env"}))
-    [nack] = state.on_response(bad)
+    [nack] = state.on_response(bad, index)
     assert nack.response_nonce == "9"
     assert nack.error_detail.message.startswith(
         "resource error for 'c' has invalid dynamic parameter constraints: ")
     assert "'env'" in nack.error_detail.message
     nameless = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="10")
     nameless.resource_errors.add(error_detail={"code": 5, "message": "x"})
-    [nack] = state.on_response(nameless)
+    [nack] = state.on_response(nameless, index)
     assert nack.error_detail.message == "a resource error names no resource"
     assert cache.error(CLUSTER, "c", params_of({"env": "canary"})) is None

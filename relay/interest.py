@@ -1,23 +1,26 @@
-"""Who wants what: the index of downstream subscriptions.
+"""Who wants what: the fleet-wide index of what downstream clients subscribe to.
 
 Two jobs, both driven by the same bookkeeping:
 
 * fan a :class:`~relay.cache.CacheChange` out to exactly the subscribers of
   the changed names (and the wildcard subscribers of the type);
-* keep the union of all subscriptions per type, and tell interest listeners
-  (the upstream client) when it changes. This is the only path by which
-  anything downstream reaches back up.
+* keep the union of all subscriptions per type, for the upstream to read.
+
+Data flows down (origin, upstream, cache, this index, streams). The one way
+back up is :class:`Upward`, wired once (see :mod:`relay.core`): the index
+tells it when the union for a type changed, and which names clients need a
+fresh copy of; the upstream then reads the union from the index.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
 from relay.cache import CacheChange
-from relay.constraints import EMPTY_PARAMS, Params
+from relay.constraints import EMPTY_PARAMS, Locator, Params
 
 
 class Subscriber(Hashable, Protocol):
@@ -42,43 +45,51 @@ class Interest:
     wildcard: bool = False
     params: frozenset[tuple[str, Params]] = frozenset()
 
-    def locators(self) -> frozenset[tuple[str, Params]]:
+    def locators(self) -> frozenset[Locator]:
         """Each name with the parameters it is subscribed with."""
         if not self.params:
-            return frozenset((name, EMPTY_PARAMS) for name in self.names)
+            return frozenset(Locator(name) for name in self.names)
         by_name = dict(self.params)
-        return frozenset((name, by_name.get(name, EMPTY_PARAMS)) for name in self.names)
+        return frozenset(Locator(name, by_name.get(name, EMPTY_PARAMS)) for name in self.names)
 
 
-InterestListener = Callable[[str], None]
-RefetchListener = Callable[[str, frozenset[str]], None]
+class Upward(Protocol):
+    """The one way back up, from the clients to the origin side.
+
+    Both calls only say that something is wanted; whoever receives them reads
+    the details from the index when it acts (the upstream does so in a later
+    turn of the event loop, never inside a client's request).
+    """
+
+    def interest_changed(self, type_url: str) -> None:
+        """The union of what clients want of ``type_url`` changed."""
+
+    def refetch(self, type_url: str, names: frozenset[str]) -> None:
+        """Clients need fresh copies of these resources (do-not-cache: the
+        cached copy was fetched before they asked)."""
+
 
 _NOTHING = Interest()
 
 
-class SubscriptionIndex:
+class InterestIndex:
     """Subscriptions of all downstream streams, by type and name."""
 
     def __init__(self) -> None:
         self._by_name: dict[str, dict[str, set[Subscriber]]] = defaultdict(dict)
         self._wildcard: dict[str, set[Subscriber]] = defaultdict(set)
-        self._locators: dict[str, Counter[tuple[str, Params]]] = defaultdict(Counter)
+        self._locators: dict[str, Counter[Locator]] = defaultdict(Counter)
         self._per_subscriber: dict[Subscriber, dict[str, Interest]] = {}
-        self._listeners: list[InterestListener] = []
-        self._refetch_listeners: list[RefetchListener] = []
+        self._upward: Upward | None = None
 
-    def add_refetch_listener(self, listener: RefetchListener) -> None:
-        """Call ``listener(type_url, names)`` when a subscriber needs a fresh copy."""
-        self._refetch_listeners.append(listener)
+    def link(self, upward: Upward) -> None:
+        """Tell ``upward`` of interest changes and re-fetches from now on (one only)."""
+        self._upward = upward
 
     def request_refetch(self, type_url: str, names: frozenset[str]) -> None:
         """A subscriber may not be served these (do-not-cache) from cache: fetch again."""
-        for listener in self._refetch_listeners:
-            listener(type_url, names)
-
-    def add_interest_listener(self, listener: InterestListener) -> None:
-        """Call ``listener(type_url)`` whenever the union for a type changes."""
-        self._listeners.append(listener)
+        if self._upward is not None:
+            self._upward.refetch(type_url, names)
 
     # -- downstream side -------------------------------------------------
 
@@ -137,7 +148,7 @@ class SubscriptionIndex:
         return bool(self._wildcard.get(type_url))
 
     def wanted_locators(self, type_url: str) -> dict[str, frozenset[Params]]:
-        """Per name, the distinct parameter sets subscribers use for it."""
+        """Per name, the distinct parameter sets subscribers use for it (a new dict)."""
         out: dict[str, set[Params]] = {}
         for name, params in self._locators.get(type_url, {}):
             out.setdefault(name, set()).add(params)
@@ -148,9 +159,6 @@ class SubscriptionIndex:
         types = {t for t, names in self._by_name.items() if names}
         types |= {t for t, subs in self._wildcard.items() if subs}
         return sorted(types)
-
-    def subscriber_count(self) -> int:
-        return len(self._per_subscriber)
 
     # -- cache side ------------------------------------------------------
 
@@ -181,5 +189,5 @@ class SubscriptionIndex:
         return affected
 
     def _interest_changed(self, type_url: str) -> None:
-        for listener in self._listeners:
-            listener(type_url)
+        if self._upward is not None:
+            self._upward.interest_changed(type_url)

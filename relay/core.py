@@ -1,0 +1,72 @@
+"""The relay's layers wired together, in the one place the app and the tests share.
+
+Data flows one way: a source (the origin stream, or files) writes into the
+cache; the cache tells the interest index what changed; the index wakes the
+streams that hold those names. The only way back up is
+:class:`relay.interest.Upward`, which :meth:`Core.follow` connects to the
+upstream client: clients' interest changed, or names to fetch afresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from relay.cache import CacheChange, ResourceCache
+from relay.interest import InterestIndex
+from relay.server.streams import ServingContext
+from relay.telemetry import Metrics, new_metrics
+from relay.upstream.backoff import Backoff
+from relay.upstream.client import UpstreamClient
+from relay.upstream.dial import Dialer
+from relay.upstream.state import UpstreamState
+
+
+@dataclass
+class Core:
+    """Cache, interest index and what every downstream stream shares, wired."""
+
+    cache: ResourceCache
+    index: InterestIndex
+    serving: ServingContext
+    clock: Callable[[], float] = time.monotonic
+
+    @classmethod
+    def create(cls, metrics: Metrics | None = None, batch_window: float = 0.0,
+               max_locator_size: int | None = None,
+               clock: Callable[[], float] = time.monotonic) -> Core:
+        cache = ResourceCache(clock)
+        index = InterestIndex()
+        cache.add_listener(index.on_cache_change)
+        serving = ServingContext.create(cache, index, metrics or new_metrics(), batch_window)
+        serving.max_locator_size = max_locator_size
+        return cls(cache, index, serving, clock)
+
+    def follow(self, dialer: Dialer, state: UpstreamState, backoff: Backoff) -> UpstreamClient:
+        """The client of the origin stream, linked as the way back up from the index."""
+        client = UpstreamClient(dialer, state, self.index, backoff, self.serving.metrics)
+        self.index.link(client)
+        return client
+
+    async def expire_ttls(self) -> None:
+        """Remove resources whose TTL lapsed without a heartbeat (never invents one).
+
+        Sleeps until the next deadline; any cache change may bring an earlier
+        one, so it wakes to look again. Runs until cancelled.
+        """
+        changed = asyncio.Event()
+
+        def wake(_change: CacheChange) -> None:
+            changed.set()
+
+        self.cache.add_listener(wake)
+        while True:
+            changed.clear()
+            deadline = self.cache.next_expiry()
+            timeout = None if deadline is None else max(0.0, deadline - self.clock())
+            try:
+                await asyncio.wait_for(changed.wait(), timeout)
+            except TimeoutError:
+                self.cache.expire()

@@ -1,0 +1,113 @@
+"""Checking one origin response before anything of it is used.
+
+A response the relay cannot use entirely (a type mismatch, a duplicate
+name, an undecodable resource, malformed constraints) is NACKed with the
+reason :func:`parse_response` raises, and nothing of it reaches the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import message
+
+from relay.constraints import Constraints, InvalidConstraints, compile_constraints
+from relay.resource import CachedResource
+from relay.xds_types import message_class
+
+
+class UnusableResponse(Exception):
+    """An origin response the relay must NACK; the message is the NACK's reason."""
+
+
+@dataclass(frozen=True)
+class ParsedResponse:
+    """What a usable response carries, ready for the cache."""
+
+    upserts: list[CachedResource]
+    # variants removed by name and constraints: (name, variant key)
+    removed_variants: list[tuple[str, str]]
+    # resources sent without a body: (name, variant key, version)
+    heartbeats: list[tuple[str, str, str]]
+
+
+def constraints_of(resource: discovery_pb2.Resource) -> Constraints:
+    """The compiled constraints of a resource (raises InvalidConstraints)."""
+    if not resource.HasField("resource_name") or \
+            not resource.resource_name.HasField("dynamic_parameter_constraints"):
+        return compile_constraints(None)
+    return compile_constraints(resource.resource_name.dynamic_parameter_constraints)
+
+
+def resource_name_of(resource: discovery_pb2.Resource) -> str:
+    name: str = (resource.resource_name.name if resource.HasField("resource_name")
+                 else resource.name)
+    return name
+
+
+def parse_response(response: discovery_pb2.DeltaDiscoveryResponse) -> ParsedResponse:
+    """The upserts, removed variants and heartbeats of a response; raises
+    :class:`UnusableResponse` with the reason to NACK it."""
+    type_url = response.type_url
+    if not type_url:
+        raise UnusableResponse("response has no type_url")
+    if not response.nonce:
+        raise UnusableResponse("response has no nonce")
+    body_class = message_class(type_url)
+    seen: set[tuple[str, str]] = set()
+    upserts: list[CachedResource] = []
+    heartbeats: list[tuple[str, str, str]] = []
+    for resource in response.resources:
+        name = resource_name_of(resource)
+        if not name:
+            raise UnusableResponse("a resource has no name")
+        try:
+            constraints = constraints_of(resource)
+        except InvalidConstraints as error:
+            raise UnusableResponse(
+                f"resource {name!r} has invalid dynamic parameter constraints: "
+                f"{error}") from None
+        key = (name, constraints.key)
+        if key in seen:
+            raise UnusableResponse(f"resource {name!r} appears more than once")
+        seen.add(key)
+        if not resource.HasField("resource"):
+            heartbeats.append((name, constraints.key, resource.version))
+            continue  # a heartbeat: nothing changes, the TTL restarts
+        body = resource.resource
+        if body.type_url != type_url:
+            raise UnusableResponse(
+                f"resource {name!r} has type {body.type_url!r} in a response for "
+                f"{type_url!r}")
+        if body_class is not None:
+            try:
+                body_class.FromString(body.value)
+            except message.DecodeError as error:
+                raise UnusableResponse(
+                    f"resource {name!r} cannot be decoded as {type_url}: {error}") from None
+        upserts.append(CachedResource.from_origin(type_url, name, resource, constraints))
+    removed_variants = []
+    for removed in response.removed_resource_names:
+        try:
+            constraints = compile_constraints(
+                removed.dynamic_parameter_constraints
+                if removed.HasField("dynamic_parameter_constraints") else None)
+        except InvalidConstraints as error:
+            raise UnusableResponse(
+                f"removed resource {removed.name!r} has invalid dynamic parameter "
+                f"constraints: {error}") from None
+        removed_variants.append((removed.name, constraints.key))
+    for failed in response.resource_errors:
+        failed_name = failed.resource_name
+        if not failed_name.name:
+            raise UnusableResponse("a resource error names no resource")
+        try:
+            compile_constraints(failed_name.dynamic_parameter_constraints
+                                if failed_name.HasField("dynamic_parameter_constraints")
+                                else None)
+        except InvalidConstraints as error:
+            raise UnusableResponse(
+                f"resource error for {failed_name.name!r} has invalid dynamic parameter "
+                f"constraints: {error}") from None
+    return ParsedResponse(upserts, removed_variants, heartbeats)

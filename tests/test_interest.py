@@ -1,0 +1,133 @@
+"""InterestIndex: fan-out of cache changes and the union kept for the upstream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from relay.cache import CacheChange
+from relay.constraints import EMPTY_PARAMS, Locator, params_of
+from relay.interest import Interest, InterestIndex
+from relay.xds_types import CLUSTER, ENDPOINT
+
+
+@dataclass(eq=False)
+class Sub:
+    seen: list[tuple[str, frozenset[str], bool]] = field(default_factory=list)
+    beats: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
+        self.seen.append((type_url, names, everything))
+
+    def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
+        self.beats.append((type_url, names))
+
+
+@dataclass
+class Up:
+    """What reached the upstream side through the index's one way up."""
+
+    interest: list[str] = field(default_factory=list)
+    refetches: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+
+    def interest_changed(self, type_url: str) -> None:
+        self.interest.append(type_url)
+
+    def refetch(self, type_url: str, names: frozenset[str]) -> None:
+        self.refetches.append((type_url, names))
+
+
+def interest(*names: str, wildcard: bool = False) -> Interest:
+    return Interest(frozenset(names), wildcard)
+
+
+def test_union_and_interest_events() -> None:
+    index = InterestIndex()
+    up = Up()
+    index.link(up)
+    events = up.interest
+    a, b = Sub(), Sub()
+    index.update(a, ENDPOINT, interest("x", "y"))
+    index.update(b, ENDPOINT, interest("y"))
+    assert index.wanted(ENDPOINT) == interest("x", "y")
+    assert events == [ENDPOINT]  # b added nothing new to the union
+    index.update(a, ENDPOINT, interest("y"))
+    assert index.wanted(ENDPOINT) == interest("y") and events == [ENDPOINT, ENDPOINT]
+    index.remove(b)
+    assert len(events) == 2  # a still wants y
+    index.remove(a)
+    assert index.wanted(ENDPOINT) == interest() and len(events) == 3
+    assert index.wanted_types() == []
+
+
+def test_wildcard_union() -> None:
+    index = InterestIndex()
+    up = Up()
+    index.link(up)
+    events = up.interest
+    a, b = Sub(), Sub()
+    index.update(a, CLUSTER, interest(wildcard=True))
+    index.update(b, CLUSTER, interest(wildcard=True))
+    assert index.wanted(CLUSTER) == interest(wildcard=True) and events == [CLUSTER]
+    index.remove(a)
+    assert events == [CLUSTER]
+    index.remove(b)
+    assert index.wanted(CLUSTER) == interest() and events == [CLUSTER, CLUSTER]
+
+
+def test_change_reaches_only_subscribers_of_the_name_and_wildcards() -> None:
+    index = InterestIndex()
+    on_x, on_y, everything, other_type = Sub(), Sub(), Sub(), Sub()
+    index.update(on_x, CLUSTER, interest("x"))
+    index.update(on_y, CLUSTER, interest("y"))
+    index.update(everything, CLUSTER, interest(wildcard=True))
+    index.update(other_type, ENDPOINT, interest("x"))
+    index.on_cache_change(CacheChange(CLUSTER, frozenset({"x"})))
+    assert on_x.seen == [(CLUSTER, frozenset({"x"}), False)]
+    assert on_y.seen == [] and other_type.seen == []
+    assert everything.seen == [(CLUSTER, frozenset({"x"}), False)]
+
+
+def test_sync_reaches_every_subscriber_of_the_type() -> None:
+    index = InterestIndex()
+    named, idle = Sub(), Sub()
+    index.update(named, CLUSTER, interest("x"))
+    index.update(idle, CLUSTER, interest())
+    index.on_cache_change(CacheChange(CLUSTER, frozenset(), True))
+    assert named.seen == [(CLUSTER, frozenset(), True)]
+    assert idle.seen == [(CLUSTER, frozenset(), True)]
+
+
+def test_a_refetch_goes_up_and_nothing_else_does() -> None:
+    index = InterestIndex()
+    up = Up()
+    index.link(up)
+    index.request_refetch(ENDPOINT, frozenset({"x"}))
+    assert up.refetches == [(ENDPOINT, frozenset({"x"}))] and up.interest == []
+
+
+def test_heartbeats_reach_subscribers_of_those_names_and_wildcards_only() -> None:
+    index = InterestIndex()
+    on_x, on_y, everything = Sub(), Sub(), Sub()
+    index.update(on_x, CLUSTER, interest("x"))
+    index.update(on_y, CLUSTER, interest("y"))
+    index.update(everything, CLUSTER, interest(wildcard=True))
+    index.on_cache_change(CacheChange(CLUSTER, frozenset(), heartbeats=frozenset({"x"})))
+    assert on_x.beats == [(CLUSTER, frozenset({"x"}))]
+    assert everything.beats == [(CLUSTER, frozenset({"x"}))]
+    assert on_y.beats == [] and on_x.seen == on_y.seen == everything.seen == []
+
+
+def test_locators_and_the_union_of_parameters() -> None:
+    index = InterestIndex()
+    a, b = Sub(), Sub()
+    canary, prod = params_of({"env": "canary"}), params_of({"env": "prod"})
+    index.update(a, CLUSTER, Interest(frozenset({"c", "d"}), params=frozenset({("c", canary)})))
+    index.update(b, CLUSTER, Interest(frozenset({"c"}), params=frozenset({("c", prod)})))
+    assert Interest(frozenset({"c", "d"}), params=frozenset({("c", canary)})).locators() == \
+        {Locator("c", canary), Locator("d")}
+    assert index.wanted_locators(CLUSTER) == {"c": frozenset({canary, prod}),
+                                              "d": frozenset({EMPTY_PARAMS})}
+    assert not index.wants_wildcard(CLUSTER)
