@@ -47,7 +47,7 @@ def answered(stack: Stack, *node_ids: str) -> Callable[[], bool]:
     def check() -> bool:
         streams = [s for s in stack.relay.serving.streams if s.node_id in node_ids]
         return len(streams) == len(node_ids) and all(
-            state.inflight_nonce is None for s in streams for state in s.states.values())
+            state.in_flight is None for s in streams for state in s.session.snapshot().types)
     return check
 
 

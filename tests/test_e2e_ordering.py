@@ -97,7 +97,7 @@ async def test_invariant_10_downstream_nack_is_recorded_per_client_and_type() ->
         [status] = stack.relay.serving.client_statuses()
         assert status["node_id"] == "nacker" and status["protocol"] == "delta"
         assert status["types"][CLUSTER]["last_nack"] == {
-            "nonce": response.nonce, "version": "a=v9", "message": "cluster a is bad"}
+            "nonce": response.nonce, "versions": {"a": "v9"}, "message": "cluster a is bad"}
         assert status["types"][CLUSTER]["wildcard"] is True
 
 

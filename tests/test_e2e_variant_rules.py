@@ -330,7 +330,7 @@ async def test_a_client_is_not_told_of_absence_before_the_origin_answered_its_lo
                           resource_names_subscribe=["svc"])
         await sotw.send(node=params_node("canary"), type_url=CLUSTER, resource_names=["svc"])
         assert located([await origin.next_request()]) == [[("svc", {"env": "canary"})]]
-        await eventually(lambda: sum(CLUSTER in s.states
+        await eventually(lambda: sum(CLUSTER in s.session.types()
                                      for s in stack.relay.serving.streams) == 3)
 
         # The origin answers the first locator; it has not read the second yet.

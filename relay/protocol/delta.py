@@ -17,9 +17,10 @@ from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import Params, params_of
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
-from relay.protocol.subscription import SubscriptionState, forward_error, heartbeats_due
+from relay.protocol.snapshot import ResourceStatus
+from relay.protocol.subscription import SubscriptionState
 from relay.protocol.view import NonceSource, ResourceView
-from relay.resource import CachedResource, arrival_clock
+from relay.resource import CachedResource
 from relay.xds_types import LEGACY_WILDCARD_TYPES, WILDCARD
 
 
@@ -43,19 +44,22 @@ class DeltaResponsePlan:
             type_url=self.type_url, nonce=self.nonce, removed_resources=self.removed,
             removed_resource_names=self.removed_names, resource_errors=self.errors)
 
+    def only_removes(self) -> bool:
+        return not self.resources and bool(self.removed or self.removed_names)
 
-@dataclass
+
 class DeltaSubscription(SubscriptionState):
     """Delta protocol state of one type on one stream."""
 
-    # subscribed names not yet answered with a resource or a removal
-    unanswered: set[str] = field(default_factory=set)
-    # arrival stamp when the wildcard was subscribed (see ``since``)
-    wildcard_since: int = 0
-    # names subscribed again while held: sent again even if unchanged
-    resend: set[str] = field(default_factory=set)
-    inflight_versions: str = ""  # "name=version,..." of the response in flight
-    acked_nonce: str | None = None
+    def __init__(self, type_url: str) -> None:
+        super().__init__(type_url)
+        # subscribed names not yet answered with a resource or a removal
+        self._unanswered: set[str] = set()
+        # names subscribed again while held: sent again even if unchanged
+        self._resend: set[str] = set()
+        # (name, version) of what the response in flight carries
+        self._inflight: tuple[tuple[str, str], ...] = ()
+        self._acked_nonce: str | None = None
 
     # -- input -----------------------------------------------------------
 
@@ -63,21 +67,21 @@ class DeltaSubscription(SubscriptionState):
         """Apply one request: ACK/NACK bookkeeping and subscription changes."""
         outcome = RequestOutcome()
         before = self.interest()
-        first = not self.started
-        self.started = True
+        first = not self._started
+        self._started = True
 
         nonce = request.response_nonce
-        if nonce and nonce == self.inflight_nonce:
-            self.inflight_nonce = None
+        if nonce and nonce == self._inflight_nonce:
+            self._inflight_nonce = None
             outcome.ack_nonce = nonce
             if request.HasField("error_detail"):
                 # The client keeps what it had; we do not resend the same
-                # versions (``held`` already records them), only later changes.
-                self.last_nack = Nack(nonce, request.error_detail.message,
-                                      request.error_detail.code, self.inflight_versions)
-                outcome.nack = self.last_nack
+                # versions (``_held`` already records them), only later changes.
+                self._last_nack = Nack(nonce, request.error_detail.message,
+                                       request.error_detail.code, resources=self._inflight)
+                outcome.nack = self._last_nack
             else:
-                self.acked_nonce = nonce
+                self._acked_nonce = nonce
         # A stale nonce still carries valid subscription changes: apply them.
 
         subscribe: list[tuple[str, Params | None]] = [
@@ -88,135 +92,140 @@ class DeltaSubscription(SubscriptionState):
         unsubscribe += [loc.name for loc in request.resource_locators_unsubscribe]
 
         if first:
-            self.held = {name: Held(version)
-                         for name, version in request.initial_resource_versions.items()}
-            if not subscribe and self.type_url in LEGACY_WILDCARD_TYPES:
+            self._held = {name: Held(version)
+                          for name, version in request.initial_resource_versions.items()}
+            if not subscribe and self._type_url in LEGACY_WILDCARD_TYPES:
                 self._start_wildcard()
             # Whatever the client says it holds must be checked against the cache.
-            self.pending.update(self.held)
+            self._pending.update(self._held)
 
         for name, params in subscribe:
             if name == WILDCARD:
-                if not self.wildcard:
+                if not self._wildcard:
                     self._start_wildcard()
                 continue
             if params is None:
-                self.locator_params.pop(name, None)
+                self._locator_params.pop(name, None)
             else:
-                self.locator_params[name] = params
-            self.names.add(name)
-            self.since[name] = arrival_clock()
-            self.unanswered.add(name)
-            self.pending.add(name)
-            if not first and name in self.held:
+                self._locator_params[name] = params
+            self._names.add(name)
+            self._unanswered.add(name)
+            self._subscribe(name)
+            if not first and name in self._held:
                 # The client may have dropped it: always send a subscribed name.
                 # (What it held is kept, so that a removal can name the variant.)
-                self.resend.add(name)
+                self._resend.add(name)
 
         for name in unsubscribe:
             if name == WILDCARD:
-                self.wildcard = False
-                self.recheck_all = False
-                for held_name in [n for n in self.held if n not in self.names]:
-                    del self.held[held_name]
+                self._wildcard = False
+                self._recheck_all = False
+                for held_name in [n for n in self._held if n not in self._names]:
+                    del self._held[held_name]
                 continue
-            if name not in self.names:
+            if name not in self._names:
                 continue
-            self.names.discard(name)
-            self.locator_params.pop(name, None)
-            self.unanswered.discard(name)
-            self.held.pop(name, None)
-            self.resend.discard(name)
-            if self.wildcard:
+            self._names.discard(name)
+            self._locator_params.pop(name, None)
+            self._unanswered.discard(name)
+            self._held.pop(name, None)
+            self._resend.discard(name)
+            if self._wildcard:
                 # The client dropped it, but wildcard still covers it: send it
                 # again, or report it removed if it is gone.
-                self.unanswered.add(name)
-                self.pending.add(name)
+                self._unanswered.add(name)
+                self._pending.add(name)
 
         outcome.interest_changed = self.interest() != before
         return outcome
 
     def _start_wildcard(self) -> None:
-        self.wildcard_since = arrival_clock()
-        self.wildcard = True
-        self.must_answer = True
-        self.recheck_all = True
-
-    def heartbeats_received(self, names: frozenset[str]) -> None:
-        """The origin confirmed these names unchanged: pass the heartbeat on."""
-        self.pending_heartbeats.update(names)
+        super()._start_wildcard()
+        self._must_answer = True  # Envoy waits for the first wildcard answer
 
     # -- output ----------------------------------------------------------
 
     def has_work(self) -> bool:
-        return self.inflight_nonce is None and (
-            bool(self.pending) or self.recheck_all or self.must_answer or
-            bool(self.pending_heartbeats))
+        return self._inflight_nonce is None and (
+            bool(self._pending) or self._recheck_all or self._must_answer or
+            bool(self._pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource) -> DeltaResponsePlan | None:
         """The response to send now, if any (none while one is in flight)."""
-        if not self.has_work() or not view.is_synced(self.type_url):
+        if not self.has_work() or not view.is_synced(self._type_url):
             return None
-        if self.recheck_all:
-            candidates = set(self.names) | set(self.held) | self.unanswered | self.pending
-            if self.wildcard:
-                candidates.update(view.names(self.type_url))
-        else:
-            candidates = self.pending
-        self.pending = set()
-        self.changed = set()
-        self.recheck_all = False
+        candidates = self._take_candidates(
+            view, (*self._names, *self._held, *self._unanswered, *self._pending))
 
         resources: list[CachedResource] = []
+        sending: set[int] = set()  # ids of ``resources``: a name and its alias, once
         removed: list[str] = []
         removed_names: list[discovery_pb2.ResourceName] = []
+        removed_variants: set[tuple[str, str]] = set()
         errors: list[discovery_pb2.ResourceError] = []
         for name in sorted(candidates):
-            if not (self.wildcard or name in self.names):
+            if not (self._wildcard or name in self._names):
                 continue
-            error = forward_error(view.error(self.type_url, name, self.params_for(name)),
-                                  name, self.errors_sent)
+            error = self._forward_error(
+                name, view.error(self._type_url, name, self.params_for(name)))
             if error is not None:
                 errors.append(error)
-            found = view.lookup(self.type_url, name, self.params_for(name))
+            found = view.lookup(self._type_url, name, self.params_for(name))
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
-                self.resend.discard(name)
-                held = self.held.pop(name, None)
+                self._resend.discard(name)
+                held = self._held.pop(name, None)
                 if held is not None and held.resource_name is not None:
-                    if held.resource_name not in removed_names:
+                    key = (held.resource_name.name, held.variant_key or "")
+                    if key not in removed_variants:
+                        removed_variants.add(key)
                         removed_names.append(held.resource_name)
-                elif held is not None or name in self.unanswered:
+                elif held is not None or name in self._unanswered:
                     # A resource subscribed by alias went out under its own name.
                     gone = (held.canonical or name) if held else name
                     if gone not in removed:  # subscribed by name and by alias
                         removed.append(gone)
-                self.unanswered.discard(name)
+                self._unanswered.discard(name)
                 continue
             assert isinstance(found, CachedResource)
-            if found.do_not_cache and found.arrival <= self.since.get(name, self.wildcard_since):
-                self.refetch.add(name)  # fetched before we asked: not ours to reuse
-                continue
-            self.unanswered.discard(name)
-            held = self.held.get(name)
-            if held is None or not held.is_current(found) or name in self.resend:
-                self.resend.discard(name)
+            if self._stale(found, name):
+                continue  # fetched before we asked: not ours to reuse
+            self._unanswered.discard(name)
+            held = self._held.get(name)
+            if held is None or not held.is_current(found) or name in self._resend:
+                self._resend.discard(name)
                 # Moving to another variant is one update, never remove-then-add.
-                if found not in resources:  # subscribed by name and by alias
+                if id(found) not in sending:
+                    sending.add(id(found))
                     resources.append(found)
-                self.held[name] = Held.of(found, name)
+                self._held[name] = Held.of(found, name)
 
-        heartbeats = heartbeats_due(self.pending_heartbeats, resources, view, self.type_url,
-                                    self.held, self.params_for,
-                                    lambda n: self.wildcard or n in self.names)
-        self.pending_heartbeats = set()
+        heartbeats = self._heartbeats_due(resources, view)
         if not (resources or removed or removed_names or errors or heartbeats or
-                self.must_answer):
+                self._must_answer):
             return None
-        self.must_answer = False
+        self._must_answer = False
         nonce = nonces.next()
-        self.inflight_nonce = nonce
-        self.inflight_versions = ",".join(f"{r.name}={r.version}" for r in resources)
-        return DeltaResponsePlan(self.type_url, nonce, resources, removed, removed_names,
+        self._inflight_nonce = nonce
+        self._inflight = tuple((r.name, r.version) for r in resources)
+        return DeltaResponsePlan(self._type_url, nonce, resources, removed, removed_names,
                                  errors, heartbeats)
+
+    # -- snapshot ----------------------------------------------------------
+
+    def _held_status(self, name: str, held: Held) -> ResourceStatus:
+        sent = (held.canonical or name, held.version)
+        if self._inflight_nonce is not None and sent in self._inflight:
+            return ResourceStatus.SENT
+        if self._last_nack is not None and sent in self._last_nack.resources:
+            return ResourceStatus.NACKED
+        # Answered with an ACK, or declared by the client in initial_resource_versions.
+        return ResourceStatus.ACKED
+
+    def _told_absent(self, name: str) -> bool:
+        # Subscribed names leave ``_unanswered`` with the resource or its removal.
+        return name not in self._unanswered
+
+    def _acked(self) -> str | None:
+        return self._acked_nonce

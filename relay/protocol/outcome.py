@@ -16,8 +16,9 @@ class Nack:
     nonce: str
     message: str
     code: int
-    # what was rejected: SotW's version_info, or delta's "name=version" list
-    version: str = ""
+    # what was rejected: SotW's version_info, or delta's (name, version) pairs
+    version_info: str = ""
+    resources: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

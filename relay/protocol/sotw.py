@@ -20,9 +20,10 @@ from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import params_of
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
-from relay.protocol.subscription import SubscriptionState, forward_error, heartbeats_due
+from relay.protocol.snapshot import ResourceStatus
+from relay.protocol.subscription import SubscriptionState
 from relay.protocol.view import NonceSource, ResourceView
-from relay.resource import CachedResource, arrival_clock
+from relay.resource import CachedResource
 from relay.xds_types import FULL_STATE_TYPES, LEGACY_WILDCARD_TYPES, WILDCARD
 
 
@@ -65,25 +66,37 @@ def state_version(held: dict[str, Held]) -> str:
     return digest.hexdigest()
 
 
-@dataclass
 class SotwSubscription(SubscriptionState):
-    """SotW protocol state of one type on one stream."""
+    """SotW protocol state of one type on one stream.
 
-    # the client announced xds.config.supports-resource-in-sotw: resources with
-    # a TTL go wrapped in Resource, and heartbeats reach it
-    wrap_ttl: bool = False
-    legacy_wildcard: bool = False
-    last_nonce: str | None = None       # nonce of the latest response sent
-    # (``inflight_nonce`` is that response, until the client answers it)
-    version_info: str = ""              # of the latest response sent
-    acked_version: str = ""
-    # set after a cluster push: the next request is answered in full even if
-    # it looks like a plain ACK (Envoy re-requests endpoints to warm clusters)
-    answer_next_request: bool = False
+    ``resource_in_sotw``: the client announced
+    ``xds.config.supports-resource-in-sotw``, so resources with a TTL go
+    wrapped in ``Resource``, and heartbeats reach it.
+    """
+
+    def __init__(self, type_url: str, resource_in_sotw: bool = False) -> None:
+        super().__init__(type_url)
+        self._wrap_ttl = resource_in_sotw
+        self._legacy_wildcard = False
+        self._last_nonce: str | None = None   # of the latest response sent
+        # (``_inflight_nonce`` is that response, until the client answers it)
+        self._version_info = ""               # of the latest response sent
+        self._acked_version = ""
+        # set after a cluster push: the next request is answered in full even if
+        # it looks like a plain ACK (Envoy re-requests endpoints to warm clusters)
+        self._answer_next_request = False
 
     @property
     def full_state(self) -> bool:
-        return self.type_url in FULL_STATE_TYPES
+        return self._type_url in FULL_STATE_TYPES
+
+    def expect_request(self) -> None:
+        """Answer the next request in full, even one that looks like a plain ACK.
+
+        Envoy asks for endpoints again after a cluster update, and waits for
+        the answer to finish warming its clusters.
+        """
+        self._answer_next_request = True
 
     # -- input -----------------------------------------------------------
 
@@ -96,90 +109,90 @@ class SotwSubscription(SubscriptionState):
         locators = {loc.name: params_of(loc.dynamic_parameters)
                     for loc in request.resource_locators}
 
-        if not self.started:
+        if not self._started:
             # The first request of a type on a stream is initial, whatever nonce
             # it carries; the client's state is unknown, so everything is sent.
-            self.started = True
-            self.legacy_wildcard = not requested and self.type_url in LEGACY_WILDCARD_TYPES
-            self.locator_params = locators
+            self._started = True
+            self._legacy_wildcard = not requested and self._type_url in LEGACY_WILDCARD_TYPES
+            self._locator_params = locators
             self._set_names(requested, first=True)
-            self.recheck_all = True
-            self.must_answer = self.wildcard or (self.full_state and bool(self.names))
+            self._recheck_all = True
+            self._must_answer = self._wildcard or (self.full_state and bool(self._names))
             outcome.interest_changed = self.interest() != before
             return outcome
 
-        if self.last_nonce is not None and request.response_nonce != self.last_nonce:
+        if self._last_nonce is not None and request.response_nonce != self._last_nonce:
             return outcome  # stale: the client has not seen our latest response yet
-        if self.inflight_nonce is not None:
-            outcome.ack_nonce = self.inflight_nonce
+        if self._inflight_nonce is not None:
+            outcome.ack_nonce = self._inflight_nonce
             if request.HasField("error_detail"):
-                self.last_nack = Nack(self.inflight_nonce, request.error_detail.message,
-                                      request.error_detail.code, self.version_info)
-                outcome.nack = self.last_nack
+                self._last_nack = Nack(self._inflight_nonce, request.error_detail.message,
+                                       request.error_detail.code, self._version_info)
+                outcome.nack = self._last_nack
             else:
-                self.acked_version = self.version_info
-            self.inflight_nonce = None
+                self._acked_version = self._version_info
+            self._inflight_nonce = None
 
-        if self.answer_next_request and request.response_nonce == self.last_nonce:
-            self.answer_next_request = False
-            self.held = {n: h for n, h in self.held.items() if n not in requested}
-            self.pending.update(requested)
-            self.must_answer = True
-        for name in self.names & requested:
-            if self.locator_params.get(name) != locators.get(name):
+        if self._answer_next_request and request.response_nonce == self._last_nonce:
+            self._answer_next_request = False
+            self._held = {n: h for n, h in self._held.items() if n not in requested}
+            self._pending.update(requested)
+            self._must_answer = True
+        for name in self._names & requested:
+            if self._locator_params.get(name) != locators.get(name):
                 # Parameters changed: re-evaluate which variant it gets.
-                self.pending.add(name)
-        self.locator_params = locators
+                self._pending.add(name)
+        self._locator_params = locators
         self._set_names(requested, first=False)
         outcome.interest_changed = self.interest() != before
         return outcome
 
     def _set_names(self, requested: set[str], first: bool) -> None:
-        wildcard = WILDCARD in requested or (self.legacy_wildcard and not requested)
+        wildcard = WILDCARD in requested or (self._legacy_wildcard and not requested)
         names = requested - {WILDCARD}
-        added = names - self.names
-        if wildcard and not self.wildcard and not first:
-            self.recheck_all = True
-            self.must_answer = True
-        self.wildcard = wildcard
-        self.names = names
-        if not self.wildcard:
+        added = names - self._names
+        if wildcard and not self._wildcard:
+            self._start_wildcard()
+            if not first:
+                self._must_answer = True
+        self._wildcard = wildcard
+        self._names = names
+        if not self._wildcard:
             # Forget what the client unsubscribed (it drops it), so that a
             # later resubscribe resends it.
-            for name in [n for n in self.held if n not in self.names]:
-                del self.held[name]
+            for name in [n for n in self._held if n not in self._names]:
+                del self._held[name]
         for name in added:
             if not first:
-                self.held.pop(name, None)
-            self.since[name] = arrival_clock()
-            self.pending.add(name)
+                self._held.pop(name, None)
+            self._subscribe(name)
         if added and self.full_state:
-            self.must_answer = True
+            self._must_answer = True
 
     def heartbeats_received(self, names: frozenset[str]) -> None:
         """The origin confirmed these names unchanged (only Resource-aware clients hear it)."""
-        if self.wrap_ttl:
-            self.pending_heartbeats.update(names)
+        if self._wrap_ttl:
+            super().heartbeats_received(names)
 
     # -- output ----------------------------------------------------------
 
     def has_work(self) -> bool:
-        return self.started and self.inflight_nonce is None and (
-            bool(self.pending) or self.recheck_all or self.must_answer or
-            bool(self.pending_heartbeats))
+        return self._started and self._inflight_nonce is None and (
+            bool(self._pending) or self._recheck_all or self._must_answer or
+            bool(self._pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource) -> SotwResponsePlan | None:
         """The response to send now, if any (none while one is in flight)."""
-        if not self.has_work() or not view.is_synced(self.type_url):
+        if not self.has_work() or not view.is_synced(self._type_url):
             return None
         if self.full_state:
             return self._full_state_response(view, nonces)
         return self._changes_response(view, nonces)
 
     def _subscribed(self, view: ResourceView) -> set[str]:
-        names = set(self.names)
-        if self.wildcard:
-            names.update(view.names(self.type_url))
+        names = set(self._names)
+        if self._wildcard:
+            names.update(view.names(self._type_url))
         return names
 
     def _full_state_response(self, view: ResourceView,
@@ -187,92 +200,101 @@ class SotwSubscription(SubscriptionState):
         resources: list[CachedResource] = []
         errors: list[discovery_pb2.ResourceError] = []
         for name in sorted(self._subscribed(view)):
-            error = view.error(self.type_url, name, self.params_for(name))
-            found = view.lookup(self.type_url, name, self.params_for(name))
+            error = view.error(self._type_url, name, self.params_for(name))
+            found = view.lookup(self._type_url, name, self.params_for(name))
             if found is UNKNOWN and error is None:
                 # Absence would mean deletion to the client: wait until the
                 # origin has said whether it exists (the cache will tell us).
                 return None
-            forwarded = forward_error(error, name, self.errors_sent)
+            forwarded = self._forward_error(name, error)
             if forwarded is not None:
                 errors.append(forwarded)
             if isinstance(found, CachedResource):
-                if self._stale_for_us(found):
+                if self._stale(found, name):
                     return None  # wait for the fresh copy rather than omit it
                 resources.append(found)
-        self.pending = set()
-        self.changed = set()
-        self.recheck_all = False
+        self._pending = set()
+        self._changed = set()
+        self._recheck_all = False
         new_held = {r.name: Held.of(r) for r in resources}
-        beats = frozenset(n for n in self.pending_heartbeats
-                          if n in self.held and n in new_held and self.held[n] == new_held[n])
-        self.pending_heartbeats = set()
-        if new_held == self.held and not self.must_answer and not errors:
+        beats = frozenset(n for n in self._pending_heartbeats
+                          if n in self._held and n in new_held and self._held[n] == new_held[n])
+        self._pending_heartbeats = set()
+        if new_held == self._held and not self._must_answer and not errors:
             if not beats:
                 return None
             # Unchanged state: a heartbeat response, all others in full.
             return self._emit(resources, nonces, errors, beats)
-        self.held = new_held
+        self._held = new_held
         return self._emit(resources, nonces, errors)
 
     def _changes_response(self, view: ResourceView,
                           nonces: NonceSource) -> SotwResponsePlan | None:
-        candidates = self._subscribed(view) if self.recheck_all else self.pending
-        self.pending = set()
-        self.changed = set()
-        self.recheck_all = False
+        candidates = self._take_candidates(view, self._names)
         resources: list[CachedResource] = []
         errors: list[discovery_pb2.ResourceError] = []
         for name in sorted(candidates):
-            if not (self.wildcard or name in self.names):
+            if not (self._wildcard or name in self._names):
                 continue
-            forwarded = forward_error(view.error(self.type_url, name, self.params_for(name)),
-                                      name, self.errors_sent)
+            forwarded = self._forward_error(
+                name, view.error(self._type_url, name, self.params_for(name)))
             if forwarded is not None:
                 errors.append(forwarded)
-            found = view.lookup(self.type_url, name, self.params_for(name))
+            found = view.lookup(self._type_url, name, self.params_for(name))
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
                 # SotW cannot say "removed" for these types; just forget it.
-                self.held.pop(name, None)
+                self._held.pop(name, None)
                 continue
             assert isinstance(found, CachedResource)
-            if self._stale_for_us(found):
+            if self._stale(found, name):
                 continue
-            held = self.held.get(name)
+            held = self._held.get(name)
             if held is None or not held.is_current(found):
                 resources.append(found)
-                self.held[name] = Held.of(found)
-        beats = heartbeats_due(self.pending_heartbeats, resources, view, self.type_url,
-                               self.held, self.params_for,
-                               lambda n: self.wildcard or n in self.names)
-        self.pending_heartbeats = set()
-        if not resources and not errors and not beats and not self.must_answer:
+                self._held[name] = Held.of(found)
+        beats = self._heartbeats_due(resources, view)
+        if not resources and not errors and not beats and not self._must_answer:
             return None
         return self._emit(resources + beats, nonces, errors,
                           frozenset(r.name for r in beats))
 
-    def _stale_for_us(self, found: CachedResource) -> bool:
-        """A do-not-cache copy fetched before this client asked: fetch it afresh."""
-        held = self.held.get(found.name)
-        if not found.do_not_cache or (held is not None and held.is_current(found)):
-            return False
-        if found.arrival <= self.since.get(found.name, 0):
-            self.refetch.add(found.name)
-            return True
-        return False
-
     def _emit(self, resources: list[CachedResource], nonces: NonceSource,
               errors: list[discovery_pb2.ResourceError] | None = None,
               heartbeats: frozenset[str] = frozenset()) -> SotwResponsePlan:
-        self.must_answer = False
-        self.answer_next_request = False  # this response already answers it
+        self._must_answer = False
+        self._answer_next_request = False  # this response already answers it
         nonce = nonces.next()
-        self.last_nonce = nonce
-        self.inflight_nonce = nonce
-        self.version_info = state_version(self.held)
-        wrapped = frozenset(r.name for r in resources if r.name in self.locator_params or
-                            (self.wrap_ttl and r.ttl_seconds is not None))
-        return SotwResponsePlan(self.type_url, nonce, self.version_info, resources, wrapped,
+        self._last_nonce = nonce
+        self._inflight_nonce = nonce
+        self._version_info = state_version(self._held)
+        wrapped = frozenset(r.name for r in resources if r.name in self._locator_params or
+                            (self._wrap_ttl and r.ttl_seconds is not None))
+        return SotwResponsePlan(self._type_url, nonce, self._version_info, resources, wrapped,
                                 errors or [], heartbeats)
+
+    # -- snapshot ----------------------------------------------------------
+
+    def _held_status(self, name: str, held: Held) -> ResourceStatus:
+        # A response is accepted or rejected as a whole, and the state keeps no
+        # record of which names it carried: every held name of the type shares
+        # the fate of the latest response.
+        if self._inflight_nonce is not None:
+            return ResourceStatus.SENT
+        if self._acked_version == self._version_info:
+            return ResourceStatus.ACKED
+        nack = self._last_nack
+        if nack is not None and nack.version_info == self._version_info:
+            return ResourceStatus.NACKED
+        return ResourceStatus.SENT
+
+    def _told_absent(self, name: str) -> bool:
+        # Full-state types: a response that went out after the subscription and
+        # did not list the name said that it does not exist. Other SotW types
+        # cannot say it.
+        return (self.full_state and self._last_nonce is not None and
+                name not in self._pending and not self._recheck_all)
+
+    def _acked(self) -> str | None:
+        return self._acked_version

@@ -4,13 +4,19 @@ Both track, for one type on one stream, which names the client subscribed to
 (with which dynamic parameters), what it holds, and which names to look at
 again before the next response. They differ in how requests are read and
 what a response looks like; see :mod:`relay.protocol.delta` and
-:mod:`relay.protocol.sotw`.
+:mod:`relay.protocol.sotw`. The rules they have in common live here once:
+subscribing a name, re-evaluating after a cache change or a parameter
+change, passing on the origin's errors and heartbeats, refusing to serve a
+do-not-cache copy fetched before the client asked, and what the snapshot
+says a client holds.
+
+Their bookkeeping is private; the stream sees requests in, responses out,
+and a :class:`~relay.protocol.snapshot.TypeSnapshot`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -18,42 +24,80 @@ from relay.constraints import EMPTY_PARAMS, Params
 from relay.interest import Interest
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack
+from relay.protocol.snapshot import ResourceState, ResourceStatus, TypeSnapshot
 from relay.protocol.view import ResourceView
-from relay.resource import CachedResource
+from relay.resource import CachedResource, arrival_clock
 
 
-@dataclass
 class SubscriptionState:
-    """Subscription state of one type on one stream, either variant."""
+    """Subscription state of one type on one stream, either protocol."""
 
-    type_url: str
-    wildcard: bool = False
-    names: set[str] = field(default_factory=set)
-    # dynamic parameters of names subscribed with a ResourceLocator
-    locator_params: dict[str, Params] = field(default_factory=dict)
-    # the node's dynamic parameters for this type: they apply to plain names
-    node_params: Params = EMPTY_PARAMS
-    # name -> what the client holds, as far as we know
-    held: dict[str, Held] = field(default_factory=dict)
-    # names to re-evaluate on the next response; ``recheck_all`` means every name
-    pending: set[str] = field(default_factory=set)
-    recheck_all: bool = False
-    pending_heartbeats: set[str] = field(default_factory=set)
-    # names the cache changed since the last response was built (a subset of
-    # ``pending``, which also holds names just subscribed)
-    changed: set[str] = field(default_factory=set)
-    # arrival stamp when each name was subscribed; names whose do-not-cache
-    # copy is older need a fresh fetch from the origin (``refetch``)
-    since: dict[str, int] = field(default_factory=dict)
-    refetch: set[str] = field(default_factory=set)
-    # a response is owed even if it would be empty (first wildcard request)
-    must_answer: bool = False
-    started: bool = False
-    # nonce of the response the client has not answered yet
-    inflight_nonce: str | None = None
-    last_nack: Nack | None = None
-    # name -> the origin's error as last forwarded, so each is sent once
-    errors_sent: dict[str, discovery_pb2.ResourceError] = field(default_factory=dict)
+    def __init__(self, type_url: str) -> None:
+        self._type_url = type_url
+        self._wildcard = False
+        # arrival stamp when the wildcard was subscribed (see ``_since``)
+        self._wildcard_since = 0
+        self._names: set[str] = set()
+        # dynamic parameters of names subscribed with a ResourceLocator
+        self._locator_params: dict[str, Params] = {}
+        # the node's dynamic parameters for this type: they apply to plain names
+        self._node_params: Params = EMPTY_PARAMS
+        # name -> what the client holds, as far as we know
+        self._held: dict[str, Held] = {}
+        # names to re-evaluate on the next response; ``_recheck_all``: every name
+        self._pending: set[str] = set()
+        self._recheck_all = False
+        self._pending_heartbeats: set[str] = set()
+        # names the cache changed since the last response was built (a subset of
+        # ``_pending``, which also holds names just subscribed)
+        self._changed: set[str] = set()
+        # arrival stamp when each name was subscribed; a do-not-cache copy that
+        # arrived before is not this client's to have (``_refetch``)
+        self._since: dict[str, int] = {}
+        self._refetch: set[str] = set()
+        # a response is owed even if it would be empty (a first wildcard request)
+        self._must_answer = False
+        self._started = False
+        # nonce of the response the client has not answered yet
+        self._inflight_nonce: str | None = None
+        self._last_nack: Nack | None = None
+        # name -> the origin's error as last forwarded, so each is sent once
+        self._errors_sent: dict[str, discovery_pb2.ResourceError] = {}
+
+    # -- what others may read ---------------------------------------------------
+
+    @property
+    def type_url(self) -> str:
+        return self._type_url
+
+    @property
+    def wildcard(self) -> bool:
+        return self._wildcard
+
+    @property
+    def subscribed(self) -> frozenset[str]:
+        """The names subscribed explicitly (the wildcard aside)."""
+        return frozenset(self._names)
+
+    @property
+    def inflight_nonce(self) -> str | None:
+        """The nonce of the response the client has not answered yet."""
+        return self._inflight_nonce
+
+    @property
+    def last_nack(self) -> Nack | None:
+        return self._last_nack
+
+    def interest(self) -> Interest:
+        """What this stream wants of the type, for the interest index."""
+        params = frozenset((name, p) for name in self._names if (p := self.params_for(name)))
+        return Interest(frozenset(self._names), self._wildcard, params)
+
+    def params_for(self, name: str) -> Params:
+        """A locator's own parameters, else the node's for this type."""
+        return self._locator_params.get(name, self._node_params)
+
+    # -- cache and node changes --------------------------------------------------
 
     def resources_changed(self, names: frozenset[str], everything: bool) -> int:
         """The cache changed these names (or, with ``everything``, possibly any).
@@ -63,60 +107,143 @@ class SubscriptionState:
         it (coalesced, latest wins).
         """
         if everything:
-            self.recheck_all = True
-        coalesced = len(self.changed & names) if self.inflight_nonce and self.changed else 0
-        self.changed.update(names)
-        self.pending.update(names)
+            self._recheck_all = True
+        coalesced = len(self._changed & names) if self._inflight_nonce and self._changed else 0
+        self._changed.update(names)
+        self._pending.update(names)
         return coalesced
 
-    def params_for(self, name: str) -> Params:
-        """A locator's own parameters, else the node's for this type."""
-        return self.locator_params.get(name, self.node_params)
+    def heartbeats_received(self, names: frozenset[str]) -> None:
+        """The origin confirmed these names unchanged: pass the heartbeat on."""
+        self._pending_heartbeats.update(names)
 
     def set_node_params(self, params: Params) -> bool:
         """The node's parameters for this type changed: re-evaluate plain names.
 
         Returns whether the subscription's interest changed.
         """
-        if params == self.node_params:
+        if params == self._node_params:
             return False
         before = self.interest()
-        self.node_params = params
-        self.pending.update(n for n in self.names if n not in self.locator_params)
-        if self.wildcard:
-            self.recheck_all = True
+        self._node_params = params
+        self._pending.update(n for n in self._names if n not in self._locator_params)
+        if self._wildcard:
+            self._recheck_all = True
         return self.interest() != before
 
-    def interest(self) -> Interest:
-        params = frozenset((name, p) for name in self.names if (p := self.params_for(name)))
-        return Interest(frozenset(self.names), self.wildcard, params)
+    def take_refetch(self) -> frozenset[str]:
+        """Names whose cached do-not-cache copy predates this client's interest:
+        they need a fresh fetch from the origin (taken once)."""
+        names, self._refetch = frozenset(self._refetch), set()
+        return names
 
+    # -- rules both protocols follow ---------------------------------------------
 
-def heartbeats_due(names: set[str], sending: list[CachedResource], view: ResourceView,
-                   type_url: str, held: dict[str, Held], params_for: Callable[[str], Params],
-                   subscribed: Callable[[str], bool]) -> list[CachedResource]:
-    """Resources to send as heartbeats: confirmed, held by the client, not being sent."""
-    out = []
-    being_sent = {r.name for r in sending}
-    for name in sorted(names - being_sent):
-        if not subscribed(name):
-            continue
-        found = view.lookup(type_url, name, params_for(name))
-        current = held.get(name)
-        if isinstance(found, CachedResource) and current is not None and \
-                current.is_current(found):
-            out.append(found)
-    return out
+    def _subscribe(self, name: str) -> None:
+        """``name`` was (re)subscribed: look at it for the next response."""
+        self._since[name] = arrival_clock()
+        self._pending.add(name)
 
+    def _start_wildcard(self) -> None:
+        self._wildcard_since = arrival_clock()
+        self._wildcard = True
+        self._recheck_all = True
 
-def forward_error(error: discovery_pb2.ResourceError | None, name: str,
-                  sent: dict[str, discovery_pb2.ResourceError]
-                  ) -> discovery_pb2.ResourceError | None:
-    """The origin's error for ``name`` if this client has not been told it yet."""
-    if error is None:
-        sent.pop(name, None)
-        return None
-    if sent.get(name) == error:
-        return None
-    sent[name] = error
-    return error
+    def _stale(self, found: CachedResource, name: str) -> bool:
+        """A do-not-cache copy fetched before this client subscribed to ``name``:
+        not its to have.
+
+        The client waits for a fresh copy, which :meth:`take_refetch` asks
+        for; a client that already holds exactly this copy is not refused it.
+        """
+        if not found.do_not_cache:
+            return False
+        held = self._held.get(name)
+        if held is not None and held.is_current(found):
+            return False
+        if found.arrival <= self._since.get(name, self._wildcard_since):
+            self._refetch.add(name)
+            return True
+        return False
+
+    def _forward_error(self, name: str, error: discovery_pb2.ResourceError | None
+                       ) -> discovery_pb2.ResourceError | None:
+        """The origin's current ``error`` for ``name`` if this client has not been
+        told it yet (None also forgets what it was told)."""
+        if error is None:
+            self._errors_sent.pop(name, None)
+            return None
+        if self._errors_sent.get(name) == error:
+            return None
+        self._errors_sent[name] = error
+        return error
+
+    def _heartbeats_due(self, sending: Iterable[CachedResource],
+                        view: ResourceView) -> list[CachedResource]:
+        """Resources to send as heartbeats: confirmed, held by the client, not being sent."""
+        out = []
+        being_sent = {r.name for r in sending}
+        for name in sorted(self._pending_heartbeats - being_sent):
+            if not (self._wildcard or name in self._names):
+                continue
+            found = view.lookup(self._type_url, name, self.params_for(name))
+            current = self._held.get(name)
+            if isinstance(found, CachedResource) and current is not None and \
+                    current.is_current(found):
+                out.append(found)
+        self._pending_heartbeats = set()
+        return out
+
+    def _take_candidates(self, view: ResourceView, everything: Iterable[str]) -> set[str]:
+        """The names to look at for the next response; their pending marks go."""
+        if self._recheck_all:
+            candidates = set(everything)
+            if self._wildcard:
+                candidates.update(view.names(self._type_url))
+        else:
+            candidates = self._pending
+        self._pending = set()
+        self._changed = set()
+        self._recheck_all = False
+        return candidates
+
+    # -- what the snapshot says --------------------------------------------------
+
+    def snapshot(self) -> TypeSnapshot:
+        """What the client subscribes to and holds, and how its last responses went."""
+        resources = []
+        for name, held in self._held.items():
+            if not (self._wildcard or name in self._names):
+                continue  # declared in initial_resource_versions, never subscribed
+            status = self._held_status(name, held)
+            message = self._last_nack.message if status is ResourceStatus.NACKED and \
+                self._last_nack is not None else ""
+            resources.append(ResourceState(held.canonical or name, status, held.version,
+                                           held.variant_key, name, message))
+        for name in sorted(self._names - self._held.keys()):
+            error = self._errors_sent.get(name)
+            if error is not None:
+                resources.append(ResourceState(name, ResourceStatus.RECEIVED_ERROR,
+                                               subscribed_as=name,
+                                               message=error.error_detail.message))
+            elif self._told_absent(name):
+                resources.append(ResourceState(name, ResourceStatus.DOES_NOT_EXIST,
+                                               subscribed_as=name))
+            else:
+                resources.append(ResourceState(name, ResourceStatus.REQUESTED,
+                                               subscribed_as=name))
+        resources.sort(key=lambda r: r.name)
+        return TypeSnapshot(
+            self._type_url, tuple(sorted(self._names)), self._wildcard,
+            tuple((name, held.version) for name, held in sorted(self._held.items())),
+            self._acked(), self._inflight_nonce, self._last_nack, tuple(resources))
+
+    def _held_status(self, name: str, held: Held) -> ResourceStatus:
+        raise NotImplementedError
+
+    def _told_absent(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def _acked(self) -> str | None:
+        raise NotImplementedError
+

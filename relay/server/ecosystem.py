@@ -65,7 +65,7 @@ def _csds_handlers(serving: ServingContext) -> grpc.GenericRpcHandler:
     async def fetch(request: csds_pb2.ClientStatusRequest,
                     context: grpc.aio.ServicerContext) -> csds_pb2.ClientStatusResponse:
         try:
-            return client_status(request, serving.streams, serving.cache)
+            return client_status(request, serving.snapshots(), serving.cache)
         except UnsupportedMatcher as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
             raise  # abort raises; this only tells the type checker

@@ -1,24 +1,24 @@
-"""What each downstream client holds, as Client Status Discovery Service (CSDS) messages.
+"""What each downstream client holds: CSDS messages and the admin view's summary.
 
-Pure functions from stream state to ``envoy.service.status.v3`` messages; the
-gRPC servicer around them is in :mod:`relay.server.ecosystem`. The relay is
-the management server of its clients, so every resource carries both views:
-``config_status`` (what the relay sent and how it was answered) and
-``client_status`` (what the client therefore holds).
+Pure functions from :class:`~relay.protocol.snapshot.SessionSnapshot` (one per
+stream) to ``envoy.service.status.v3`` messages, and to the dictionaries
+``/clients`` shows: both render the same snapshot. The gRPC servicer around
+them is in :mod:`relay.server.ecosystem`. The relay is the management server
+of its clients, so every resource carries both views: ``config_status`` (what
+the relay sent and how it was answered) and ``client_status`` (what the
+client therefore holds).
 
-The protocol state records per name only what was last sent (``held``), so
-some answers are approximations, and say so below:
-
-* delta: a resource is NACKED while the latest NACK of its type listed it at
-  the version it holds (an older NACK overwritten by a newer one is lost);
-* SotW: a response is accepted or rejected as a whole, and the state does
-  not remember which names a response carried, so every held name of a type
-  shares the fate of the latest response of that type.
+The protocol state records per name only what was last sent, so some answers
+are approximations (see the states' ``_held_status``): for delta, a resource
+is NACKED while the latest NACK of its type listed it at the version it holds
+(an older NACK overwritten by a newer one is lost); for SotW, every held name
+of a type shares the fate of the latest response of that type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from envoy.admin.v3 import config_dump_shared_pb2
 from envoy.config.core.v3 import base_pb2
@@ -27,23 +27,27 @@ from envoy.type.matcher.v3 import node_pb2, string_pb2
 from google.protobuf import any_pb2
 
 from relay.cache import Missing, ResourceCache
-from relay.protocol.delta import DeltaSubscription
-from relay.protocol.held import Held
-from relay.protocol.sotw import SotwSubscription
-from relay.server.streams import DownstreamStream
+from relay.protocol.snapshot import (
+    ResourceState,
+    ResourceStatus,
+    SessionSnapshot,
+    TypeSnapshot,
+)
 
 GenericXdsConfig = csds_pb2.ClientConfig.GenericXdsConfig
 ClientStatus = config_dump_shared_pb2.ClientResourceStatus
 ConfigStatus = csds_pb2.ConfigStatus
 NodePredicate = Callable[[base_pb2.Node | None], bool]
 
-# client_status -> config_status, the relay's side of the same fact
-_CONFIG_STATUS = {
-    ClientStatus.ACKED: ConfigStatus.SYNCED,
-    ClientStatus.NACKED: ConfigStatus.ERROR,
-    ClientStatus.REQUESTED: ConfigStatus.NOT_SENT,
+# what the client holds -> (client_status, config_status: the relay's side of it)
+_STATUSES = {
+    ResourceStatus.ACKED: (ClientStatus.ACKED, ConfigStatus.SYNCED),
+    ResourceStatus.NACKED: (ClientStatus.NACKED, ConfigStatus.ERROR),
     # sent, not yet answered: the client's view is not known yet
-    ClientStatus.UNKNOWN: ConfigStatus.STALE,
+    ResourceStatus.SENT: (ClientStatus.UNKNOWN, ConfigStatus.STALE),
+    ResourceStatus.REQUESTED: (ClientStatus.REQUESTED, ConfigStatus.NOT_SENT),
+    ResourceStatus.DOES_NOT_EXIST: (ClientStatus.DOES_NOT_EXIST, ConfigStatus.UNKNOWN),
+    ResourceStatus.RECEIVED_ERROR: (ClientStatus.RECEIVED_ERROR, ConfigStatus.UNKNOWN),
 }
 
 
@@ -52,116 +56,66 @@ class UnsupportedMatcher(ValueError):
 
 
 def client_status(request: csds_pb2.ClientStatusRequest,
-                  streams: Iterable[DownstreamStream],
+                  clients: Iterable[tuple[SessionSnapshot, str]],
                   cache: ResourceCache) -> csds_pb2.ClientStatusResponse:
     """Answer one CSDS request: a ClientConfig per connected stream the matchers select.
 
-    Raises :class:`UnsupportedMatcher` for matchers the relay cannot evaluate,
-    whether or not any stream is connected.
+    ``clients`` are snapshots with their peers. Raises :class:`UnsupportedMatcher`
+    for matchers the relay cannot evaluate, whether or not any stream is connected.
     """
     selected = node_predicate(request.node_matchers)
     contents = not request.exclude_resource_contents
-    chosen = sorted((s for s in streams if selected(s.node)),
-                    key=lambda s: (s.node_id, s.peer))
+    chosen = sorted(((snapshot, peer) for snapshot, peer in clients if selected(snapshot.node)),
+                    key=lambda item: (item[0].node_id, item[1]))
     return csds_pb2.ClientStatusResponse(
-        config=[client_config(s, cache, contents) for s in chosen])
+        config=[client_config(snapshot, cache, contents) for snapshot, _ in chosen])
 
 
-def client_config(stream: DownstreamStream, cache: ResourceCache,
+def client_config(snapshot: SessionSnapshot, cache: ResourceCache,
                   contents: bool = True) -> csds_pb2.ClientConfig:
     """One stream's node and, per type and name, what its client holds or awaits.
 
     With ``contents`` false the resource bodies are left out.
     """
     config = csds_pb2.ClientConfig()
-    if stream.node is not None:
-        config.node.CopyFrom(stream.node)
-    entries: list[csds_pb2.ClientConfig.GenericXdsConfig] = []
-    for state in stream.states.values():
-        entries.extend(resource_configs(state, cache, contents))
+    if snapshot.node is not None:
+        config.node.CopyFrom(snapshot.node)
+    entries = [entry for state in snapshot.types
+               for entry in resource_configs(state, cache, contents)]
     entries.sort(key=lambda e: (e.type_url, e.name))
     config.generic_xds_configs.extend(entries)
     return config
 
 
-def resource_configs(state: DeltaSubscription | SotwSubscription, cache: ResourceCache,
+def resource_configs(state: TypeSnapshot, cache: ResourceCache,
                      contents: bool = True) -> list[csds_pb2.ClientConfig.GenericXdsConfig]:
     """The GenericXdsConfig of every name one type's state holds or is subscribed to."""
     out: list[csds_pb2.ClientConfig.GenericXdsConfig] = []
-    for name, held in state.held.items():
-        if not (state.wildcard or name in state.names):
-            continue  # declared in initial_resource_versions, never subscribed
-        status = (_delta_held_status(state, held, name) if isinstance(state, DeltaSubscription)
-                  else _sotw_held_status(state))
-        entry = GenericXdsConfig(type_url=state.type_url, name=held.canonical or name,
-                                 version_info=held.version, client_status=status,
-                                 config_status=_CONFIG_STATUS[status])
-        body = _body(cache, state.type_url, name, held) if contents else None
-        if body is not None:
-            entry.xds_config.CopyFrom(body)
-        nack = state.last_nack
-        if status == ClientStatus.NACKED and nack is not None:
-            entry.error_state.details = nack.message
-            entry.error_state.version_info = held.version
-        out.append(entry)
-    for name in sorted(state.names - state.held.keys()):
-        entry = GenericXdsConfig(type_url=state.type_url, name=name)
-        error = state.errors_sent.get(name)
-        if error is not None:
+    for resource in state.resources:
+        client, config = _STATUSES[resource.status]
+        entry = GenericXdsConfig(type_url=state.type_url, name=resource.name,
+                                 client_status=client)
+        if resource.status in (ResourceStatus.ACKED, ResourceStatus.NACKED,
+                               ResourceStatus.SENT, ResourceStatus.REQUESTED):
+            entry.config_status = config
+        if resource.version:
+            entry.version_info = resource.version
+            body = _body(cache, state.type_url, resource) if contents else None
+            if body is not None:
+                entry.xds_config.CopyFrom(body)
+        if resource.status is ResourceStatus.NACKED:
+            entry.error_state.details = resource.message
+            entry.error_state.version_info = resource.version
+        elif resource.status is ResourceStatus.RECEIVED_ERROR:
             # The origin's error for it was passed on; the client holds nothing.
-            entry.client_status = ClientStatus.RECEIVED_ERROR
-            entry.error_state.details = error.error_detail.message
-        elif _told_absent(state, name):
-            entry.client_status = ClientStatus.DOES_NOT_EXIST
-        else:
-            entry.client_status = ClientStatus.REQUESTED
-            entry.config_status = ConfigStatus.NOT_SENT
+            entry.error_state.details = resource.message
         out.append(entry)
     return out
 
 
-def _delta_held_status(state: DeltaSubscription, held: Held,
-                       name: str) -> config_dump_shared_pb2.ClientResourceStatus:
-    token = f"{held.canonical or name}={held.version}"
-    if state.inflight_nonce is not None and _lists(state.inflight_versions, token):
-        return ClientStatus.UNKNOWN
-    if state.last_nack is not None and _lists(state.last_nack.version, token):
-        return ClientStatus.NACKED
-    # Answered with an ACK, or declared by the client in initial_resource_versions.
-    return ClientStatus.ACKED
-
-
-def _sotw_held_status(state: SotwSubscription) -> config_dump_shared_pb2.ClientResourceStatus:
-    if state.inflight_nonce is not None:
-        return ClientStatus.UNKNOWN
-    if state.acked_version == state.version_info:
-        return ClientStatus.ACKED
-    nack = state.last_nack
-    if nack is not None and nack.version == state.version_info:
-        return ClientStatus.NACKED
-    return ClientStatus.UNKNOWN
-
-
-def _lists(versions: str, token: str) -> bool:
-    """Whether a ``name=version,...`` list holds ``token`` (names may hold commas)."""
-    return f",{token}," in f",{versions},"
-
-
-def _told_absent(state: DeltaSubscription | SotwSubscription, name: str) -> bool:
-    """Whether the relay told the client that a subscribed name does not exist."""
-    if isinstance(state, DeltaSubscription):
-        # Subscribed names leave ``unanswered`` with the resource or its removal.
-        return name not in state.unanswered
-    # Full-state types: a response that went out after the subscription and
-    # did not list the name said that it does not exist. Other SotW types
-    # cannot say it.
-    return (state.full_state and state.last_nonce is not None and
-            name not in state.pending and not state.recheck_all)
-
-
-def _body(cache: ResourceCache, type_url: str, name: str, held: Held) -> any_pb2.Any | None:
+def _body(cache: ResourceCache, type_url: str, held: ResourceState) -> any_pb2.Any | None:
     """The cached body of the exact version and variant the client holds, if still cached."""
-    variants = cache.variants(type_url, name)
+    variants = cache.variants(type_url, held.subscribed_as)
     if isinstance(variants, Missing):
         return None
     if held.variant_key is not None:
@@ -172,6 +126,39 @@ def _body(cache: ResourceCache, type_url: str, name: str, held: Held) -> any_pb2
         if resource.version == held.version and resource.resource.HasField("resource"):
             return resource.body
     return None
+
+
+def client_summary(snapshot: SessionSnapshot, peer: str) -> dict[str, Any]:
+    """What ``/clients`` shows of one stream: per type, what it subscribes to,
+    holds, ACKed and last NACKed.
+
+    ``acked`` is the version_info of the last ACKed response for SotW, and its
+    nonce for delta (whose versions are per resource: ``versions``). A NACK
+    names what it rejected: SotW's ``version``, delta's ``versions``.
+    """
+    types: dict[str, Any] = {}
+    for state in snapshot.types:
+        nack = state.last_nack
+        rejected: dict[str, Any] | None = None
+        if nack is not None:
+            rejected = {"nonce": nack.nonce, "message": nack.message}
+            if snapshot.protocol == "delta":
+                rejected["versions"] = dict(nack.resources)
+            else:
+                rejected["version"] = nack.version_info
+        types[state.type_url] = {
+            "subscribed": list(state.subscribed),
+            "wildcard": state.wildcard,
+            # what the client was last sent (or declared it has), per name
+            "versions": dict(state.versions),
+            "acked": state.acked,
+            # the response the client has not answered yet: until it does,
+            # ``versions`` may not be what the client runs
+            "in_flight": state.in_flight,
+            "last_nack": rejected,
+        }
+    return {"node_id": snapshot.node_id, "peer": peer, "protocol": snapshot.protocol,
+            "types": types}
 
 
 # -- node matchers -----------------------------------------------------------

@@ -1,10 +1,11 @@
-"""The thin I/O layer around the protocol state: one object per gRPC stream.
+"""The thin I/O layer around a stream's protocol session: one object per gRPC stream.
 
-A :class:`DownstreamStream` reads requests in one task and feeds them to its
-per-type state objects; the gRPC handler's generator writes whatever those
-objects say to send. Cache changes only mark names in the state objects and
-wake the writer, so a client that stops reading holds up nobody but itself,
-and what waits for it is at most one set of names per type.
+A :class:`DownstreamStream` reads requests in one task and hands them to its
+:class:`~relay.protocol.session.Session`; the gRPC handler writes whatever the
+session says is due. Cache changes only mark names in the session and wake
+the writer, so a client that stops reading holds up nobody but itself, and
+what waits for it is at most one set of names per type. This module only
+moves messages, registers interest, counts and logs.
 """
 
 from __future__ import annotations
@@ -15,32 +16,29 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 
 from relay.cache import ResourceCache
-from relay.constraints import EMPTY_PARAMS, Params, params_of
-from relay.encoding import encode_delta_response, encode_sotw_response, locator_size
+from relay.encoding import encode_delta_response, encode_sotw_response
 from relay.interest import InterestIndex
-from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
+from relay.protocol.delta import DeltaResponsePlan
 from relay.protocol.outcome import ProtocolError, RequestOutcome
-from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
-from relay.protocol.view import CacheView, NonceSource
+from relay.protocol.session import Plan, Session, XdsProtocol
+from relay.protocol.snapshot import SessionSnapshot
+from relay.protocol.view import CacheView
+from relay.server.status import client_summary
 from relay.telemetry import Metrics
-from relay.xds_types import CLUSTER, ENDPOINT, push_rank, short_name
+from relay.xds_types import short_name
 
 log = logging.getLogger("relay.downstream")
 
-# The two xDS wire protocols: state of the world and incremental.
-XdsProtocol = Literal["sotw", "delta"]
-
-# A SotW client announcing this accepts resources wrapped in Resource (TTLs,
-# heartbeats); others get bare resources.
-SUPPORTS_RESOURCE_IN_SOTW = "xds.config.supports-resource-in-sotw"
 # The generated messages carry no type information; this names what flows.
 Request: TypeAlias = Any  # DiscoveryRequest | DeltaDiscoveryRequest
+
+__all__ = ["DownstreamStream", "ServingContext", "XdsProtocol", "encode_plan"]
 
 
 @dataclass
@@ -69,7 +67,7 @@ class ServingContext:
         counts: Counter[tuple[str, ...]] = Counter()
         # Snapshots (list(...)): the OTLP exporter calls this from its own thread.
         for stream in list(self.streams):
-            for type_url in list(stream.states):
+            for type_url in stream.session.types():
                 counts[stream.protocol, short_name(type_url)] += 1
         return counts
 
@@ -78,10 +76,15 @@ class ServingContext:
         for stream in list(self.streams):
             stream.close(reason)
 
+    def snapshots(self) -> list[tuple[SessionSnapshot, str]]:
+        """Every connected client's snapshot and peer, by node id and peer."""
+        return sorted(((s.session.snapshot(), s.peer) for s in list(self.streams)),
+                      key=lambda item: (item[0].node_id, item[1]))
+
     def client_statuses(self) -> list[dict[str, Any]]:
-        """Every connected client's status (see :meth:`DownstreamStream.status`)."""
-        return sorted((s.status() for s in self.streams),
-                      key=lambda s: (s["node_id"], s["peer"]))
+        """What ``/clients`` shows of every connected client (see
+        :func:`relay.server.status.client_summary`)."""
+        return [client_summary(snapshot, peer) for snapshot, peer in self.snapshots()]
 
     @classmethod
     def create(cls, cache: ResourceCache, index: InterestIndex, metrics: Metrics,
@@ -98,14 +101,8 @@ class DownstreamStream:
     def __init__(self, serving: ServingContext, protocol: XdsProtocol, peer: str,
                  fixed_type_url: str | None = None) -> None:
         self.serving = serving
-        self.protocol: XdsProtocol = protocol
         self.peer = peer
-        self.fixed_type_url = fixed_type_url
-        self.node: base_pb2.Node | None = None
-        # per type URL, the node's dynamic parameters (the latest node sent)
-        self.node_params: dict[str, Params] = {}
-        self.states: dict[str, DeltaSubscription | SotwSubscription] = {}
-        self._nonces = NonceSource()
+        self.session = Session(protocol, fixed_type_url, serving.max_locator_size)
         self._wake = asyncio.Event()
         self._origin_changed = False
         self._closing: str | None = None
@@ -121,126 +118,45 @@ class DownstreamStream:
         return self is other
 
     @property
+    def protocol(self) -> XdsProtocol:
+        return self.session.protocol
+
+    @property
+    def node(self) -> base_pb2.Node | None:
+        return self.session.node
+
+    @property
     def node_id(self) -> str:
-        return self.node.id if self.node is not None else ""
-
-    def status(self) -> dict[str, Any]:
-        """What this client subscribes to, holds, ACKed and last NACKed, per type.
-
-        ``acked`` is the version_info of the last ACKed response for SotW, and
-        its nonce for delta (whose versions are per resource: ``versions``).
-
-        For the admin endpoints and CSDS; names are sorted for stable output.
-        """
-        types: dict[str, Any] = {}
-        for type_url, state in sorted(self.states.items()):
-            nack = state.last_nack
-            acked = (state.acked_nonce if isinstance(state, DeltaSubscription)
-                     else state.acked_version)
-            types[type_url] = {
-                "subscribed": sorted(state.names),
-                "wildcard": state.wildcard,
-                # what the client was last sent (or declared it has), per name
-                "versions": {name: held.version for name, held in sorted(state.held.items())},
-                "acked": acked,
-                # the response the client has not answered yet: until it does,
-                # ``versions`` may not be what the client runs
-                "in_flight": state.inflight_nonce,
-                "last_nack": None if nack is None else {
-                    "nonce": nack.nonce, "version": nack.version, "message": nack.message},
-            }
-        return {"node_id": self.node_id, "peer": self.peer, "protocol": self.protocol,
-                "types": types}
+        return self.session.node_id
 
     def close(self, reason: str) -> None:
         """End the stream with UNAVAILABLE and ``reason``; the client reconnects."""
         self._closing = reason
         self._wake.set()
 
-    # -- notifications from the subscription index -------------------------
+    # -- notifications from the interest index --------------------------------
 
     def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
-        state = self.states.get(type_url)
-        if state is not None:
-            coalesced = state.resources_changed(names, everything)
-            if coalesced:
-                self.serving.metrics.downstream_coalesced.add(
-                    self.protocol, short_name(type_url), amount=coalesced)
-            self._origin_changed = True
-            self._wake.set()
+        coalesced = self.session.resources_changed(type_url, names, everything)
+        if coalesced is None:
+            return
+        if coalesced:
+            self.serving.metrics.downstream_coalesced.add(
+                self.protocol, short_name(type_url), amount=coalesced)
+        self._origin_changed = True
+        self._wake.set()
 
     def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
-        state = self.states.get(type_url)
-        if state is not None:
-            state.heartbeats_received(names)
+        if self.session.heartbeats_received(type_url, names):
             self._origin_changed = True
             self._wake.set()
 
     # -- requests ------------------------------------------------------------
 
-    def type_url_of(self, request: Request) -> str:
-        """The type a request is for, checked against the service it came on."""
-        if self.fixed_type_url is not None:
-            if request.type_url and request.type_url != self.fixed_type_url:
-                raise ProtocolError(
-                    f"type_url {request.type_url!r} sent on the discovery service for "
-                    f"{self.fixed_type_url!r}")
-            return self.fixed_type_url
-        if not request.type_url:
-            raise ProtocolError("type_url is required on an aggregated (ADS) stream")
-        type_url: str = request.type_url
-        return type_url
-
-    def check_locator_sizes(self, request: Request, node_params: Params) -> None:
-        """Refuse a name the relay could not forward to its origin.
-
-        The relay's subscription upstream carries every client's names (with
-        the node's dynamic parameters for the type, if any). One too large
-        for a request to the origin is never sent there (see
-        :mod:`relay.upstream.requests`); the client that asked for it is told.
-        """
-        limit = self.serving.max_locator_size
-        if limit is None:
-            return
-        delta = self.protocol == "delta"
-        names = request.resource_names_subscribe if delta else request.resource_names
-        locators = request.resource_locators_subscribe if delta else request.resource_locators
-        with_params = locator_size("", node_params) if node_params else 0
-        for name in names:
-            # A character is at most four bytes: most names need no encoding.
-            if 4 * len(name) + 8 + with_params > limit and \
-                    (size := locator_size(name, node_params)) > limit:
-                raise ProtocolError(
-                    f"resource name {name[:64]!r}... has {size} bytes with the node's dynamic "
-                    f"parameters; the relay forwards names of at most {limit} bytes to its "
-                    "origin (upstream.max_request_size)")
-        for locator in locators:
-            size = locator_size(locator.name, locator.dynamic_parameters.items())
-            if size > limit:
-                raise ProtocolError(
-                    f"resource locator {locator.name[:64]!r} has {size} bytes with its "
-                    f"dynamic parameters; the relay forwards locators of at most {limit} "
-                    "bytes to its origin (upstream.max_request_size)")
-
     def handle_request(self, request: Request) -> RequestOutcome:
-        """Feed one request to the state of its type."""
-        type_url = self.type_url_of(request)
-        if request.HasField("node"):
-            if self.node is None:
-                # The node of the first request that carries one is kept for the
-                # stream; only its dynamic parameters may change later.
-                self.node = request.node
-            self._update_node_params(request.node)
-        self.check_locator_sizes(request, self.node_params.get(type_url, EMPTY_PARAMS))
-        state = self.states.get(type_url)
-        if state is None:
-            state = (DeltaSubscription(type_url) if self.protocol == "delta"
-                     else SotwSubscription(type_url))
-            state.set_node_params(self.node_params.get(type_url, EMPTY_PARAMS))
-            if isinstance(state, SotwSubscription) and self.node is not None:
-                state.wrap_ttl = SUPPORTS_RESOURCE_IN_SOTW in self.node.client_features
-            self.states[type_url] = state
-        outcome = state.on_request(request)
+        """Hand one request to the session; register what it changed, count it."""
+        received = self.session.receive(request)
+        type_url, outcome = received.type_url, received.outcome
         if outcome.interest_changed or type_url not in self._requested_at:
             self._requested_at[type_url] = time.monotonic()
         metrics = self.serving.metrics
@@ -251,57 +167,21 @@ class DownstreamStream:
                         outcome.nack.message)
         elif outcome.ack_nonce is not None:
             metrics.downstream_acks.add(self.protocol, short_name(type_url))
-        # Plain ACKs are the bulk of traffic and never change interest; any
-        # other request (re)registers, so a first request with no names still
-        # puts the stream in the index to hear that its type became synced.
-        if outcome.interest_changed or outcome.ack_nonce is None:
-            self.serving.index.update(self, type_url, state.interest())
+        for changed_type, interest in received.interest:
+            self.serving.index.update(self, changed_type, interest)
         return outcome
-
-    def _update_node_params(self, node: base_pb2.Node) -> None:
-        params = {type_url: params_of(context.params)
-                  for type_url, context in node.dynamic_parameters.items()}
-        if params == self.node_params:
-            return
-        self.node_params = params
-        for type_url, state in self.states.items():
-            if state.set_node_params(params.get(type_url, EMPTY_PARAMS)):
-                self.serving.index.update(self, type_url, state.interest())
 
     # -- responses -----------------------------------------------------------
 
     def ready_responses(self) -> Iterator[bytes]:
-        """Encoded responses due now, in make-before-break order.
-
-        Clusters, endpoints, listeners, routes, then other types; a delta
-        response that only removes clusters goes after all the others, so that
-        nothing still points at a cluster when it disappears.
-        """
-        view = self.serving.view
-        deferred: list[DeltaResponsePlan | SotwResponsePlan] = []
-        for type_url in sorted(self.states, key=push_rank):
-            state = self.states[type_url]
-            plan = state.next_response(view, self._nonces)
-            if plan is None:
-                continue
-            if type_url == CLUSTER and _only_removes(plan):
-                deferred.append(plan)
-                continue
-            if type_url == CLUSTER and self.protocol == "sotw":
-                # Envoy re-requests endpoints after a cluster update and waits
-                # for an answer even if they did not change.
-                endpoints = self.states.get(ENDPOINT)
-                if isinstance(endpoints, SotwSubscription):
-                    endpoints.answer_next_request = True
+        """Encoded responses due now, in the order the session gives."""
+        due = self.session.due(self.serving.view)
+        for type_url, names in due.refetch.items():
+            self.serving.index.request_refetch(type_url, names)
+        for plan in due.responses:
             yield self._sent(plan)
-        for plan in deferred:
-            yield self._sent(plan)
-        for type_url, state in self.states.items():
-            if state.refetch:
-                self.serving.index.request_refetch(type_url, frozenset(state.refetch))
-                state.refetch = set()
 
-    def _sent(self, plan: DeltaResponsePlan | SotwResponsePlan) -> bytes:
+    def _sent(self, plan: Plan) -> bytes:
         metrics = self.serving.metrics
         metrics.push(self.protocol, plan.type_url)
         if plan.resources:
@@ -359,13 +239,7 @@ class DownstreamStream:
             self._wake.set()
 
 
-def _only_removes(plan: DeltaResponsePlan | SotwResponsePlan) -> bool:
-    if isinstance(plan, DeltaResponsePlan):
-        return not plan.resources and bool(plan.removed or plan.removed_names)
-    return False
-
-
-def encode_plan(plan: DeltaResponsePlan | SotwResponsePlan) -> bytes:
+def encode_plan(plan: Plan) -> bytes:
     """Serialize a planned response around its pre-encoded resources."""
     if isinstance(plan, DeltaResponsePlan):
         return encode_delta_response(plan.head(), [

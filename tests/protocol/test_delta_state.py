@@ -176,7 +176,7 @@ def test_invariant_11_stale_nonce_still_changes_subscription() -> None:
     assert first is not None
     state.on_request(Req(type_url=ENDPOINT, response_nonce="stale",
                          resource_names_subscribe=["b"]))
-    assert "b" in state.names
+    assert "b" in state.subscribed
     assert state.next_response(view, nonces) is None  # first is still un-ACKed
     state.on_request(Req(type_url=ENDPOINT, response_nonce=first.nonce))
     plan = state.next_response(view, nonces)

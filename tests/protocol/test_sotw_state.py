@@ -94,7 +94,7 @@ def test_invariant_16_stale_nonce_is_ignored() -> None:
     assert plan is not None
     outcome = state.on_request(Req(type_url=ENDPOINT, response_nonce="old",
                                    resource_names=["a", "b"]))
-    assert outcome.ack_nonce is None and state.names == {"a"}
+    assert outcome.ack_nonce is None and state.subscribed == {"a"}
     assert state.next_response(view, nonces) is None
 
 
@@ -112,7 +112,7 @@ def test_invariant_17_empty_names_after_names_means_nothing() -> None:
     plan = state.next_response(view, nonces)
     assert plan is not None
     state.on_request(Req(type_url=ROUTE, response_nonce=plan.nonce, resource_names=[]))
-    assert not state.wildcard and state.names == set()
+    assert not state.wildcard and state.subscribed == set()
     view.set("a", "2")
     state.resources_changed(frozenset({"a"}), False)
     assert state.next_response(view, nonces) is None
@@ -136,7 +136,7 @@ def test_invariant_9_ack_produces_nothing() -> None:
     assert plan is not None
     outcome = state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
                                    version_info=plan.version_info))
-    assert outcome.ack_nonce == plan.nonce and state.acked_version == plan.version_info
+    assert outcome.ack_nonce == plan.nonce and state.snapshot().acked == plan.version_info
     assert state.next_response(view, nonces) is None
 
 

@@ -43,6 +43,12 @@ def three_variants() -> tuple[ResourceCache, CacheView, list[str]]:
     return cache, CacheView(cache, lambda t, n: conflicts.append(n)), conflicts
 
 
+def ack(state: DeltaSubscription) -> None:
+    """The client ACKs the response in flight."""
+    state.on_request(discovery_pb2.DeltaDiscoveryRequest(
+        type_url=CLUSTER, response_nonce=state.inflight_nonce))
+
+
 def delta_client(view: CacheView, params: dict[str, str] | None,
                  locator: bool = True) -> tuple[DeltaSubscription, DeltaResponsePlan | None]:
     state = DeltaSubscription(CLUSTER)
@@ -105,7 +111,7 @@ def test_invariant_13_removed_variant_goes_by_name_and_constraints_to_its_holder
     canary, _ = delta_client(view, {"env": "canary"})
     prod, _ = delta_client(view, {"env": "prod"})
     for state in (canary, prod):
-        state.inflight_nonce = None  # both ACKed
+        ack(state)  # both ACKed
     cache.apply(CLUSTER, Update(removed_variants=[("c", key(CANARY))]))
     cache.apply(CLUSTER, Update(answered=[Locator("c", params_of({"env": "canary"}))]))
     for state in (canary, prod):
@@ -166,7 +172,7 @@ def test_repartition_in_one_origin_response_is_one_update_for_the_client() -> No
     cache, view, _ = three_variants()
     state, plan = delta_client(view, {"env": "canary", "zone": "b"})
     assert plan is not None and plan.resources[0].variant_key == key(CANARY)
-    state.inflight_nonce = None
+    ack(state)
     # The origin splits "canary" by zone: old variant out, new ones in, atomically.
     zone_b = DPC(and_constraints={"constraints": [CANARY, DPC(
         constraint={"key": "zone", "value": "b"})]})

@@ -42,9 +42,15 @@ def put(ctx: ServingContext, msg: Any, version: str) -> None:
 def open_stream(ctx: ServingContext, protocol: XdsProtocol = "delta",
                 node_id: str = "n1") -> DownstreamStream:
     stream = DownstreamStream(ctx, protocol, f"peer-{node_id}")
-    stream.node = base_pb2.Node(id=node_id)
     ctx.streams.add(stream)
     return stream
+
+
+def send(stream: DownstreamStream, request: Any) -> None:
+    """A request from the stream's client; its first names the node (``n1``, ...)."""
+    if stream.node is None:
+        request.node.id = stream.peer.removeprefix("peer-")
+    stream.handle_request(request)
 
 
 def sent(stream: DownstreamStream) -> list[Any]:
@@ -54,7 +60,7 @@ def sent(stream: DownstreamStream) -> list[Any]:
 
 
 def configs(stream: DownstreamStream, ctx: ServingContext) -> list[Any]:
-    return list(client_config(stream, ctx.cache).generic_xds_configs)
+    return list(client_config(stream.session.snapshot(), ctx.cache).generic_xds_configs)
 
 
 def acked(type_url: str, name: str, version: str, body: Any) -> Any:
@@ -69,10 +75,10 @@ def test_delta_acked_resource_reports_node_version_body_and_acked() -> None:
     ctx = serving()
     put(ctx, cluster("a"), "1")
     stream = open_stream(ctx)
-    stream.handle_request(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
     [response] = sent(stream)
-    stream.handle_request(Delta(type_url=CLUSTER, response_nonce=response.nonce))
-    assert client_config(stream, ctx.cache) == csds_pb2.ClientConfig(
+    send(stream, Delta(type_url=CLUSTER, response_nonce=response.nonce))
+    assert client_config(stream.session.snapshot(), ctx.cache) == csds_pb2.ClientConfig(
         node=base_pb2.Node(id="n1"), generic_xds_configs=[acked(CLUSTER, "a", "1", cluster("a"))])
 
 
@@ -80,7 +86,7 @@ def test_delta_resource_sent_but_not_answered_is_stale_with_client_status_unknow
     ctx = serving()
     put(ctx, cluster("a"), "1")
     stream = open_stream(ctx)
-    stream.handle_request(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
     sent(stream)
     assert configs(stream, ctx) == [Config(
         type_url=CLUSTER, name="a", version_info="1", xds_config=pack(cluster("a")),
@@ -92,12 +98,12 @@ def test_delta_nack_marks_only_the_resources_of_the_rejected_response() -> None:
     put(ctx, cluster("a"), "1")
     put(ctx, cluster("b"), "7")
     stream = open_stream(ctx)
-    stream.handle_request(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
     [first] = sent(stream)
-    stream.handle_request(Delta(type_url=CLUSTER, response_nonce=first.nonce,
+    send(stream, Delta(type_url=CLUSTER, response_nonce=first.nonce,
                                 resource_names_subscribe=["b"]))
     [second] = sent(stream)
-    stream.handle_request(Delta(type_url=CLUSTER, response_nonce=second.nonce,
+    send(stream, Delta(type_url=CLUSTER, response_nonce=second.nonce,
                                 error_detail=status_pb2.Status(code=3, message="bad b")))
     assert configs(stream, ctx) == [
         acked(CLUSTER, "a", "1", cluster("a")),
@@ -110,7 +116,7 @@ def test_delta_name_reported_removed_does_not_exist() -> None:
     ctx = serving()
     ctx.cache.apply(CLUSTER, Update(removed=["gone"]))
     stream = open_stream(ctx)
-    stream.handle_request(Delta(type_url=CLUSTER, resource_names_subscribe=["gone"]))
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["gone"]))
     [response] = sent(stream)
     assert list(response.removed_resources) == ["gone"]
     assert configs(stream, ctx) == [Config(type_url=CLUSTER, name="gone",
@@ -120,7 +126,7 @@ def test_delta_name_reported_removed_does_not_exist() -> None:
 def test_name_subscribed_before_the_origin_answered_is_requested_and_not_sent() -> None:
     ctx = serving()
     stream = open_stream(ctx)
-    stream.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=["a"]))
+    send(stream, Delta(type_url=ENDPOINT, resource_names_subscribe=["a"]))
     assert sent(stream) == []
     assert configs(stream, ctx) == [Config(type_url=ENDPOINT, name="a",
                                            client_status=Client.REQUESTED,
@@ -131,9 +137,9 @@ def test_version_no_longer_cached_is_reported_without_its_body() -> None:
     ctx = serving()
     put(ctx, cluster("a"), "1")
     stream = open_stream(ctx)
-    stream.handle_request(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
     [response] = sent(stream)
-    stream.handle_request(Delta(type_url=CLUSTER, response_nonce=response.nonce))
+    send(stream, Delta(type_url=CLUSTER, response_nonce=response.nonce))
     put(ctx, cluster("a", timeout_s=9), "2")  # not yet pushed to the client
     assert configs(stream, ctx) == [Config(type_url=CLUSTER, name="a", version_info="1",
                                            client_status=Client.ACKED,
@@ -144,7 +150,7 @@ def test_delta_initial_version_matching_the_cache_is_acked_with_its_body() -> No
     ctx = serving()
     put(ctx, cluster("a"), "1")
     stream = open_stream(ctx)
-    stream.handle_request(Delta(type_url=CLUSTER, resource_names_subscribe=["a"],
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["a"],
                                 initial_resource_versions={"a": "1", "unsubscribed": "3"}))
     assert sent(stream) == []
     assert configs(stream, ctx) == [acked(CLUSTER, "a", "1", cluster("a"))]
@@ -157,7 +163,7 @@ def test_origin_error_passed_on_is_received_error_with_its_message() -> None:
         error_detail=status_pb2.Status(code=7, message="not allowed"))
     ctx.cache.apply(ENDPOINT, Update(errors=[error]))
     stream = open_stream(ctx)
-    stream.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=["x"]))
+    send(stream, Delta(type_url=ENDPOINT, resource_names_subscribe=["x"]))
     [response] = sent(stream)
     assert list(response.resource_errors) == [error]
     assert configs(stream, ctx) == [Config(type_url=ENDPOINT, name="x",
@@ -172,14 +178,14 @@ def test_sotw_acked_then_nacked_response() -> None:
     ctx = serving()
     put(ctx, endpoints("a", 1), "1")
     stream = open_stream(ctx, "sotw")
-    stream.handle_request(Sotw(type_url=ENDPOINT, resource_names=["a"]))
+    send(stream, Sotw(type_url=ENDPOINT, resource_names=["a"]))
     [first] = sent(stream)
-    stream.handle_request(Sotw(type_url=ENDPOINT, resource_names=["a"],
+    send(stream, Sotw(type_url=ENDPOINT, resource_names=["a"],
                                response_nonce=first.nonce, version_info=first.version_info))
     assert configs(stream, ctx) == [acked(ENDPOINT, "a", "1", endpoints("a", 1))]
     put(ctx, endpoints("a", 2), "2")
     [second] = sent(stream)
-    stream.handle_request(Sotw(type_url=ENDPOINT, resource_names=["a"],
+    send(stream, Sotw(type_url=ENDPOINT, resource_names=["a"],
                                response_nonce=second.nonce, version_info=first.version_info,
                                error_detail=status_pb2.Status(code=3, message="bad port")))
     assert configs(stream, ctx) == [Config(
@@ -193,9 +199,9 @@ def test_sotw_cluster_left_out_of_a_full_state_response_does_not_exist() -> None
     ctx.cache.replace_type(CLUSTER, [CachedResource(CLUSTER, "a", "1", discovery_pb2.Resource(
         name="a", version="1", resource=pack(cluster("a"))))])
     stream = open_stream(ctx, "sotw")
-    stream.handle_request(Sotw(type_url=CLUSTER, resource_names=["a", "b"]))
+    send(stream, Sotw(type_url=CLUSTER, resource_names=["a", "b"]))
     [response] = sent(stream)
-    stream.handle_request(Sotw(type_url=CLUSTER, resource_names=["a", "b"],
+    send(stream, Sotw(type_url=CLUSTER, resource_names=["a", "b"],
                                response_nonce=response.nonce,
                                version_info=response.version_info))
     assert configs(stream, ctx) == [
@@ -208,7 +214,7 @@ def test_sotw_endpoint_never_sent_stays_requested() -> None:
     put(ctx, endpoints("a", 1), "1")
     ctx.cache.apply(ENDPOINT, Update(removed=["gone"]))
     stream = open_stream(ctx, "sotw")
-    stream.handle_request(Sotw(type_url=ENDPOINT, resource_names=["a", "gone"]))
+    send(stream, Sotw(type_url=ENDPOINT, resource_names=["a", "gone"]))
     sent(stream)
     assert [(c.name, c.client_status) for c in configs(stream, ctx)] == [
         ("a", Client.UNKNOWN), ("gone", Client.REQUESTED)]
@@ -220,8 +226,8 @@ def test_sotw_endpoint_never_sent_stays_requested() -> None:
 def test_configs_are_sorted_by_type_url_then_name() -> None:
     ctx = serving()
     stream = open_stream(ctx)
-    stream.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=["b", "a"]))
-    stream.handle_request(Delta(type_url=CLUSTER, resource_names_subscribe=["z"]))
+    send(stream, Delta(type_url=ENDPOINT, resource_names_subscribe=["b", "a"]))
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["z"]))
     assert [(c.type_url, c.name) for c in configs(stream, ctx)] == [
         (CLUSTER, "z"), (ENDPOINT, "a"), (ENDPOINT, "b")]
 
@@ -230,17 +236,17 @@ def test_exclude_resource_contents_leaves_bodies_out() -> None:
     ctx = serving()
     put(ctx, cluster("a"), "1")
     stream = open_stream(ctx)
-    stream.handle_request(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
     sent(stream)
     response = client_status(csds_pb2.ClientStatusRequest(exclude_resource_contents=True),
-                             ctx.streams, ctx.cache)
+                             ctx.snapshots(), ctx.cache)
     [entry] = response.config[0].generic_xds_configs
     assert not entry.HasField("xds_config") and entry.version_info == "1"
 
 
 def node_ids(ctx: ServingContext, *matchers: Any) -> list[str]:
     request = csds_pb2.ClientStatusRequest(node_matchers=list(matchers))
-    return [c.node.id for c in client_status(request, ctx.streams, ctx.cache).config]
+    return [c.node.id for c in client_status(request, ctx.snapshots(), ctx.cache).config]
 
 
 def by_id(**pattern: Any) -> Any:
@@ -250,7 +256,7 @@ def by_id(**pattern: Any) -> Any:
 def test_node_matchers_select_clients_by_node_id_any_matcher_matching() -> None:
     ctx = serving()
     for node_id in ("edge-2", "core-1", "edge-1", "Edge-3"):
-        open_stream(ctx, node_id=node_id)
+        send(open_stream(ctx, node_id=node_id), Delta(type_url=CLUSTER))
     assert node_ids(ctx) == ["Edge-3", "core-1", "edge-1", "edge-2"]
     assert node_ids(ctx, by_id(exact="edge-1")) == ["edge-1"]
     assert node_ids(ctx, by_id(prefix="edge-")) == ["edge-1", "edge-2"]

@@ -1,18 +1,23 @@
-"""DownstreamStream without gRPC: requests in, encoded responses out, in order."""
+"""DownstreamStream without gRPC: what the adapter adds to its session.
+
+It registers interest in the index, sends re-fetches up through it, encodes
+responses, counts and logs; the protocol rules themselves are the session's
+(tests/protocol/test_session.py).
+"""
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import dataclass, field
+
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import Update
 from relay.core import Core
 from relay.interest import Interest
-from relay.protocol.outcome import ProtocolError
 from relay.resource import CachedResource
 from relay.server.streams import DownstreamStream, ServingContext
-from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE, RUNTIME
-from tests.builders import cluster, endpoints, listener, pack, route
+from relay.xds_types import CLUSTER, ENDPOINT
+from tests.builders import cluster, endpoints, pack
 
 Delta = discovery_pb2.DeltaDiscoveryRequest
 
@@ -21,8 +26,10 @@ def serving() -> ServingContext:
     return Core.create().serving
 
 
-def put(ctx: ServingContext, type_url: str, name: str, msg: object, version: str = "1") -> None:
+def put(ctx: ServingContext, type_url: str, name: str, msg: object, version: str = "1",
+        do_not_cache: bool = False) -> None:
     resource = discovery_pb2.Resource(name=name, version=version, resource=pack(msg))  # type: ignore[arg-type]
+    resource.cache_control.do_not_cache = do_not_cache
     ctx.cache.apply(type_url, Update([CachedResource(type_url, name, version, resource)]))
 
 
@@ -30,37 +37,15 @@ def decoded(stream: DownstreamStream) -> list[discovery_pb2.DeltaDiscoveryRespon
     return [discovery_pb2.DeltaDiscoveryResponse.FromString(b) for b in stream.ready_responses()]
 
 
-def test_invariant_20_types_go_out_in_make_before_break_order() -> None:
-    ctx = serving()
-    stream = DownstreamStream(ctx, "delta", "peer")
-    for type_url, names in ((RUNTIME, ["rt"]), (ROUTE, ["x"]), (LISTENER, []),
-                            (ENDPOINT, ["x"]), (CLUSTER, [])):
-        stream.handle_request(Delta(type_url=type_url, resource_names_subscribe=names))
-    # One origin change touching every type arrives before the stream writes.
-    for type_url, name, msg in ((ROUTE, "x", route("x")), (RUNTIME, "rt", cluster("rt")),
-                                (LISTENER, "l", listener("l")), (ENDPOINT, "x", endpoints("x")),
-                                (CLUSTER, "x", cluster("x"))):
-        put(ctx, type_url, name, msg)
-    order = [r.type_url for r in decoded(stream)]
-    assert order == [CLUSTER, ENDPOINT, LISTENER, ROUTE, RUNTIME]
+@dataclass
+class Up:
+    refetches: list[tuple[str, frozenset[str]]] = field(default_factory=list)
 
+    def interest_changed(self, type_url: str) -> None:
+        pass
 
-def test_invariant_24_node_of_first_request_is_kept() -> None:
-    ctx = serving()
-    stream = DownstreamStream(ctx, "delta", "peer")
-    stream.handle_request(Delta(type_url=CLUSTER, node={"id": "first"}))
-    stream.handle_request(Delta(type_url=ENDPOINT, node={"id": "second"},
-                                resource_names_subscribe=["a"]))
-    assert stream.node_id == "first"
-
-
-def test_invariant_19_no_response_for_unsubscribed_type() -> None:
-    ctx = serving()
-    stream = DownstreamStream(ctx, "delta", "peer")
-    stream.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=["a"]))
-    put(ctx, CLUSTER, "a", cluster("a"))
-    put(ctx, ENDPOINT, "b", endpoints("b"))
-    assert decoded(stream) == []
+    def refetch(self, type_url: str, names: frozenset[str]) -> None:
+        self.refetches.append((type_url, names))
 
 
 def test_subscriptions_reach_the_index_and_leave_with_the_stream() -> None:
@@ -73,21 +58,40 @@ def test_subscriptions_reach_the_index_and_leave_with_the_stream() -> None:
     assert ctx.index.wanted(ENDPOINT) == Interest()
 
 
-@pytest.mark.parametrize("fixed,type_url,problem", [
-    (None, "", "type_url is required"),
-    (CLUSTER, LISTENER, "sent on the discovery service for"),
-])
-def test_malformed_requests_raise_protocol_errors(fixed: str | None, type_url: str,
-                                                  problem: str) -> None:
-    stream = DownstreamStream(serving(), "delta", "peer", fixed)
-    with pytest.raises(ProtocolError, match=problem):
-        stream.handle_request(Delta(type_url=type_url))
+def test_cache_changes_reach_the_stream_through_the_index() -> None:
+    ctx = serving()
+    stream = DownstreamStream(ctx, "delta", "peer")
+    stream.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=["a"]))
+    put(ctx, ENDPOINT, "a", endpoints("a"))
+    [response] = decoded(stream)
+    assert [r.name for r in response.resources] == ["a"]
+    put(ctx, CLUSTER, "a", cluster("a"))
+    assert decoded(stream) == []
 
 
-def test_per_type_stream_accepts_empty_type_url() -> None:
+def test_refetches_go_up_through_the_index() -> None:
+    ctx = serving()
+    up = Up()
+    ctx.index.link(up)
+    put(ctx, ENDPOINT, "a", endpoints("a"), do_not_cache=True)
+    stream = DownstreamStream(ctx, "delta", "peer")
+    stream.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=["a"]))
+    assert decoded(stream) == []
+    assert up.refetches == [(ENDPOINT, frozenset({"a"}))]
+
+
+def test_acks_nacks_and_pushes_are_counted() -> None:
     ctx = serving()
     put(ctx, CLUSTER, "a", cluster("a"))
-    stream = DownstreamStream(ctx, "delta", "peer", CLUSTER)
-    stream.handle_request(Delta())
-    [response] = decoded(stream)
-    assert response.type_url == CLUSTER and [r.name for r in response.resources] == ["a"]
+    stream = DownstreamStream(ctx, "delta", "peer")
+    stream.handle_request(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    [first] = decoded(stream)
+    stream.handle_request(Delta(type_url=CLUSTER, response_nonce=first.nonce))
+    put(ctx, CLUSTER, "a", cluster("a", timeout_s=2), version="2")
+    [second] = decoded(stream)
+    stream.handle_request(Delta(type_url=CLUSTER, response_nonce=second.nonce,
+                                error_detail={"code": 3, "message": "no"}))
+    metrics = ctx.metrics
+    assert metrics.downstream_pushes.counts == {("delta", "Cluster"): 2}
+    assert metrics.downstream_acks.counts == {("delta", "Cluster"): 1}
+    assert metrics.downstream_nacks.counts == {("delta", "Cluster"): 1}

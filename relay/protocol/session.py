@@ -1,0 +1,234 @@
+"""One downstream stream's xDS protocol, every type of it, with no I/O.
+
+A :class:`Session` takes the stream's requests and the cache changes that
+concern it, and says what to send and in which order, which subscriptions
+the interest index must learn, and which names need a fresh copy from the
+origin. The gRPC adapter (:mod:`relay.server.streams`) only moves messages,
+wakes up, counts and logs.
+
+What the session decides on its own, beyond each type's protocol:
+
+* the node: the first request that carries one names it for the stream; only
+  its dynamic parameters may change later (re-evaluating plain names);
+* the service's type: a per-type service accepts its own type only, ADS
+  requires a type URL;
+* make-before-break order: clusters, endpoints, listeners, routes, then the
+  rest, with a delta response that only removes clusters last, so that
+  nothing still points at a cluster when it disappears;
+* warming: after a SotW cluster push, the next endpoint request is answered
+  even if it looks like a plain ACK (Envoy waits for it);
+* names the relay could not forward to its origin are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from envoy.config.core.v3 import base_pb2
+
+from relay.constraints import EMPTY_PARAMS, Params, params_of
+from relay.encoding import locator_size
+from relay.interest import Interest
+from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
+from relay.protocol.outcome import ProtocolError, RequestOutcome
+from relay.protocol.snapshot import SessionSnapshot
+from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
+from relay.protocol.view import NonceSource, ResourceView
+from relay.xds_types import CLUSTER, ENDPOINT, push_rank
+
+# The two xDS wire protocols: state of the world and incremental.
+XdsProtocol = Literal["sotw", "delta"]
+
+# A SotW client announcing this accepts resources wrapped in Resource (TTLs,
+# heartbeats); others get bare resources.
+SUPPORTS_RESOURCE_IN_SOTW = "xds.config.supports-resource-in-sotw"
+
+# The generated messages carry no type information; this names what flows.
+Request: TypeAlias = Any  # DiscoveryRequest | DeltaDiscoveryRequest
+Plan: TypeAlias = DeltaResponsePlan | SotwResponsePlan
+State: TypeAlias = DeltaSubscription | SotwSubscription
+
+
+@dataclass(frozen=True)
+class Received:
+    """What one request meant."""
+
+    type_url: str
+    outcome: RequestOutcome
+    # subscriptions the interest index must learn (each type's whole interest)
+    interest: list[tuple[str, Interest]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Due:
+    """What the session has to say now."""
+
+    # responses to send, in this order
+    responses: list[Plan] = field(default_factory=list)
+    # per type, names whose cached copy may not be served: fetch them afresh
+    refetch: dict[str, frozenset[str]] = field(default_factory=dict)
+
+
+class Session:
+    """The protocol state of one downstream stream (ADS, or one per-type service)."""
+
+    def __init__(self, protocol: XdsProtocol, fixed_type_url: str | None = None,
+                 max_locator_size: int | None = None) -> None:
+        self.protocol: XdsProtocol = protocol
+        self._fixed_type_url = fixed_type_url
+        self._max_locator_size = max_locator_size
+        self._node: base_pb2.Node | None = None
+        # per type URL, the node's dynamic parameters (the latest node sent)
+        self._node_params: dict[str, Params] = {}
+        self._states: dict[str, State] = {}
+        self._nonces = NonceSource()
+
+    @property
+    def node(self) -> base_pb2.Node | None:
+        return self._node
+
+    @property
+    def node_id(self) -> str:
+        return self._node.id if self._node is not None else ""
+
+    def types(self) -> list[str]:
+        """The types this stream has asked for."""
+        return list(self._states)
+
+    # -- input -----------------------------------------------------------------
+
+    def receive(self, request: Request) -> Received:
+        """Apply one request; raises :class:`ProtocolError` for one that breaks the protocol."""
+        type_url = self._type_url_of(request)
+        interest: list[tuple[str, Interest]] = []
+        if request.HasField("node"):
+            if self._node is None:
+                self._node = request.node
+            interest += self._update_node_params(request.node)
+        self._check_locator_sizes(request, self._node_params.get(type_url, EMPTY_PARAMS))
+        state = self._states.get(type_url)
+        if state is None:
+            state = self._new_state(type_url)
+        outcome = state.on_request(request)
+        # Plain ACKs are the bulk of traffic and never change interest; any
+        # other request (re)registers, so a first request with no names still
+        # puts the stream in the index to hear that its type became synced.
+        if outcome.interest_changed or outcome.ack_nonce is None:
+            interest = [(t, i) for t, i in interest if t != type_url]
+            interest.append((type_url, state.interest()))
+        return Received(type_url, outcome, interest)
+
+    def _new_state(self, type_url: str) -> State:
+        state: State
+        if self.protocol == "delta":
+            state = DeltaSubscription(type_url)
+        else:
+            aware = self._node is not None and \
+                SUPPORTS_RESOURCE_IN_SOTW in self._node.client_features
+            state = SotwSubscription(type_url, resource_in_sotw=aware)
+        state.set_node_params(self._node_params.get(type_url, EMPTY_PARAMS))
+        self._states[type_url] = state
+        return state
+
+    def _type_url_of(self, request: Request) -> str:
+        """The type a request is for, checked against the service it came on."""
+        if self._fixed_type_url is not None:
+            if request.type_url and request.type_url != self._fixed_type_url:
+                raise ProtocolError(
+                    f"type_url {request.type_url!r} sent on the discovery service for "
+                    f"{self._fixed_type_url!r}")
+            return self._fixed_type_url
+        if not request.type_url:
+            raise ProtocolError("type_url is required on an aggregated (ADS) stream")
+        type_url: str = request.type_url
+        return type_url
+
+    def _update_node_params(self, node: base_pb2.Node) -> list[tuple[str, Interest]]:
+        params = {type_url: params_of(context.params)
+                  for type_url, context in node.dynamic_parameters.items()}
+        if params == self._node_params:
+            return []
+        self._node_params = params
+        return [(type_url, state.interest()) for type_url, state in self._states.items()
+                if state.set_node_params(params.get(type_url, EMPTY_PARAMS))]
+
+    def _check_locator_sizes(self, request: Request, node_params: Params) -> None:
+        """Refuse a name the relay could not forward to its origin.
+
+        The relay's subscription upstream carries every client's names (with
+        the node's dynamic parameters for the type, if any). One too large
+        for a request to the origin is never sent there (see
+        :mod:`relay.upstream.requests`); the client that asked for it is told.
+        """
+        limit = self._max_locator_size
+        if limit is None:
+            return
+        delta = self.protocol == "delta"
+        names = request.resource_names_subscribe if delta else request.resource_names
+        locators = request.resource_locators_subscribe if delta else request.resource_locators
+        with_params = locator_size("", node_params) if node_params else 0
+        for name in names:
+            # A character is at most four bytes: most names need no encoding.
+            if 4 * len(name) + 8 + with_params > limit and \
+                    (size := locator_size(name, node_params)) > limit:
+                raise ProtocolError(
+                    f"resource name {name[:64]!r}... has {size} bytes with the node's dynamic "
+                    f"parameters; the relay forwards names of at most {limit} bytes to its "
+                    "origin (upstream.max_request_size)")
+        for locator in locators:
+            size = locator_size(locator.name, locator.dynamic_parameters.items())
+            if size > limit:
+                raise ProtocolError(
+                    f"resource locator {locator.name[:64]!r} has {size} bytes with its "
+                    f"dynamic parameters; the relay forwards locators of at most {limit} "
+                    "bytes to its origin (upstream.max_request_size)")
+
+    # -- cache changes -----------------------------------------------------------
+
+    def resources_changed(self, type_url: str, names: frozenset[str],
+                          everything: bool) -> int | None:
+        """The cache changed these names of ``type_url``: how many changes were
+        superseded behind an unanswered response, or None when the stream does
+        not subscribe to the type."""
+        state = self._states.get(type_url)
+        if state is None:
+            return None
+        return state.resources_changed(names, everything)
+
+    def heartbeats_received(self, type_url: str, names: frozenset[str]) -> bool:
+        """The origin confirmed these names unchanged; whether the stream cares."""
+        state = self._states.get(type_url)
+        if state is None:
+            return False
+        state.heartbeats_received(names)
+        return True
+
+    # -- output --------------------------------------------------------------------
+
+    def due(self, view: ResourceView) -> Due:
+        """The responses to send now, in make-before-break order, and re-fetches."""
+        responses: list[Plan] = []
+        cluster_removals: list[Plan] = []
+        for type_url in sorted(self._states, key=push_rank):
+            plan = self._states[type_url].next_response(view, self._nonces)
+            if plan is None:
+                continue
+            if type_url == CLUSTER and isinstance(plan, DeltaResponsePlan) and \
+                    plan.only_removes():
+                cluster_removals.append(plan)
+                continue
+            if type_url == CLUSTER:
+                endpoints = self._states.get(ENDPOINT)
+                if isinstance(endpoints, SotwSubscription):
+                    endpoints.expect_request()
+            responses.append(plan)
+        refetch = {type_url: names for type_url, state in self._states.items()
+                   if (names := state.take_refetch())}
+        return Due(responses + cluster_removals, refetch)
+
+    def snapshot(self) -> SessionSnapshot:
+        """What the client subscribes to and holds, per type."""
+        return SessionSnapshot(self._node, self.protocol,
+                               tuple(state.snapshot() for _, state in
+                                     sorted(self._states.items())))
