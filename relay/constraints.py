@@ -94,6 +94,12 @@ _shared_params: dict[Params, Params] = {}
 # Subscribers share a few parameter groups, so a few thousand entries cover
 # realistic fleets; the bound keeps clients that churn through parameter sets
 # from growing memory without limit.
+#
+# These memo tables (and _shared_params) are plain dicts bounded by hand, not
+# cachetools caches: with cachetools.FIFOCache as the memo,
+# ``python -m benchmarks.constraints`` measured a memoized match at 127 ns
+# instead of 87, and select_variant at 524 ns instead of 370 (same session).
+# They sit on the fan-out path: every subscriber, every push.
 _MEMO_SIZE = 4096
 
 _DPC = discovery_pb2.DynamicParameterConstraints

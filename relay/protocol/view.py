@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from cachetools import LRUCache
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN, Missing, ResourceCache
@@ -13,6 +14,9 @@ from relay.constraints import Locator, Params, select_variant
 from relay.resource import CachedResource
 
 log = logging.getLogger("relay.variants")
+
+# How many conflicting sets of variants are remembered as logged.
+_LOGGED_SIZE = 4096
 
 
 class ResourceView(Protocol):
@@ -48,7 +52,9 @@ class CacheView:
                  on_ambiguous: AmbiguityListener | None = None) -> None:
         self._cache = cache
         self._on_ambiguous = on_ambiguous
-        self._logged: set[tuple[str, str, frozenset[str]]] = set()
+        # (type, name, variant keys) already logged: bounded, as origins may
+        # churn through names (least recently logged forgotten first)
+        self._logged: LRUCache[tuple[str, str, frozenset[str]], bool] = LRUCache(_LOGGED_SIZE)
 
     def is_synced(self, type_url: str) -> bool:
         return self._cache.is_synced(type_url)
@@ -89,8 +95,8 @@ class CacheView:
         if self._on_ambiguous is not None:
             self._on_ambiguous(type_url, name)
         key = (type_url, name, variant_keys)
-        if key not in self._logged:
-            self._logged.add(key)
+        if self._logged.get(key) is None:
+            self._logged[key] = True
             log.warning("origin error: several variants of %s %r match the same parameters "
                         "(%s); serving the one whose constraints mention the most keys",
                         type_url.rsplit(".", 1)[-1], name, ", ".join(sorted(variant_keys)))
