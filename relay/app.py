@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from relay.admin import AdminServer
+from relay.clock import Clock, MonotonicClock
 from relay.config import RelayConfig, node_proto
 from relay.core import Core
 from relay.server.ecosystem import Health, add_ecosystem_services
@@ -81,10 +82,15 @@ def drain_schedule(count: int, period: float) -> list[float]:
 
 
 class Relay:
-    """A relay built from a validated config. ``start`` it, then ``stop`` it."""
+    """A relay built from a validated config. ``start`` it, then ``stop`` it.
 
-    def __init__(self, config: RelayConfig) -> None:
+    ``clock`` drives its timers (TTLs, the upstream's deadlines, backoff, the
+    drain); tests give one they advance themselves.
+    """
+
+    def __init__(self, config: RelayConfig, clock: Clock | None = None) -> None:
         self.config = config
+        self.clock: Clock = clock or MonotonicClock()
         otlp = config.metrics.otlp
         provider, self.registry = prometheus_provider(
             otlp.endpoint if otlp else None, otlp.interval if otlp else 15.0)
@@ -93,7 +99,8 @@ class Relay:
         upstream = config.upstream
         self.core = Core.create(
             self.metrics, config.server.batch_window,
-            max_locator_size(upstream.max_request_size) if upstream.address else None)
+            max_locator_size(upstream.max_request_size) if upstream.address else None,
+            self.clock)
         self.cache, self.index, self.serving = self.core.cache, self.core.index, self.core.serving
         self.upstream: UpstreamClient | None = None
         self.files: FileSource | None = None
@@ -158,14 +165,12 @@ class Relay:
         streams = list(self.serving.streams)
         random.shuffle(streams)
         log.info("draining: closing %d client streams over %.1fs", len(streams), period)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = self.clock.now()
         for stream, offset in zip(streams, drain_schedule(len(streams), period), strict=True):
-            await asyncio.sleep(max(0.0, started + offset - loop.time()))
+            await self.clock.sleep(max(0.0, started + offset - self.clock.now()))
             stream.close(DRAINING)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.serving.idle.wait(), 1.0)
-        log.info("drained in %.1fs", loop.time() - started)
+        await self.clock.wait(self.serving.idle, 1.0)
+        log.info("drained in %.1fs", self.clock.now() - started)
 
     async def start(self) -> None:
         """Bind the servers and start following the origin."""

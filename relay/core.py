@@ -10,11 +10,10 @@ upstream client: clients' interest changed, or names to fetch afresh.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from relay.cache import CacheChange, ResourceCache
+from relay.clock import Clock, MonotonicClock
 from relay.interest import InterestIndex
 from relay.server.streams import ServingContext
 from relay.telemetry import Metrics, new_metrics
@@ -31,13 +30,13 @@ class Core:
     cache: ResourceCache
     index: InterestIndex
     serving: ServingContext
-    clock: Callable[[], float] = time.monotonic
+    clock: Clock = field(default_factory=MonotonicClock)
 
     @classmethod
     def create(cls, metrics: Metrics | None = None, batch_window: float = 0.0,
-               max_locator_size: int | None = None,
-               clock: Callable[[], float] = time.monotonic) -> Core:
-        cache = ResourceCache(clock)
+               max_locator_size: int | None = None, clock: Clock | None = None) -> Core:
+        clock = clock or MonotonicClock()
+        cache = ResourceCache(clock.now)
         index = InterestIndex()
         cache.add_listener(index.on_cache_change)
         serving = ServingContext.create(cache, index, metrics or new_metrics(), batch_window)
@@ -46,7 +45,8 @@ class Core:
 
     def follow(self, dialer: Dialer, state: UpstreamState, backoff: Backoff) -> UpstreamClient:
         """The client of the origin stream, linked as the way back up from the index."""
-        client = UpstreamClient(dialer, state, self.index, backoff, self.serving.metrics)
+        client = UpstreamClient(dialer, state, self.index, backoff, self.serving.metrics,
+                                self.clock)
         self.index.link(client)
         return client
 
@@ -65,8 +65,6 @@ class Core:
         while True:
             changed.clear()
             deadline = self.cache.next_expiry()
-            timeout = None if deadline is None else max(0.0, deadline - self.clock())
-            try:
-                await asyncio.wait_for(changed.wait(), timeout)
-            except TimeoutError:
+            timeout = None if deadline is None else max(0.0, deadline - self.clock.now())
+            if not await self.clock.wait(changed, timeout):
                 self.cache.expire()

@@ -18,6 +18,7 @@ from google.protobuf import any_pb2, message
 
 from relay import xds_types
 from relay.app import Relay
+from relay.clock import Clock
 from relay.config import parse_config
 from relay.constraints import EMPTY_PARAMS, Params, compile_constraints, params_of
 from tests.builders import (  # noqa: F401 (re-exported for tests)
@@ -254,8 +255,15 @@ class ScriptedOrigin(OriginServer):
             response.nonce = self.nonce()
         self.stream.outbox.put_nowait(response)
 
-    def set(self, *msgs: message.Message, version: str | None = None) -> None:
-        """Create or change resources and push them to subscribed streams."""
+    def acked(self, nonce: str) -> bool:
+        """Whether the relay has answered the response ``nonce`` (it has applied it)."""
+        return any(r.response_nonce == nonce for r in self.all_requests())
+
+    def set(self, *msgs: message.Message, version: str | None = None) -> list[str]:
+        """Create or change resources and push them to subscribed streams.
+
+        Returns the nonces of the responses sent.
+        """
         by_type: dict[str, list[str]] = {}
         for msg in msgs:
             type_url = type_url_of(msg)
@@ -263,12 +271,14 @@ class ScriptedOrigin(OriginServer):
             self.resources.setdefault(type_url, {})[name] = (version or version_of(msg),
                                                              pack(msg))
             by_type.setdefault(type_url, []).append(name)
+        nonces = []
         for stream in self.streams:
             for type_url, names in by_type.items():
                 subs = stream.subscribed.get(type_url, set())
                 wanted = [n for n in names if n in subs or "*" in subs]
                 if wanted:
-                    self.send(stream, type_url, wanted)
+                    nonces.append(self.send(stream, type_url, wanted))
+        return nonces
 
     def remove(self, type_url: str, *names: str) -> None:
         for name in names:
@@ -406,11 +416,12 @@ upstream:
 
 @contextlib.asynccontextmanager
 async def running_stack(origin: Any = None, *, channel_options: Sequence[tuple[str, Any]] = (),
-                        **config: str) -> AsyncIterator[Stack]:
+                        clock: Clock | None = None, **config: str) -> AsyncIterator[Stack]:
     """``origin`` (a :class:`ScriptedOrigin` unless given) started, a relay
-    following it (``config``: see :func:`relay_config`) and a channel to it."""
+    following it (``config``: see :func:`relay_config``; its timers on
+    ``clock``) and a channel to it."""
     origin = await (origin or ScriptedOrigin()).start()
-    relay = Relay(parse_config(relay_config(origin.port, **config)))
+    relay = Relay(parse_config(relay_config(origin.port, **config)), clock)
     await relay.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}",
                                         options=list(channel_options))
@@ -426,7 +437,7 @@ async def running_stack(origin: Any = None, *, channel_options: Sequence[tuple[s
 
 
 async def eventually(predicate: Any, timeout: float = TIMEOUT) -> None:
-    """Wait until ``predicate()`` is true."""
+    """Wait until ``predicate()`` is true (polling; for what the test cannot be told)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:

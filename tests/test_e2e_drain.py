@@ -11,7 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from relay.app import drain_schedule
 from relay.server.services import DRAINING
 from relay.xds_types import CLUSTER
-from tests.harness import ScriptedOrigin, XdsClient, cluster, node, running_stack
+from tests.clock import ManualClock
+from tests.harness import ScriptedOrigin, XdsClient, cluster, eventually, node, running_stack
 
 
 def test_drain_schedule_spreads_closes_evenly_from_the_start() -> None:
@@ -20,37 +21,35 @@ def test_drain_schedule_spreads_closes_evenly_from_the_start() -> None:
     assert drain_schedule(0, 10.0) == []
 
 
-async def _closed_at(client: XdsClient, updates: list[str]) -> float:
-    """When the relay ended this client's stream; records versions received meanwhile."""
-    while True:
-        try:
-            response = await client.recv(timeout=10)
-        except grpc.aio.AioRpcError as error:
-            assert error.code() == grpc.StatusCode.UNAVAILABLE
-            assert error.details() == DRAINING
-            return asyncio.get_running_loop().time()
-        updates.extend(r.version for r in response.resources)
-        await client.ack(response)
+async def closed(client: XdsClient) -> bool:
+    """Whether the relay has ended this client's stream (for the drain)."""
+    try:
+        response = await client.recv(timeout=0.05)
+    except TimeoutError:
+        return False
+    except grpc.aio.AioRpcError as error:
+        assert (error.code(), error.details()) == (grpc.StatusCode.UNAVAILABLE, DRAINING)
+        return True
+    raise AssertionError(f"unexpected response: {response}")
 
 
 async def test_drain_refuses_new_streams_and_closes_open_ones_spread_over_the_period() -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"), version="v1")
-    async with running_stack(origin) as stack:
+    clock = ManualClock()
+    async with running_stack(origin, clock=clock) as stack:
         clients = [stack.client(delta=True) for _ in range(4)]
         for i, client in enumerate(clients):
             await client.send(node=node(f"n{i}"), type_url=CLUSTER)
             await client.ack(await client.recv())
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         health = health_pb2_grpc.HealthStub(stack.channel)
         status = await health.Check(health_pb2.HealthCheckRequest(service=""))
         assert status.status == health_pb2.HealthCheckResponse.SERVING
         drain = asyncio.create_task(stack.relay.drain(period=2.0))
-        await asyncio.sleep(0.05)
+        # The first stream goes at once; the drain then sleeps until the next.
+        await eventually(lambda: len(stack.relay.serving.streams) == 3 and clock.sleepers())
         assert stack.relay.admin.route("GET", "/ready").status == 503
         assert stack.relay.admin.route("GET", "/ready").body == b"not ready: draining\n"
-        health = health_pb2_grpc.HealthStub(stack.channel)
         status = await health.Check(health_pb2.HealthCheckRequest(service=""))
         assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -62,15 +61,19 @@ async def test_drain_refuses_new_streams_and_closes_open_ones_spread_over_the_pe
             grpc.StatusCode.UNAVAILABLE, DRAINING)
 
         # Clients still connected keep getting the origin's updates.
-        updates: list[list[str]] = [[] for _ in clients]
-        closing = [asyncio.create_task(_closed_at(c, u))
-                   for c, u in zip(clients, updates, strict=True)]
-        await asyncio.sleep(0.2)
+        still_open = [c for c in clients if not await closed(c)]
+        assert len(still_open) == 3
         origin.set(cluster("a", timeout_s=2), version="v2")
-        closed = sorted(t - started for t in await asyncio.gather(*closing))
+        for client in still_open:
+            update = await client.recv()
+            assert [r.version for r in update.resources] == ["v2"]
+            await client.ack(update)
+        # One stream every period / 4 = 0.5 s of the drain's clock, none sooner.
+        for left in (2, 1, 0):
+            await clock.advance(0.25)
+            assert len(stack.relay.serving.streams) == left + 1
+            await clock.advance(0.25)
+            await eventually(lambda n=left: len(stack.relay.serving.streams) == n)
         await drain
-        assert closed[0] < 0.4, closed                # the first goes at once
-        assert 1.3 < closed[-1] < 2.5, closed         # the last near the period's end
-        assert closed[-1] - closed[0] > 1.0, closed   # not all at once
-        assert sum(u == ["v2"] for u in updates) >= 2, updates
+        assert all([await closed(c) for c in still_open])
         assert stack.relay.serving.streams == set()

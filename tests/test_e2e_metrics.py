@@ -83,9 +83,9 @@ async def test_metrics_count_known_traffic_exactly() -> None:
         origin.set(cluster("a", timeout_s=3), version="v3")
         held_back = await delta.recv()
         for version, timeout in (("v4", 4), ("v5", 5)):
-            await asyncio.sleep(0.1)
-            origin.set(cluster("a", timeout_s=timeout), version=version)
-        await asyncio.sleep(0.1)
+            # Each update is applied (the relay ACKs it) before the next comes.
+            [sent] = origin.set(cluster("a", timeout_s=timeout), version=version)
+            await eventually(lambda nonce=sent: origin.acked(nonce))
         await delta.ack(held_back)
         latest = await delta.recv()
         assert [r.version for r in latest.resources] == ["v5"]

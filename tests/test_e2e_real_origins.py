@@ -22,6 +22,7 @@ from google.protobuf import json_format, struct_pb2
 from relay.app import Relay
 from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
+from tests.clock import ManualClock
 from tests.harness import (
     DPC,
     QUIET,
@@ -37,6 +38,7 @@ from tests.harness import (
     running_stack,
 )
 from tests.istiod import IstiodOrigin, OriginTLS
+from tests.test_e2e_relay import RecordingBackoff
 
 # Short enough for tests; the reconcile after a reconnect waits this long.
 GRACE = "0.2s"
@@ -123,36 +125,35 @@ async def test_invariant_7_derived_versions_are_the_same_on_every_replica() -> N
 async def test_a_graceful_end_reconnects_at_once_and_the_resend_pushes_nothing() -> None:
     origin = IstiodOrigin()
     origin.set(cluster("a"), cluster("b"), endpoints("a", 1), endpoints("b", 2))
-    async with running_stack(origin, answer_grace=GRACE) as stack:
-        upstream = stack.relay.upstream
-        assert upstream is not None
+    clock = ManualClock()
+    async with running_stack(origin, answer_grace=GRACE, clock=clock) as stack:
+        backoff = recording_backoff(stack)
         clients = [(await subscribed(stack, f"n{i}", delta, type_url, names))[0]
                    for i, (delta, type_url, names) in enumerate([
                        (True, CLUSTER, None), (True, ENDPOINT, ["a", "b"]),
                        (False, CLUSTER, None), (False, ENDPOINT, ["a", "b"])])]
-        waits: list[float] = []
-        upstream._sleep = _recording_sleep(waits)
-        await asyncio.sleep(0.1)  # a stream shorter than the first backoff step waits it
+        await clock.advance(1.0)  # a stream shorter than the first backoff step waits it
         origin.end_streams()
         await reconnected(origin, 1)
-        assert waits == [0.0]  # at once, not after a backoff step
+        assert "wait" not in backoff.events  # at once, not after a backoff step
+        await clock.advance(1.0)  # the reconcile is due: it finds nothing gone
         for client in clients:
-            await client.expect_nothing(AFTER_GRACE)
+            await client.expect_nothing()
 
 
 async def test_a_goaway_at_max_connection_age_reconnects_at_once_and_pushes_nothing() -> None:
     origin = IstiodOrigin(max_age=0.5)
     origin.set(cluster("a"), endpoints("a", 1))
-    async with running_stack(origin, answer_grace=GRACE) as stack:
-        upstream = stack.relay.upstream
-        assert upstream is not None
-        waits: list[float] = []
-        upstream._sleep = _recording_sleep(waits)
+    clock = ManualClock()
+    async with running_stack(origin, answer_grace=GRACE, clock=clock) as stack:
+        backoff = recording_backoff(stack)
         delta, _ = await subscribed(stack, "d", True, ENDPOINT, ["a"])
         sotw, _ = await subscribed(stack, "s", False, CLUSTER)
-        await reconnected(origin, 1)
-        assert waits and set(waits) == {0.0}
-        await delta.expect_nothing(AFTER_GRACE)
+        await clock.advance(1.0)  # the stream has lived longer than a backoff step
+        await reconnected(origin, 1)  # gRPC's server sent a GOAWAY at its max age
+        assert "wait" not in backoff.events
+        await clock.advance(1.0)
+        await delta.expect_nothing()
         await sotw.expect_nothing(0)
 
 
@@ -180,34 +181,26 @@ async def test_a_resend_of_unchanged_variants_pushes_nothing() -> None:
 async def test_after_an_outage_the_relays_own_backoff_is_the_only_wait() -> None:
     origin = IstiodOrigin()
     origin.set(endpoints("e", 1))
-    async with running_stack(origin) as stack:
-        upstream = stack.relay.upstream
-        assert upstream is not None
+    clock = ManualClock()
+    async with running_stack(origin, clock=clock) as stack:
+        backoff = recording_backoff(stack)
         client, _ = await subscribed(stack, "d", True, ENDPOINT, ["e"])
         port = origin.port
-        gate, waits = asyncio.Event(), []
-
-        async def step(delay: float) -> None:
-            waits.append(delay)
-            await gate.wait()
-            gate.clear()
-
-        upstream._sleep = step
         await origin.stop()
         # Fail a few attempts in a row: a channel kept across them would have
         # grown its own reconnect backoff to seconds by now.
         for attempts in range(1, 7):
-            await eventually(lambda n=attempts: len(waits) == n)
-            gate.set()
-        await eventually(lambda: len(waits) == 7)
+            await eventually(lambda n=attempts: backoff.events.count("wait") == n)
+            await clock.advance(60.0)  # the backoff step is over: attempt again
+        await eventually(lambda: backoff.events.count("wait") == 7)
         origin.set(endpoints("e", 2))
         await origin.start(port)
         streams = len(origin.streams)
-        gate.set()  # the backoff step is over: the next attempt must get through
+        await clock.advance(60.0)  # the step is over: the next attempt must get through
         update = await client.recv()
         assert first_port(update) == 2
         assert len(origin.streams) == streams + 1
-        assert len(waits) == 7  # no failed attempt after the origin came back
+        assert backoff.events.count("wait") == 7  # no failed attempt after the return
 
 
 async def test_an_origin_that_never_completes_a_connect_is_given_up_after_connect_timeout(
@@ -239,11 +232,12 @@ def with_env(env: str) -> Any:
     return made
 
 
-def _recording_sleep(waits: list[float]) -> Any:
-    async def sleep(delay: float) -> None:
-        waits.append(delay)
-        await asyncio.sleep(delay)
-    return sleep
+def recording_backoff(stack: Stack) -> RecordingBackoff:
+    """The relay's backoff, replaced by one that records its steps and resets."""
+    assert stack.relay.upstream is not None
+    backoff = RecordingBackoff()
+    stack.relay.upstream.backoff = backoff
+    return backoff
 
 
 # -- 3. reconcile after a reconnect ------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
@@ -328,7 +326,7 @@ async def test_invariant_25_one_stream_per_relay_even_when_clients_come_and_go()
             await c.send(node=node(str(i)), type_url=CLUSTER)
             await c.recv()
             c.close()
-            await asyncio.sleep(0.05)
+            await eventually(lambda: not stack.relay.serving.streams)  # it has left
         assert len(origin.streams) == 1
         assert stack.relay.upstream is not None and stack.relay.upstream.streams_opened == 1
 

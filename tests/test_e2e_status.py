@@ -111,7 +111,8 @@ async def test_xds_services_are_not_serving_until_the_relay_has_synced() -> None
             finally:
                 await revived.stop()
             # The origin is gone again: the relay serves from cache, and stays ready.
-            await asyncio.sleep(0.2)
+            assert relay.upstream is not None
+            await eventually(lambda: not relay.upstream.connected_event.is_set())
             assert relay.not_ready_reason() is None
             ads = await stub.Check(health_pb2.HealthCheckRequest(service=ADS_SERVICE))
             assert ads.status == SERVING

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.clock import Clock, MonotonicClock
 from relay.telemetry import Metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.dial import Dialer, DialError
@@ -55,14 +54,13 @@ class UpstreamClient:
     """
 
     def __init__(self, dialer: Dialer, state: UpstreamState, demand: Demand, backoff: Backoff,
-                 metrics: Metrics,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 metrics: Metrics, clock: Clock | None = None) -> None:
         self.dialer = dialer
         self.state = state
         self.demand = demand
         self.backoff = backoff
         self.metrics = metrics
-        self._sleep = sleep
+        self.clock: Clock = clock or MonotonicClock()
         self.streams_opened = 0
         self._outbox: asyncio.Queue[Request] | None = None
         self._timer_changed = asyncio.Event()
@@ -99,7 +97,7 @@ class UpstreamClient:
         self._scheduled = False
         changed, self._changed_types = sorted(self._changed_types), set()
         refetches, self._refetches = self._refetches, {}
-        now = time.monotonic()
+        now = self.clock.now()
         for type_url in changed:
             self._send(self.state.on_interest_changed(type_url, self.demand, now))
         for type_url, names in sorted(refetches.items()):
@@ -116,15 +114,15 @@ class UpstreamClient:
         timer = asyncio.create_task(self._timer())
         try:
             while True:
-                started = time.monotonic()
+                started = self.clock.now()
                 answered = await self._one_stream()
-                if answered and time.monotonic() - started >= self.backoff.initial:
+                if answered and self.clock.now() - started >= self.backoff.initial:
                     log.info("reconnecting to origin %s now", self.target)
                     delay = 0.0
                 else:
                     delay = self.backoff.next_delay()
                     log.info("reconnecting to origin %s in %.2fs", self.target, delay)
-                await self._sleep(delay)
+                await self.clock.sleep(delay)
         finally:
             timer.cancel()
 
@@ -150,7 +148,7 @@ class UpstreamClient:
                 self.metrics.upstream_reconnects.add(1)
             outbox: asyncio.Queue[Request] = asyncio.Queue()
             self._outbox = outbox
-            for request in self.state.on_connect(self.demand, time.monotonic()):
+            for request in self.state.on_connect(self.demand, self.clock.now()):
                 outbox.put_nowait(request)
             writer = asyncio.create_task(self._write(call, outbox))
             session = asyncio.create_task(self._read(call, outbox))
@@ -189,7 +187,7 @@ class UpstreamClient:
                     # Only an answer proves the origin serves us: reset backoff now.
                     answered = True
                     self.backoff.reset()
-                replies = self.state.on_response(response, self.demand, time.monotonic())
+                replies = self.state.on_response(response, self.demand, self.clock.now())
                 if self.state.answered:
                     self.synced_event.set()
                 outcome = "nack" if replies[0].HasField("error_detail") else "ack"
@@ -214,7 +212,7 @@ class UpstreamClient:
         # With nothing subscribed the origin has nothing to answer: it has
         # accepted the relay once the stream outlives a refusal (an origin
         # refusing credentials ends it at once). This task ends with the stream.
-        await asyncio.sleep(self.state.answer_grace)
+        await self.clock.sleep(self.state.answer_grace)
         if not self.state.has_subscriptions():
             self.synced_event.set()
 
@@ -232,8 +230,6 @@ class UpstreamClient:
         while True:
             deadline = self.state.next_deadline()
             self._timer_changed.clear()
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                await asyncio.wait_for(self._timer_changed.wait(), timeout)
-            except TimeoutError:
-                self._send(self.state.on_tick(self.demand, time.monotonic()))
+            timeout = None if deadline is None else max(0.0, deadline - self.clock.now())
+            if not await self.clock.wait(self._timer_changed, timeout):
+                self._send(self.state.on_tick(self.demand, self.clock.now()))
