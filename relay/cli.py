@@ -1,4 +1,5 @@
-"""The ``xds-relay`` command: run a relay, validate a config, or run the demo stack."""
+"""The ``xds-relay`` command: run a relay, validate a config, list the config keys, or run
+the demo stack."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from relay.config import ConfigError, RelayConfig, load_config
+from relay.config import ConfigError, RelayConfig, config_keys, load_config
 from relay.logs import configure_logging
 
 log = logging.getLogger("relay")
@@ -34,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
                     "upstream.address (or the files in upstream.files) and serves /ready, "
                     "/healthz, /config_dump, /clients and /metrics on admin.address. SIGTERM "
                     "drains (readiness off, client streams closed spread over "
-                    "server.drain_period) and exits 0; SIGINT stops at once.")
+                    "server.drain_period) and exits 0; SIGINT stops at once. 'xds-relay keys' "
+                    "lists every config key with its default.")
     run.add_argument("--config", "-c", required=True, type=Path, metavar="FILE",
                      help="the relay's YAML config")
     run.add_argument("--node-id", metavar="ID",
@@ -49,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
                     "prints each problem as FILE:LINE: FIELD: PROBLEM and exits 1.")
     validate.add_argument("--config", "-c", required=True, type=Path, metavar="FILE",
                           help="the YAML config to check")
+
+    commands.add_parser(
+        "keys", help="list every config key with its default and what it does",
+        description="Print every config key, one per line, with its default and what it "
+                    "does, read off the config schema itself. '(required)' marks a key the "
+                    "config must set and '(none)' one left unset by default; durations and "
+                    "sizes are written as in the config (5ms, 10s, 1MiB).")
 
     demo = commands.add_parser(
         "demo", help="run an origin and a relay on this machine, and show a client served",
@@ -69,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "keys":
+            print("\n".join(str(key) for key in config_keys()))
+            return 0
         if args.command == "validate":
             load_config(args.config)
             print(f"{args.config}: ok")

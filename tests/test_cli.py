@@ -5,19 +5,25 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import typing
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+import yaml
 from envoy.service.discovery.v3 import discovery_pb2
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from relay.server.services import DRAINING
 from relay.xds_types import CLUSTER
@@ -220,3 +226,63 @@ def test_readme_istiod_example_is_valid(tmp_path: Path) -> None:
     assert config.upstream.tls.server_name == "istiod.istio-system.svc"
     assert config.node.metadata["GENERATOR"] == "grpc"
     assert config.upstream.initial_metadata == {"clusterid": "Kubernetes"}
+
+
+def _leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:
+    """Every leaf field under ``model`` by dotted key, sections walked into (optional or not)."""
+    leaves: dict[str, FieldInfo] = {}
+    for name, field in model.model_fields.items():
+        types = typing.get_args(field.annotation) or (field.annotation,)
+        sections = [t for t in types if isinstance(t, type) and issubclass(t, BaseModel)]
+        if sections:
+            leaves.update(_leaf_fields(sections[0], f"{prefix}{name}."))
+        else:
+            leaves[f"{prefix}{name}"] = field
+    return leaves
+
+
+def _config_setting(key: str, value: object) -> str:
+    """A valid config that sets ``key`` (dotted) to ``value``, and otherwise only what it must."""
+    document: dict[str, Any] = {"node": {"id": "a"}, "upstream": {"address": "origin:18000"},
+                                "metrics": {"otlp": {"endpoint": "http://collector:4318"}}}
+    *sections, leaf = key.split(".")
+    mapping = document
+    for section in sections:
+        mapping = mapping.setdefault(section, {})
+    mapping[leaf] = value
+    return yaml.safe_dump(document)
+
+
+def test_keys_lists_every_config_key_once_with_its_default() -> None:
+    from relay.config import RelayConfig, parse_config
+
+    result = xds_relay("keys")
+    assert result.returncode == 0, result.stderr
+    listed: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        match = re.fullmatch(r"(\S+) = (\S.*?)  # (\S[^\n]*)", line)
+        assert match is not None, f"not 'key = default  # description': {line!r}"
+        key, default, _description = match.groups()
+        assert key not in listed, f"{key} listed twice"
+        listed[key] = default
+    fields = _leaf_fields(RelayConfig)
+    assert list(listed) == list(fields)  # every leaf, nothing else, in declaration order
+    for key, field in fields.items():
+        shown = listed[key]
+        if field.is_required():
+            assert shown == "(required)", key
+            continue
+        default = field.get_default(call_default_factory=True)
+        if default is None:
+            assert shown == "(none)", key
+            continue
+        # What is shown is what a config would write: writing it gives the default.
+        config: Any = parse_config(_config_setting(key, yaml.safe_load(shown)), f"{key}.yaml")
+        for part in key.split("."):
+            config = getattr(config, part)
+        assert config == default, f"{key} = {shown} reads as {config!r}, not {default!r}"
+
+
+def test_help_points_at_the_keys_listing() -> None:
+    assert "keys" in xds_relay("--help").stdout
+    assert "xds-relay keys" in " ".join(xds_relay("run", "--help").stdout.split())

@@ -368,6 +368,35 @@ def test_bad_file_on_first_load_contributes_nothing(tmp_path: Path) -> None:
     assert rec.cache.variants(CLUSTER, "bad") is ABSENT
 
 
+def test_repeated_key_is_found_at_any_depth_and_named_with_both_lines(tmp_path: Path) -> None:
+    write(tmp_path, "c.yaml", f"""
+        {CLUSTER_AT}
+        name: a
+        load_assignment:
+          cluster_name: a
+          cluster_name: b
+        """)
+    source, _ = source_for(tmp_path)
+    assert [(e.line, e.message) for e in source.load()] == [
+        (5, "invalid YAML: duplicate key 'cluster_name' (first on line 4)")]
+
+
+def test_yaml_merge_keys_are_not_repeated_keys(tmp_path: Path) -> None:
+    # The second resource overrides the merged-in name: not a key given twice.
+    write(tmp_path, "c.yaml", f"""
+        - &a
+          {CLUSTER_AT}
+          name: a
+          type: EDS
+          connect_timeout: 1s
+        - <<: *a
+          name: b
+        """)
+    source, rec = source_for(tmp_path)
+    assert source.load() == []
+    assert list(rec.cache.names(CLUSTER)) == ["a", "b"]
+
+
 def test_unchanged_broken_file_is_logged_once(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     provider, registry = prometheus_provider()

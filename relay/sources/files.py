@@ -46,6 +46,7 @@ from relay.cache import ResourceCache
 from relay.resource import CachedResource
 from relay.telemetry import Metrics
 from relay.xds_types import PUSH_ORDER, TYPE_PREFIX, message_class, short_name
+from relay.yaml_nodes import duplicate_keys, locate, mapping_value, node_line, sequence_items
 
 log = logging.getLogger("relay.sources.files")
 
@@ -99,23 +100,10 @@ def resource_name(msg: message.Message) -> str:
 class _Loader(yaml.SafeLoader):
     """Safe YAML, read closer to the way Envoy reads it.
 
-    A key given twice is an error rather than a silent override, and
-    timestamp-looking scalars stay strings (proto3 JSON wants RFC 3339 strings
-    for ``Timestamp``, and Envoy's YAML has no timestamp type).
+    Timestamp-looking scalars stay strings (proto3 JSON wants RFC 3339 strings
+    for ``Timestamp``, and Envoy's YAML has no timestamp type). A key given
+    twice is an error too: see :func:`_yaml_documents`.
     """
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first_line: dict[str, int] = {}
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
-                line = key_node.start_mark.line + 1
-                if key_node.value in first_line:
-                    raise yaml.constructor.ConstructorError(
-                        None, None,
-                        f"duplicate key {key_node.value!r} (first on line "
-                        f"{first_line[key_node.value]})", key_node.start_mark)
-                first_line[key_node.value] = line
-        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -153,32 +141,24 @@ class _FileResult:
     errors: tuple[FileError, ...] = ()
 
 
-def _line(node: yaml.Node | None) -> int | None:
-    return node.start_mark.line + 1 if node is not None else None
-
-
-def _mapping_value(node: yaml.Node | None, key: str) -> yaml.Node | None:
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
-                found: yaml.Node = value_node
-                return found
-    return None
-
-
-def _sequence_items(node: yaml.Node | None, count: int) -> list[yaml.Node | None]:
-    if isinstance(node, yaml.SequenceNode) and len(node.value) == count:
-        return list(node.value)
-    return [None] * count
-
-
 def _yaml_documents(text: str) -> Iterator[tuple[yaml.Node, Any]]:
-    """Each document of a YAML stream as its node tree (for line numbers) and its data."""
+    """Each document of a YAML stream as its node tree (for line numbers) and its data.
+
+    A key given twice in one mapping is an error (a ``MarkedYAMLError`` at the
+    repeat) rather than a silent override.
+    """
     loader = _Loader(text)
     try:
         while loader.check_node():
             node = loader.get_node()
             assert node is not None  # check_node() said there is one
+            # Before construction, which flattens `<<` merges into the tree.
+            duplicates = duplicate_keys(node)
+            if duplicates:
+                first = duplicates[0]
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {first.key!r} (first on line {first.first_line})",
+                    first.node.start_mark)
             yield node, loader.construct_document(node)
     finally:
         loader.dispose()
@@ -199,44 +179,41 @@ def _resource_items(node: yaml.Node | None, data: Any) -> list[tuple[Any, yaml.N
     if data is None:  # an empty document, e.g. after a trailing "---"
         return []
     if isinstance(data, list):
-        return list(zip(data, _sequence_items(node, len(data)), strict=True))
+        return list(zip(data, sequence_items(node, len(data)), strict=True))
     if isinstance(data, dict) and "@type" in data:
         return [(data, node)]
     if isinstance(data, dict) and "resources" in data:
         extra = sorted(str(key) for key in data if key not in _RESPONSE_KEYS)
         if extra:
-            raise _Bad(_line(node), f"unexpected key {extra[0]!r} next to 'resources'")
-        items, items_node = data["resources"], _mapping_value(node, "resources")
+            raise _Bad(node_line(node), f"unexpected key {extra[0]!r} next to 'resources'")
+        items, items_node = data["resources"], mapping_value(node, "resources")
         if items is None:
             return []
         if not isinstance(items, list):
-            raise _Bad(_line(items_node or node), "'resources' must be a list")
-        return list(zip(items, _sequence_items(items_node, len(items)), strict=True))
-    raise _Bad(_line(node), "expected a resource (a mapping with '@type'), a list of them, "
-                            "or 'resources: [...]'")
+            raise _Bad(node_line(items_node or node), "'resources' must be a list")
+        return list(zip(items, sequence_items(items_node, len(items)), strict=True))
+    raise _Bad(node_line(node), "expected a resource (a mapping with '@type'), a list of "
+                                "them, or 'resources: [...]'")
 
 
 def _error_line(node: yaml.Node | None, error: str) -> int | None:
     """The line of the value a ParseError complains about, as deep as it can be found."""
+    if node is None:  # JSON: no node tree
+        return None
     found = _ERROR_AT.search(error)
     # The first segment is the message type, not a key.
     segments = found.group(1).split(".")[1:] if found else []
     unknown = _UNKNOWN_FIELD.search(error)
     if unknown:
         segments.append(unknown.group(1))
-    line = _line(node)
+    path: list[str | int] = []
     for segment in segments:
         parts = _INDEXED.match(segment)
         if parts is None:
             break
-        node = _mapping_value(node, parts.group(1))
-        for index in re.findall(r"\d+", parts.group(2)):
-            items = node.value if isinstance(node, yaml.SequenceNode) else []
-            node = items[int(index)] if int(index) < len(items) else None
-        if node is None:
-            break
-        line = _line(node)
-    return line
+        path.append(parts.group(1))
+        path += [int(index) for index in re.findall(r"\d+", parts.group(2))]
+    return node_line(locate(node, path).node)
 
 
 def _canonicalize_any(msg: message.Message) -> None:
@@ -274,7 +251,7 @@ def _canonicalize_message(msg: message.Message) -> None:
 
 def _parse_resource(item: Any, node: yaml.Node | None = None) -> CachedResource:
     """One resource in Envoy's YAML/JSON form as a cache entry; raises ``_Bad``."""
-    line = _line(node)
+    line = node_line(node)
     if not isinstance(item, dict):
         raise _Bad(line, f"a resource must be a mapping with '@type', not {type(item).__name__}")
     type_url = item.get("@type")
@@ -351,7 +328,7 @@ def _parse_file(path: Path) -> _FileResult:
             errors.append(FileError(path, bad.line, bad.message))
             continue
         for item, item_node in items:
-            line = _line(item_node)
+            line = node_line(item_node)
             try:
                 resource = _parse_resource(item, item_node)
             except _Bad as bad:

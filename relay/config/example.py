@@ -1,0 +1,48 @@
+"""A commented example config, covering every section (``xds-relay keys`` lists every key)."""
+
+from __future__ import annotations
+
+__all__ = ["EXAMPLE_CONFIG"]
+
+EXAMPLE_CONFIG = """\
+# xds-relay configuration. Check a file with: xds-relay validate --config FILE
+node:                           # required: the identity presented to the origin
+  id: relay-zone-a              # required
+  cluster: xds-relay            # default: xds-relay
+  locality: {region: eu-west1, zone: eu-west1-a, sub_zone: ""}
+  metadata:                     # free-form; sent as a protobuf Struct
+    team: platform
+server:
+  address: 0.0.0.0:18000        # downstream xDS (gRPC); IPv6 as "[::]:18000"
+  batch_window: 5ms             # let an origin burst gather before pushing; 0 disables
+  drain_period: 10s             # on SIGTERM, close client streams spread over this long
+upstream:                       # required: exactly one of address or files
+  address: 127.0.0.1:18001      # origin control plane, followed over Delta ADS
+  # files: config/resources     # or: serve a directory of YAML/JSON resource files
+  poll_interval: 1s             # rescan period of `files`; > 0
+  backoff: {initial: 0.5s, max: 30s}   # reconnect backoff; durations: 500ms 1.5s 2m 1h
+  linger: 0s                    # keep an upstream subscription this long after its last client
+  answer_grace: 500ms           # a response sooner than this after a subscription may not answer it
+  # tls:                        # TLS to the origin (istiod's secured port 15012)
+  #   ca_file: /var/run/secrets/istio/root-cert.pem   # PEM roots; default: the system's
+  #   server_name: istiod.istio-system.svc            # checked against the origin's certificate
+  #   cert_file: /etc/xds-relay/tls/cert.pem          # optional client certificate (mTLS) ...
+  #   key_file: /etc/xds-relay/tls/key.pem            # ... and its key
+  # token_file: /var/run/secrets/tokens/istio-token # re-read at every connect; sent as Bearer
+  initial_metadata: {}          # extra gRPC headers, e.g. {clusterid: Kubernetes} for istiod
+  keepalive: {time: 30s, timeout: 10s}   # istiod refuses pings more often than every 15 s
+  connect_timeout: 5s           # TCP + TLS + HTTP/2 handshake, before an attempt counts as failed
+  max_response_size: 2GiB       # largest origin response accepted (gRPC's limit)
+  max_request_size: 1MiB        # larger subscriptions are split into several requests
+  initial_versions: auto        # does the origin honour initial_resource_versions? auto,
+                                # honoured or ignored (istiod ignores them)
+admin:
+  address: 127.0.0.1:19000      # /ready /healthz /config_dump /metrics
+logging:
+  level: info                   # debug, info, warning or error
+  format: text                  # text (key=value) or json (one object per line)
+metrics:                        # always scraped at http://ADMIN/metrics (Prometheus)
+  # otlp:                       # and optionally pushed to an OpenTelemetry collector
+  #   endpoint: http://otel-collector:4318/v1/metrics   # OTLP/HTTP, JSON encoding
+  #   interval: 15s
+"""

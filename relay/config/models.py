@@ -1,0 +1,303 @@
+"""The config schema: one frozen pydantic model per section, :class:`RelayConfig` the root.
+
+Every leaf field has a one-line ``description``: ``xds-relay keys`` lists the
+keys, their defaults and those descriptions from these models.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from relay.config.values import (
+    MAX_MESSAGE_SIZE,
+    Address,
+    AddressField,
+    CertificateFileField,
+    DirectoryField,
+    DurationField,
+    FileField,
+    HeadersField,
+    KeyFileField,
+    MetadataField,
+    PositiveDurationField,
+    RequestSizeField,
+    ResponseSizeField,
+    is_dns_name,
+)
+
+__all__ = [
+    "LOG_LEVELS",
+    "AdminConfig",
+    "BackoffConfig",
+    "KeepaliveConfig",
+    "Locality",
+    "LoggingConfig",
+    "MetricsConfig",
+    "NodeConfig",
+    "OtlpConfig",
+    "RelayConfig",
+    "ServerConfig",
+    "UpstreamConfig",
+    "UpstreamTLSConfig",
+    "section_model",
+]
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def section_model(annotation: object) -> type[BaseModel] | None:
+    """The model in a field's type (``X`` or ``X | None``): the field is a section."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = section_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+class _Section(BaseModel):
+    """Base of every config section: unknown keys rejected, immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_is_defaults(cls, data: object) -> object:
+        # `admin:` with every key commented out is null in YAML; treat it as
+        # an empty section rather than a type error.
+        return {} if data is None else data
+
+
+class Locality(_Section):
+    """Where the relay runs (Envoy ``core.v3.Locality``)."""
+
+    region: str = Field(default="", description="the region of the relay's locality")
+    zone: str = Field(default="", description="the zone of the relay's locality")
+    sub_zone: str = Field(default="", description="the sub-zone of the relay's locality")
+
+
+class NodeConfig(_Section):
+    """The identity the relay presents to its origin (Envoy ``core.v3.Node``)."""
+
+    id: str = Field(
+        min_length=1,
+        description="the node id presented to the origin (run --node-id overrides it)")
+    cluster: str = Field(
+        default="xds-relay", description="the node cluster presented to the origin")
+    locality: Locality = Locality()
+    metadata: MetadataField = Field(
+        default_factory=dict,
+        description="free-form node metadata, sent to the origin as a protobuf Struct")
+
+
+class ServerConfig(_Section):
+    """The downstream xDS gRPC server."""
+
+    address: AddressField = Field(
+        default=Address("0.0.0.0", 18000),
+        description='where clients connect for xDS (gRPC); IPv6 as "[::]:18000"')
+    batch_window: DurationField = Field(
+        default=0.005,
+        description="how long a push caused by an origin change waits for the rest of its "
+                    "burst, so that clients get the change in make-before-break order; "
+                    "0 disables")
+    drain_period: DurationField = Field(
+        default=10.0,
+        description="on SIGTERM, refuse new streams and close the open ones spread over "
+                    "this long, so that clients reconnect elsewhere a few at a time")
+
+
+class BackoffConfig(_Section):
+    """Reconnect backoff towards the origin, in seconds."""
+
+    initial: PositiveDurationField = Field(
+        default=0.5, description="the first reconnect delay")
+    max: PositiveDurationField = Field(
+        default=30.0, description="the longest reconnect delay; not less than initial")
+
+    @model_validator(mode="after")
+    def _max_not_below_initial(self) -> BackoffConfig:
+        # A model check rather than a field one: `max` may be the default.
+        if self.max < self.initial:
+            raise ValueError(
+                f"max ({self.max:g}s) must not be less than initial ({self.initial:g}s)")
+        return self
+
+
+class UpstreamTLSConfig(_Section):
+    """TLS to the origin: its CA, the name on its certificate, a client certificate."""
+
+    ca_file: CertificateFileField | None = Field(
+        default=None,
+        description="PEM roots to trust (istiod: the istio-ca-root-cert ConfigMap); "
+                    "unset: the system's")
+    server_name: str | None = Field(
+        default=None,
+        description="the name the origin's certificate is checked against, if not the "
+                    "address's host")
+    cert_file: CertificateFileField | None = Field(
+        default=None, description="a PEM client certificate (mTLS); set with key_file")
+    key_file: KeyFileField | None = Field(
+        default=None, description="the PEM private key of cert_file; set with cert_file")
+
+    @field_validator("server_name")
+    @classmethod
+    def _dns_name(cls, value: str | None) -> str | None:
+        if value is not None and not is_dns_name(value):
+            raise ValueError(f"{value!r} is not a DNS name")
+        return value
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> UpstreamTLSConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("set both cert_file and key_file, or neither")
+        return self
+
+
+class KeepaliveConfig(_Section):
+    """HTTP/2 keepalive pings on the origin connection."""
+
+    time: PositiveDurationField = Field(
+        default=30.0,
+        description="how often to ping; istiod closes connections that ping more often than "
+                    "every 15 s")
+    timeout: PositiveDurationField = Field(
+        default=10.0,
+        description="how long a ping may go unanswered before the connection is dropped")
+
+
+class UpstreamConfig(_Section):
+    """Where resources come from: an origin control plane or a directory."""
+
+    address: AddressField | None = Field(
+        default=None,
+        description="the origin control plane, followed over Delta ADS; set exactly one of "
+                    "address or files")
+    files: DirectoryField | None = Field(
+        default=None,
+        description="a directory of YAML/JSON resource files to serve instead of an origin's")
+    poll_interval: PositiveDurationField = Field(
+        default=1.0, description="how often the files directory is rescanned")
+    backoff: BackoffConfig = BackoffConfig()
+    linger: DurationField = Field(
+        default=0.0,
+        description="keep an upstream subscription this long after its last client left")
+    answer_grace: DurationField = Field(
+        default=0.5,
+        description="a response this soon after a subscription may have crossed it on the "
+                    "wire and is not taken as its answer; clients matching no variant are "
+                    "told after this long")
+    tls: UpstreamTLSConfig | None = None
+    token_file: FileField | None = Field(
+        default=None,
+        description="a token file, re-read at every connect, sent as "
+                    "`authorization: Bearer <token>`")
+    initial_metadata: HeadersField = Field(
+        default_factory=dict,
+        description="extra gRPC request metadata, e.g. {clusterid: Kubernetes} for istiod")
+    keepalive: KeepaliveConfig = KeepaliveConfig()
+    connect_timeout: PositiveDurationField = Field(
+        default=5.0,
+        description="TCP + TLS + HTTP/2 handshake time before a connection attempt counts "
+                    "as failed")
+    max_response_size: ResponseSizeField = Field(
+        default=MAX_MESSAGE_SIZE,
+        description="the largest origin response accepted (istiod's CDS can be many MB); "
+                    "2GiB is gRPC's limit")
+    max_request_size: RequestSizeField = Field(
+        default=1024 * 1024,
+        description="requests to the origin are split to stay under this (a gRPC server "
+                    "refuses messages over 4 MiB unless configured otherwise)")
+    initial_versions: Literal["auto", "honoured", "ignored"] = Field(
+        default="auto",
+        description="whether the origin honours initial_resource_versions after a reconnect "
+                    "(sends removals, omits the unchanged) or ignores them and resends "
+                    "everything (istiod); auto tells from what it does")
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> UpstreamConfig:
+        if (self.address is None) == (self.files is None):
+            raise ValueError("set exactly one of 'address' or 'files'")
+        if self.files is not None and (self.tls or self.token_file or self.initial_metadata):
+            raise ValueError("tls, token_file and initial_metadata are for an origin at "
+                             "'address', not for 'files'")
+        return self
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> UpstreamConfig:
+        if self.token_file is not None and "authorization" in self.initial_metadata:
+            raise ValueError("initial_metadata.authorization and token_file both set the "
+                             "authorization header; keep one")
+        return self
+
+
+class AdminConfig(_Section):
+    """The admin HTTP server (/ready, /healthz, /config_dump, /metrics)."""
+
+    address: AddressField = Field(
+        default=Address("127.0.0.1", 19000),
+        description="where the admin HTTP server listens: /ready, /healthz, /config_dump, "
+                    "/clients, /metrics")
+
+
+class LoggingConfig(_Section):
+    """Logging; ``level`` is normalized to lowercase."""
+
+    level: str = Field(default="info", description="debug, info, warning or error (any case)")
+    format: Literal["text", "json"] = Field(
+        default="text",
+        description="text: one key=value line per record; json: one JSON object per line")
+
+    @field_validator("level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.strip().lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(
+                f"unknown level {value!r} (expected one of: {', '.join(LOG_LEVELS)})")
+        return level
+
+
+class OtlpConfig(_Section):
+    """Push metrics to an OpenTelemetry collector over OTLP/HTTP (JSON encoding)."""
+
+    endpoint: str = Field(
+        description="the collector's metrics URL, e.g. http://otel-collector:4318/v1/metrics "
+                    "(a URL without a path gets /v1/metrics); required to push over OTLP")
+    interval: PositiveDurationField = Field(
+        default=15.0, description="how often metrics are pushed")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        url = urlsplit(value)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        if url.path in ("", "/"):
+            # A collector's base address: its metrics path is the OTLP default.
+            return value.rstrip("/") + "/v1/metrics"
+        return value
+
+
+class MetricsConfig(_Section):
+    """Metrics are always scraped at the admin address's /metrics; OTLP is optional."""
+
+    otlp: OtlpConfig | None = None
+
+
+class RelayConfig(_Section):
+    """The whole relay configuration (the root of the YAML document)."""
+
+    node: NodeConfig
+    server: ServerConfig = ServerConfig()
+    upstream: UpstreamConfig
+    admin: AdminConfig = AdminConfig()
+    logging: LoggingConfig = LoggingConfig()
+    metrics: MetricsConfig = MetricsConfig()
