@@ -412,8 +412,11 @@ async def test_a_refused_token_is_reported_and_a_rotated_one_used_without_restar
             assert origin.refused[0] == "Bearer expired"
             assert "UNAUTHENTICATED" in caplog.text and "upstream.token_file" in caplog.text
             await client.expect_nothing()
+            # Connected, but refused: not ready (a load balancer sends no client).
+            assert stack.relay.not_ready_reason() == "not yet synced with the origin"
             projected_token(tmp_path / "tokens", "fresh")  # the kubelet rotates it
             assert names_of(await client.recv()) == ["a"]
+            assert stack.relay.not_ready_reason() is None
             assert origin.stream.metadata["authorization"] == "Bearer fresh"
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 import pytest
 from envoy.admin.v3 import config_dump_shared_pb2
+from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
 from envoy.type.matcher.v3 import node_pb2, string_pb2
 from google.protobuf import descriptor_pb2
@@ -19,6 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from relay.app import Relay
 from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
+from tests.clock import ManualClock
 from tests.harness import (
     TIMEOUT,
     ScriptedOrigin,
@@ -262,3 +264,35 @@ async def test_csds_forgets_a_stream_once_it_closes() -> None:
         leaving.close()
         response = await fetch_until(stub, lambda r: len(r.config) == 1)
         assert [c.node.id for c in response.config] == ["staying"]
+
+
+# -- ready follows the origin's first valid answer -----------------------------------------
+
+
+async def test_a_relay_waits_for_its_origins_first_answer_to_be_ready() -> None:
+    clock = ManualClock()
+    origin = ScriptedOrigin(auto=False)
+    async with running_stack(origin, clock=clock) as stack:
+        client = stack.client()
+        await client.send(node=node("d"), type_url=CLUSTER)
+        await origin.next_request()  # connected and subscribed: not yet an answer
+        await clock.advance(5.0)
+        assert stack.relay.not_ready_reason() == "not yet synced with the origin"
+        origin.send_raw(discovery_pb2.DeltaDiscoveryResponse(
+            type_url=CLUSTER, resources=[{"name": "a", "version": "1",
+                                          "resource": pack(cluster("a"))}]))
+        await client.recv()
+        assert stack.relay.not_ready_reason() is None
+
+
+async def test_an_idle_relay_is_ready_once_the_origin_keeps_its_stream_open() -> None:
+    # With no client yet there is nothing to answer: the origin has accepted
+    # the relay once its stream outlives answer_grace (a refusal ends it at once).
+    clock = ManualClock()
+    async with running_stack(ScriptedOrigin(), clock=clock) as stack:
+        assert stack.relay.upstream is not None
+        await eventually(lambda: stack.relay.upstream.connected_event.is_set())
+        await clock.advance(0.25)
+        assert stack.relay.not_ready_reason() == "not yet synced with the origin"
+        await clock.advance(0.25)
+        await eventually(lambda: stack.relay.not_ready_reason() is None)
