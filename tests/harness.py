@@ -21,6 +21,7 @@ from relay.app import Relay
 from relay.clock import Clock
 from relay.config import parse_config
 from relay.constraints import EMPTY_PARAMS, Params, compile_constraints, params_of
+from relay.upstream.backoff import Backoff
 from tests.builders import (  # noqa: F401 (re-exported for tests)
     cluster,
     endpoints,
@@ -434,6 +435,22 @@ async def running_stack(origin: Any = None, *, channel_options: Sequence[tuple[s
         await channel.close()
         await relay.stop(0)
         await origin.stop()
+
+
+class RecordingBackoff(Backoff):
+    """A short backoff that records its steps ("wait") and resets ("reset")."""
+
+    def __init__(self) -> None:
+        super().__init__(0.01, 0.05)
+        self.events: list[str] = []
+
+    def next_delay(self) -> float:
+        self.events.append("wait")
+        return super().next_delay()
+
+    def reset(self) -> None:
+        self.events.append("reset")
+        super().reset()
 
 
 async def eventually(predicate: Any, timeout: float = TIMEOUT) -> None:

@@ -21,7 +21,7 @@ from relay.sources.files import FileError, FileSource, resource_name
 from relay.telemetry import Metrics, new_metrics, prometheus_provider
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, PUSH_ORDER, ROUTE, RUNTIME, SECRET
 
-SAMPLES = Path(__file__).resolve().parent.parent / "config" / "resources"
+SAMPLES = Path(__file__).resolve().parents[2] / "config" / "resources"
 CLUSTER_AT = '"@type": type.googleapis.com/envoy.config.cluster.v3.Cluster'
 HCM_AT = ('"@type": type.googleapis.com/'
           "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager")

@@ -26,6 +26,7 @@ from tests.clock import ManualClock
 from tests.harness import (
     DPC,
     QUIET,
+    RecordingBackoff,
     ScriptedOrigin,
     Stack,
     XdsClient,
@@ -38,7 +39,6 @@ from tests.harness import (
     running_stack,
 )
 from tests.istiod import IstiodOrigin, OriginTLS
-from tests.test_e2e_relay import RecordingBackoff
 
 # Short enough for tests; the reconcile after a reconnect waits this long.
 GRACE = "0.2s"

@@ -6,10 +6,10 @@ import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.upstream.backoff import Backoff
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE, WILDCARD
 from tests.harness import (
     ADS,
+    RecordingBackoff,
     ScriptedOrigin,
     cluster,
     endpoints,
@@ -342,20 +342,6 @@ async def test_sotw_client_uses_ads_for_routes_by_name() -> None:
         await client.ack(r, resource_names=["r1", "r2"])
         r2 = await client.recv()
         assert names_of(r2) == ["r2"]  # only what is new, for RDS
-
-
-class RecordingBackoff(Backoff):
-    def __init__(self) -> None:
-        super().__init__(0.01, 0.05)
-        self.events: list[str] = []
-
-    def next_delay(self) -> float:
-        self.events.append("wait")
-        return super().next_delay()
-
-    def reset(self) -> None:
-        self.events.append("reset")
-        super().reset()
 
 
 async def test_invariant_27_backoff_resets_only_after_origin_answers() -> None:
