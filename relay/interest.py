@@ -138,11 +138,6 @@ class InterestIndex:
 
     # -- upstream side ---------------------------------------------------
 
-    def wanted(self, type_url: str) -> Interest:
-        """The union of all subscriptions to a type."""
-        return Interest(frozenset(self._by_name.get(type_url, ())),
-                        bool(self._wildcard.get(type_url)))
-
     def wants_wildcard(self, type_url: str) -> bool:
         """Whether any subscriber wants every resource of the type."""
         return bool(self._wildcard.get(type_url))

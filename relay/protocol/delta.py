@@ -145,14 +145,14 @@ class DeltaSubscription(SubscriptionState):
 
     # -- output ----------------------------------------------------------
 
-    def has_work(self) -> bool:
+    def _has_work(self) -> bool:
         return self._inflight_nonce is None and (
             bool(self._pending) or self._recheck_all or self._must_answer or
             bool(self._pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource) -> DeltaResponsePlan | None:
         """The response to send now, if any (none while one is in flight)."""
-        if not self.has_work() or not view.is_synced(self._type_url):
+        if not self._has_work() or not view.is_synced(self._type_url):
             return None
         candidates = self._take_candidates(
             view, (*self._names, *self._held, *self._unanswered, *self._pending))

@@ -87,7 +87,8 @@ class SotwSubscription(SubscriptionState):
         self._answer_next_request = False
 
     @property
-    def full_state(self) -> bool:
+    def _full_state(self) -> bool:
+        """Listeners and clusters: every response carries the whole subscribed set."""
         return self._type_url in FULL_STATE_TYPES
 
     def expect_request(self) -> None:
@@ -117,7 +118,7 @@ class SotwSubscription(SubscriptionState):
             self._locator_params = locators
             self._set_names(requested, first=True)
             self._recheck_all = True
-            self._must_answer = self._wildcard or (self.full_state and bool(self._names))
+            self._must_answer = self._wildcard or (self._full_state and bool(self._names))
             outcome.interest_changed = self.interest() != before
             return outcome
 
@@ -166,7 +167,7 @@ class SotwSubscription(SubscriptionState):
             if not first:
                 self._held.pop(name, None)
             self._subscribe(name)
-        if added and self.full_state:
+        if added and self._full_state:
             self._must_answer = True
 
     def heartbeats_received(self, names: frozenset[str]) -> None:
@@ -176,16 +177,16 @@ class SotwSubscription(SubscriptionState):
 
     # -- output ----------------------------------------------------------
 
-    def has_work(self) -> bool:
+    def _has_work(self) -> bool:
         return self._started and self._inflight_nonce is None and (
             bool(self._pending) or self._recheck_all or self._must_answer or
             bool(self._pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource) -> SotwResponsePlan | None:
         """The response to send now, if any (none while one is in flight)."""
-        if not self.has_work() or not view.is_synced(self._type_url):
+        if not self._has_work() or not view.is_synced(self._type_url):
             return None
-        if self.full_state:
+        if self._full_state:
             return self._full_state_response(view, nonces)
         return self._changes_response(view, nonces)
 
@@ -293,7 +294,7 @@ class SotwSubscription(SubscriptionState):
         # Full-state types: a response that went out after the subscription and
         # did not list the name said that it does not exist. Other SotW types
         # cannot say it.
-        return (self.full_state and self._last_nonce is not None and
+        return (self._full_state and self._last_nonce is not None and
                 name not in self._pending and not self._recheck_all)
 
     def _acked(self) -> str | None:

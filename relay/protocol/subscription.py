@@ -66,28 +66,6 @@ class SubscriptionState:
 
     # -- what others may read ---------------------------------------------------
 
-    @property
-    def type_url(self) -> str:
-        return self._type_url
-
-    @property
-    def wildcard(self) -> bool:
-        return self._wildcard
-
-    @property
-    def subscribed(self) -> frozenset[str]:
-        """The names subscribed explicitly (the wildcard aside)."""
-        return frozenset(self._names)
-
-    @property
-    def inflight_nonce(self) -> str | None:
-        """The nonce of the response the client has not answered yet."""
-        return self._inflight_nonce
-
-    @property
-    def last_nack(self) -> Nack | None:
-        return self._last_nack
-
     def interest(self) -> Interest:
         """What this stream wants of the type, for the interest index."""
         params = frozenset((name, p) for name in self._names if (p := self.params_for(name)))

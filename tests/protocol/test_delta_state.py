@@ -23,13 +23,13 @@ def test_invariant_1_first_empty_request_is_wildcard_and_always_answered() -> No
     state.on_request(Req(type_url=CLUSTER))
     plan = state.next_response(view, nonces)
     assert plan is not None and plan.resources == [] and plan.removed == [] and plan.nonce
-    assert state.wildcard
+    assert state.snapshot().wildcard
 
 
 def test_invariant_1_empty_first_request_for_endpoints_is_not_wildcard() -> None:
     state, view, nonces = setup(ENDPOINT, a="1")
     state.on_request(Req(type_url=ENDPOINT))
-    assert not state.wildcard
+    assert not state.snapshot().wildcard
     assert state.next_response(view, nonces) is None
 
 
@@ -46,7 +46,7 @@ def test_invariant_2_empty_subscribe_after_names_does_not_switch_wildcard_on() -
     plan = state.next_response(view, nonces)
     assert plan is not None
     state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce))
-    assert not state.wildcard
+    assert not state.snapshot().wildcard
     assert state.next_response(view, nonces) is None
 
 
@@ -57,7 +57,7 @@ def test_invariant_2_unsubscribing_star_keeps_named_resources_flowing() -> None:
     assert plan is not None and sorted(r.name for r in plan.resources) == ["a", "b"]
     state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
                          resource_names_unsubscribe=["*"]))
-    assert not state.wildcard
+    assert not state.snapshot().wildcard
     view.set("a", "2")
     view.set("b", "2")
     state.resources_changed(frozenset({"a", "b"}), False)
@@ -161,7 +161,7 @@ def test_invariant_10_nack_recorded_and_same_versions_not_resent() -> None:
     outcome = state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
                                    error_detail={"code": 3, "message": "no"}))
     assert outcome.nack is not None and outcome.nack.message == "no"
-    assert state.last_nack == outcome.nack
+    assert state.snapshot().last_nack == outcome.nack
     assert state.next_response(view, nonces) is None
     view.set("a", "2")
     state.resources_changed(frozenset({"a"}), False)
@@ -176,7 +176,7 @@ def test_invariant_11_stale_nonce_still_changes_subscription() -> None:
     assert first is not None
     state.on_request(Req(type_url=ENDPOINT, response_nonce="stale",
                          resource_names_subscribe=["b"]))
-    assert "b" in state.subscribed
+    assert "b" in state.snapshot().subscribed
     assert state.next_response(view, nonces) is None  # first is still un-ACKed
     state.on_request(Req(type_url=ENDPOINT, response_nonce=first.nonce))
     plan = state.next_response(view, nonces)
@@ -211,19 +211,19 @@ def test_changes_behind_an_unanswered_response_are_counted_as_coalesced() -> Non
     state, view, nonces = setup(a="1", b="1")
     state.on_request(Req(type_url=CLUSTER, resource_names_subscribe=["a", "b"]))
     plan = state.next_response(view, nonces)
-    assert plan is not None and state.inflight_nonce == plan.nonce
+    assert plan is not None and state.snapshot().in_flight == plan.nonce
     # The first change behind the unanswered response waits; the next one
     # for the same name supersedes it.
     assert state.resources_changed(frozenset({"a"}), everything=False) == 0
     assert state.resources_changed(frozenset({"a", "b"}), everything=False) == 1
     assert state.resources_changed(frozenset({"a", "b"}), everything=False) == 2
     state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce))
-    assert state.inflight_nonce is None
+    assert state.snapshot().in_flight is None
     # Nothing in flight: a change goes out with the next response, nothing lost.
     assert state.resources_changed(frozenset({"a"}), everything=False) == 0
     view.set("a", "2")
     plan = state.next_response(view, nonces)
-    assert plan is not None and state.inflight_nonce == plan.nonce
+    assert plan is not None and state.snapshot().in_flight == plan.nonce
     # A name subscribed behind the unanswered response waits too, but its
     # first change supersedes nothing.
     state.on_request(Req(type_url=CLUSTER, resource_names_subscribe=["c"]))

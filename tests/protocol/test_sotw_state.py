@@ -94,7 +94,7 @@ def test_invariant_16_stale_nonce_is_ignored() -> None:
     assert plan is not None
     outcome = state.on_request(Req(type_url=ENDPOINT, response_nonce="old",
                                    resource_names=["a", "b"]))
-    assert outcome.ack_nonce is None and state.subscribed == {"a"}
+    assert outcome.ack_nonce is None and state.snapshot().subscribed == ("a",)
     assert state.next_response(view, nonces) is None
 
 
@@ -112,7 +112,7 @@ def test_invariant_17_empty_names_after_names_means_nothing() -> None:
     plan = state.next_response(view, nonces)
     assert plan is not None
     state.on_request(Req(type_url=ROUTE, response_nonce=plan.nonce, resource_names=[]))
-    assert not state.wildcard and state.subscribed == set()
+    assert not state.snapshot().wildcard and state.snapshot().subscribed == ()
     view.set("a", "2")
     state.resources_changed(frozenset({"a"}), False)
     assert state.next_response(view, nonces) is None
@@ -147,7 +147,7 @@ def test_invariant_10_nack_does_not_cause_resend() -> None:
     assert plan is not None
     outcome = state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
                                    error_detail={"message": "bad"}))
-    assert outcome.nack is not None and state.last_nack is not None
+    assert outcome.nack is not None and state.snapshot().last_nack is not None
     assert state.next_response(view, nonces) is None
 
 

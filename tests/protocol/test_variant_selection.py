@@ -46,7 +46,7 @@ def three_variants() -> tuple[ResourceCache, CacheView, list[str]]:
 def ack(state: DeltaSubscription) -> None:
     """The client ACKs the response in flight."""
     state.on_request(discovery_pb2.DeltaDiscoveryRequest(
-        type_url=CLUSTER, response_nonce=state.inflight_nonce))
+        type_url=CLUSTER, response_nonce=state.snapshot().in_flight))
 
 
 def delta_client(view: CacheView, params: dict[str, str] | None,

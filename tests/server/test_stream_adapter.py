@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import Update
+from relay.constraints import EMPTY_PARAMS
 from relay.core import Core
-from relay.interest import Interest
 from relay.resource import CachedResource
 from relay.server.streams import DownstreamStream, ServingContext
 from relay.xds_types import CLUSTER, ENDPOINT
@@ -53,9 +53,10 @@ def test_subscriptions_reach_the_index_and_leave_with_the_stream() -> None:
     stream = DownstreamStream(ctx, "sotw", "peer")
     stream.handle_request(discovery_pb2.DiscoveryRequest(type_url=ENDPOINT,
                                                          resource_names=["a", "b"]))
-    assert ctx.index.wanted(ENDPOINT) == Interest(frozenset({"a", "b"}))
+    assert ctx.index.wanted_locators(ENDPOINT) == {"a": frozenset({EMPTY_PARAMS}),
+                                                   "b": frozenset({EMPTY_PARAMS})}
     ctx.index.remove(stream)
-    assert ctx.index.wanted(ENDPOINT) == Interest()
+    assert ctx.index.wanted_locators(ENDPOINT) == {}
 
 
 def test_cache_changes_reach_the_stream_through_the_index() -> None:
