@@ -163,14 +163,7 @@ class DeltaSubscription(SubscriptionState):
         removed_names: list[discovery_pb2.ResourceName] = []
         removed_variants: set[tuple[str, str]] = set()
         errors: list[discovery_pb2.ResourceError] = []
-        for name in sorted(candidates):
-            if not (self._wildcard or name in self._names):
-                continue
-            error = self._forward_error(
-                name, view.error(self._type_url, name, self.params_for(name)))
-            if error is not None:
-                errors.append(error)
-            found = view.lookup(self._type_url, name, self.params_for(name))
+        for name, found in self._looked_up(view, candidates, errors):
             if found is UNKNOWN:
                 continue
             if found is ABSENT:

@@ -234,14 +234,7 @@ class SotwSubscription(SubscriptionState):
         candidates = self._take_candidates(view, self._names)
         resources: list[CachedResource] = []
         errors: list[discovery_pb2.ResourceError] = []
-        for name in sorted(candidates):
-            if not (self._wildcard or name in self._names):
-                continue
-            forwarded = self._forward_error(
-                name, view.error(self._type_url, name, self.params_for(name)))
-            if forwarded is not None:
-                errors.append(forwarded)
-            found = view.lookup(self._type_url, name, self.params_for(name))
+        for name, found in self._looked_up(view, candidates, errors):
             if found is UNKNOWN:
                 continue
             if found is ABSENT:

@@ -16,10 +16,11 @@ and a :class:`~relay.protocol.snapshot.TypeSnapshot`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.cache import Missing
 from relay.constraints import EMPTY_PARAMS, Params
 from relay.interest import Interest
 from relay.protocol.held import Held
@@ -155,6 +156,21 @@ class SubscriptionState:
             return None
         self._errors_sent[name] = error
         return error
+
+    def _looked_up(self, view: ResourceView, candidates: Iterable[str],
+                   errors: list[discovery_pb2.ResourceError]
+                   ) -> Iterator[tuple[str, CachedResource | Missing]]:
+        """Each subscribed name among ``candidates`` (sorted) with the variant
+        this client gets, or why there is none; the origin's errors not yet
+        passed on go into ``errors`` on the way."""
+        for name in sorted(candidates):
+            if not (self._wildcard or name in self._names):
+                continue
+            params = self.params_for(name)
+            forwarded = self._forward_error(name, view.error(self._type_url, name, params))
+            if forwarded is not None:
+                errors.append(forwarded)
+            yield name, view.lookup(self._type_url, name, params)
 
     def _heartbeats_due(self, sending: Iterable[CachedResource],
                         view: ResourceView) -> list[CachedResource]:
