@@ -159,7 +159,7 @@ def test_dockerfile_exposes_the_default_server_and_admin_ports() -> None:
     defaults = {ServerConfig().address.port, AdminConfig().address.port}
     assert exposed == defaults, (
         f"Dockerfile EXPOSE {sorted(exposed)} != the relay's default server and admin ports "
-        f"{sorted(defaults)} (relay/config.py)")
+        f"{sorted(defaults)} (relay/config/models.py)")
 
 
 def test_dockerfile_entrypoint_is_the_console_script() -> None:
