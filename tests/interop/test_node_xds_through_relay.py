@@ -202,7 +202,7 @@ async def test_node_xds_client_reaches_backend_and_follows_endpoint_change() -> 
                 acks = downstream_counts(stack.relay.registry, "acks")
                 nacks = downstream_counts(stack.relay.registry, "nacks")
                 assert not nacks, f"{nacks}\n{client.stderr[-3000:]}"
-                assert {variant for variant, _ in acks} == {"sotw"}, acks
+                assert {protocol for protocol, _ in acks} == {"sotw"}, acks
                 assert acks[("sotw", "Listener")] >= 1, acks
                 assert acks[("sotw", "RouteConfiguration")] >= 1, acks
                 assert acks[("sotw", "Cluster")] >= 1, acks
