@@ -199,7 +199,7 @@ class SotwSubscription(SubscriptionState):
     def _full_state_response(self, view: ResourceView,
                              nonces: NonceSource) -> SotwResponsePlan | None:
         resources: list[CachedResource] = []
-        errors: list[discovery_pb2.ResourceError] = []
+        current_errors: list[tuple[str, discovery_pb2.ResourceError | None]] = []
         for name in sorted(self._subscribed(view)):
             error = view.error(self._type_url, name, self.params_for(name))
             found = view.lookup(self._type_url, name, self.params_for(name))
@@ -207,13 +207,14 @@ class SotwSubscription(SubscriptionState):
                 # Absence would mean deletion to the client: wait until the
                 # origin has said whether it exists (the cache will tell us).
                 return None
-            forwarded = self._forward_error(name, error)
-            if forwarded is not None:
-                errors.append(forwarded)
+            current_errors.append((name, error))
             if isinstance(found, CachedResource):
                 if self._stale(found, name):
                     return None  # wait for the fresh copy rather than omit it
                 resources.append(found)
+        # Only now is a response certain: errors count as told from here on.
+        errors = [forwarded for name, error in current_errors
+                  if (forwarded := self._forward_error(name, error)) is not None]
         self._pending = set()
         self._changed = set()
         self._recheck_all = False

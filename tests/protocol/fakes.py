@@ -20,6 +20,8 @@ class FakeView:
         self.complete = False  # like a wildcard-fed cache: missing means absent
         self._resources: dict[str, CachedResource] = {}
         self._absent: set[str] = set()
+        # the origin's current error per name
+        self.errors: dict[str, discovery_pb2.ResourceError] = {}
         for name, version in versions.items():
             self.set(name, version)
 
@@ -46,7 +48,7 @@ class FakeView:
 
     def error(self, type_url: str, name: str,
               params: Params) -> discovery_pb2.ResourceError | None:
-        return None
+        return self.errors.get(name)
 
     def names(self, type_url: str) -> Iterable[str]:
         return list(self._resources)

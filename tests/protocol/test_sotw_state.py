@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from envoy.service.discovery.v3 import discovery_pb2
+from google.rpc import code_pb2, status_pb2
 
 from relay.protocol.held import Held
 from relay.protocol.sotw import SotwSubscription, state_version
@@ -194,3 +195,21 @@ def test_invariant_15_new_content_under_an_unchanged_version_changes_version_inf
     second = state.next_response(view, nonces)
     assert second is not None and names(second) == ["a"]
     assert second.version_info != first.version_info
+
+
+def test_an_origin_error_held_back_while_a_full_state_response_waits_still_goes_out() -> None:
+    # "a" is in error at the origin, "b" not known yet: the full-state
+    # response waits for "b" (absence would delete it), and once it can go,
+    # it carries the error for "a".
+    state, view, nonces = setup(LISTENER)
+    view.complete = False
+    view.errors["a"] = discovery_pb2.ResourceError(
+        resource_name=discovery_pb2.ResourceName(name="a"),
+        error_detail=status_pb2.Status(code=code_pb2.UNAVAILABLE, message="a is broken"))
+    state.on_request(Req(type_url=LISTENER, resource_names=["a", "b"]))
+    assert state.next_response(view, nonces) is None
+    view.set("b", "1")
+    state.resources_changed(frozenset({"b"}), False)
+    plan = state.next_response(view, nonces)
+    assert plan is not None and names(plan) == ["b"]
+    assert list(plan.errors) == [view.errors["a"]]
