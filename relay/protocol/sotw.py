@@ -215,9 +215,7 @@ class SotwSubscription(SubscriptionState):
         # Only now is a response certain: errors count as told from here on.
         errors = [forwarded for name, error in current_errors
                   if (forwarded := self._forward_error(name, error)) is not None]
-        self._pending = set()
-        self._changed = set()
-        self._recheck_all = False
+        self._looked_at_everything()
         new_held = {r.name: Held.of(r) for r in resources}
         beats = frozenset(n for n in self._pending_heartbeats
                           if n in self._held and n in new_held and self._held[n] == new_held[n])

@@ -196,10 +196,14 @@ class SubscriptionState:
                 candidates.update(view.names(self._type_url))
         else:
             candidates = self._pending
+        self._looked_at_everything()
+        return candidates
+
+    def _looked_at_everything(self) -> None:
+        """A response was built from every name marked: the marks go."""
         self._pending = set()
         self._changed = set()
         self._recheck_all = False
-        return candidates
 
     # -- what the snapshot says --------------------------------------------------
 
