@@ -360,9 +360,7 @@ class ResourceCache:
     def _set_error(entry: _TypeEntry, error: discovery_pb2.ResourceError,
                    changed: set[str]) -> None:
         name = error.resource_name.name
-        constraints = compile_constraints(
-            error.resource_name.dynamic_parameter_constraints
-            if error.resource_name.HasField("dynamic_parameter_constraints") else None)
+        constraints = compile_constraints(error.resource_name.dynamic_parameter_constraints)
         errors = entry.record(name).errors
         known = errors.get(constraints.key)
         if known is None or known[1] != error:

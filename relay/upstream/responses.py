@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import message
 
-from relay.constraints import Constraints, InvalidConstraints, compile_constraints
+from relay.constraints import InvalidConstraints, compile_constraints
 from relay.resource import CachedResource
 from relay.xds_types import message_class
 
@@ -30,14 +30,6 @@ class ParsedResponse:
     removed_variants: list[tuple[str, str]]
     # resources sent without a body: (name, variant key, version)
     heartbeats: list[tuple[str, str, str]]
-
-
-def constraints_of(resource: discovery_pb2.Resource) -> Constraints:
-    """The compiled constraints of a resource (raises InvalidConstraints)."""
-    if not resource.HasField("resource_name") or \
-            not resource.resource_name.HasField("dynamic_parameter_constraints"):
-        return compile_constraints(None)
-    return compile_constraints(resource.resource_name.dynamic_parameter_constraints)
 
 
 def resource_name_of(resource: discovery_pb2.Resource) -> str:
@@ -63,7 +55,8 @@ def parse_response(response: discovery_pb2.DeltaDiscoveryResponse) -> ParsedResp
         if not name:
             raise UnusableResponse("a resource has no name")
         try:
-            constraints = constraints_of(resource)
+            # An unset field reads as an empty message: unconstrained, like a plain name.
+            constraints = compile_constraints(resource.resource_name.dynamic_parameter_constraints)
         except InvalidConstraints as error:
             raise UnusableResponse(
                 f"resource {name!r} has invalid dynamic parameter constraints: "
@@ -90,9 +83,7 @@ def parse_response(response: discovery_pb2.DeltaDiscoveryResponse) -> ParsedResp
     removed_variants = []
     for removed in response.removed_resource_names:
         try:
-            constraints = compile_constraints(
-                removed.dynamic_parameter_constraints
-                if removed.HasField("dynamic_parameter_constraints") else None)
+            constraints = compile_constraints(removed.dynamic_parameter_constraints)
         except InvalidConstraints as error:
             raise UnusableResponse(
                 f"removed resource {removed.name!r} has invalid dynamic parameter "
@@ -103,9 +94,7 @@ def parse_response(response: discovery_pb2.DeltaDiscoveryResponse) -> ParsedResp
         if not failed_name.name:
             raise UnusableResponse("a resource error names no resource")
         try:
-            compile_constraints(failed_name.dynamic_parameter_constraints
-                                if failed_name.HasField("dynamic_parameter_constraints")
-                                else None)
+            compile_constraints(failed_name.dynamic_parameter_constraints)
         except InvalidConstraints as error:
             raise UnusableResponse(
                 f"resource error for {failed_name.name!r} has invalid dynamic parameter "
