@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -26,7 +26,7 @@ from relay.encoding import encode_delta_response, encode_sotw_response
 from relay.interest import InterestIndex
 from relay.protocol.delta import DeltaResponsePlan
 from relay.protocol.outcome import ProtocolError, RequestOutcome
-from relay.protocol.session import Plan, Session, XdsProtocol
+from relay.protocol.session import Plan, Request, Session, XdsProtocol
 from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.view import CacheView
 from relay.server.status import client_summary
@@ -34,9 +34,6 @@ from relay.telemetry import Metrics
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.downstream")
-
-# The generated messages carry no type information; this names what flows.
-Request: TypeAlias = Any  # DiscoveryRequest | DeltaDiscoveryRequest
 
 __all__ = ["DownstreamStream", "ServingContext", "XdsProtocol", "encode_plan"]
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, TypeAlias
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -30,15 +29,13 @@ from relay.clock import Clock, MonotonicClock
 from relay.telemetry import Metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.dial import Dialer, DialError
+from relay.upstream.requests import Request
 from relay.upstream.state import Demand, UpstreamState
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.upstream")
 
 DELTA_ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
-
-# The generated messages carry no type information; this names what flows.
-Request: TypeAlias = Any  # discovery_pb2.DeltaDiscoveryRequest
 
 # Statuses that mean the origin refused the relay's credentials: worth an error.
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)

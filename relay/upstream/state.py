@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Literal, Protocol
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
@@ -44,14 +44,12 @@ from google.rpc import code_pb2, status_pb2
 from relay.cache import ResourceCache, Update
 from relay.constraints import UNCONSTRAINED, Locator, Params
 from relay.resource import CachedResource
-from relay.upstream.requests import Split, SubscriptionChange, split_requests
+from relay.upstream.requests import Request, Split, SubscriptionChange, split_requests
 from relay.upstream.responses import UnusableResponse, parse_response
 from relay.xds_types import WILDCARD, short_name
 
 log = logging.getLogger("relay.upstream")
 
-# The generated messages carry no type information; this names what flows.
-Request: TypeAlias = Any  # discovery_pb2.DeltaDiscoveryRequest
 Locators = dict[str, set[Params]]
 # What the origin does with initial_resource_versions (see the module docstring).
 InitialVersions = Literal["auto", "honoured", "ignored"]
