@@ -43,3 +43,10 @@ class MonotonicClock:
         except TimeoutError:
             return False
         return True
+
+
+async def wait_until(clock: Clock, event: asyncio.Event, deadline: float | None) -> bool:
+    """Wait for ``event`` until ``deadline`` on ``clock`` (None: no limit);
+    whether it was set (False: the deadline came first)."""
+    timeout = None if deadline is None else max(0.0, deadline - clock.now())
+    return await clock.wait(event, timeout)

@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from relay.cache import CacheChange, ResourceCache
-from relay.clock import Clock, MonotonicClock
+from relay.clock import Clock, MonotonicClock, wait_until
 from relay.interest import InterestIndex
 from relay.server.streams import ServingContext
 from relay.telemetry import Metrics, new_metrics
@@ -64,7 +64,5 @@ class Core:
         self.cache.add_listener(wake)
         while True:
             changed.clear()
-            deadline = self.cache.next_expiry()
-            timeout = None if deadline is None else max(0.0, deadline - self.clock.now())
-            if not await self.clock.wait(changed, timeout):
+            if not await wait_until(self.clock, changed, self.cache.next_expiry()):
                 self.cache.expire()

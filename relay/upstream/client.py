@@ -25,7 +25,7 @@ import logging
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.clock import Clock, MonotonicClock
+from relay.clock import Clock, MonotonicClock, wait_until
 from relay.telemetry import Metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.dial import Dialer, DialError
@@ -227,6 +227,5 @@ class UpstreamClient:
         while True:
             deadline = self.state.next_deadline()
             self._timer_changed.clear()
-            timeout = None if deadline is None else max(0.0, deadline - self.clock.now())
-            if not await self.clock.wait(self._timer_changed, timeout):
+            if not await wait_until(self.clock, self._timer_changed, deadline):
                 self._send(self.state.on_tick(self.demand, self.clock.now()))
