@@ -61,13 +61,13 @@ class CacheView:
 
     def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
         found = self._cache.variants(type_url, name)
-        answered = self._cache.is_answered(type_url, Locator(name, params))
-        if found is UNKNOWN and params and answered:
-            # The origin answered this subscriber's locator with no variant
-            # (the ones it had may have gone with their last subscriber).
-            # Plain names keep waiting for the origin to say "removed".
-            return ABSENT
         if isinstance(found, Missing):
+            if found is UNKNOWN and params and \
+                    self._cache.is_answered(type_url, Locator(name, params)):
+                # The origin answered this subscriber's locator with no variant
+                # (the ones it had may have gone with their last subscriber).
+                # Plain names keep waiting for the origin to say "removed".
+                return ABSENT
             return found
         if len(found) == 1:
             only = next(iter(found.values()))
@@ -80,7 +80,8 @@ class CacheView:
                 self._ambiguous(type_url, name, frozenset(found))
             if choice is not None:
                 return choice
-        if self._cache.is_complete(type_url) or answered:
+        if self._cache.is_complete(type_url) or \
+                self._cache.is_answered(type_url, Locator(name, params)):
             return ABSENT
         return UNKNOWN
 
