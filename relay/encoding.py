@@ -47,6 +47,9 @@ def encode_sotw_response(head: discovery_pb2.DiscoveryResponse,
 
 # -- sizes, for keeping requests under a peer's message limit ------------------
 
+# gRPC's largest message (a signed 32-bit length); istio-agent accepts as much.
+MAX_MESSAGE_SIZE = 2**31 - 1
+
 
 def varint_size(value: int) -> int:
     """Bytes of ``value`` as a protobuf varint."""

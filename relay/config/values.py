@@ -18,6 +18,8 @@ from typing import Annotated, Any
 
 from pydantic import PlainValidator
 
+from relay.encoding import MAX_MESSAGE_SIZE
+
 __all__ = [
     "MAX_MESSAGE_SIZE",
     "Address",
@@ -253,8 +255,6 @@ def _pem_validator(marker: str, what: str) -> Any:
 _SIZE = re.compile(r"^([0-9]+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?$")
 _SIZE_UNITS = {None: 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3,
                "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
-#: gRPC message sizes are signed 32-bit: 2GiB means as large as gRPC allows.
-MAX_MESSAGE_SIZE = 2**31 - 1
 
 
 def parse_size(value: object) -> int:
@@ -276,7 +276,7 @@ def _message_size_validator(minimum: int) -> Any:
             raise ValueError(f"must be at least {minimum} bytes, got {value!r}")
         if size > MAX_MESSAGE_SIZE + 1:
             raise ValueError(f"must be at most 2GiB (gRPC's limit), got {value!r}")
-        return min(size, MAX_MESSAGE_SIZE)
+        return min(size, MAX_MESSAGE_SIZE)  # 2GiB itself: as large as gRPC allows
     return validate
 
 

@@ -18,8 +18,7 @@ from typing import Any
 
 import grpc
 
-# gRPC's largest message size (a signed 32-bit length); istio-agent accepts as much.
-MAX_MESSAGE_SIZE = 2**31 - 1
+from relay.encoding import MAX_MESSAGE_SIZE
 
 
 class DialError(Exception):
