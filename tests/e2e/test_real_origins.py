@@ -24,7 +24,6 @@ from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.clock import ManualClock
 from tests.harness import (
-    DPC,
     QUIET,
     RecordingBackoff,
     ScriptedOrigin,
@@ -39,6 +38,7 @@ from tests.harness import (
     running_stack,
 )
 from tests.istiod import IstiodOrigin, OriginTLS
+from tests.variants import CANARY, PROD
 
 # Short enough for tests; the reconcile after a reconnect waits this long.
 GRACE = "0.2s"
@@ -222,8 +222,6 @@ async def test_an_origin_that_never_completes_a_connect_is_given_up_after_connec
         silent.close()
 
 
-CANARY = DPC(constraint={"key": "env", "value": "canary"})
-PROD = DPC(constraint={"key": "env", "value": "prod"})
 
 
 def with_env(env: str) -> Any:

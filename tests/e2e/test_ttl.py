@@ -8,8 +8,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.xds_types import CLUSTER
 from tests.clock import ManualClock
 from tests.harness import ScriptedOrigin, cluster, node, pack, running_stack
-
-RESOURCE_TYPE = "type.googleapis.com/envoy.service.discovery.v3.Resource"
+from tests.variants import RESOURCE_TYPE
 
 
 def ttl_response(*, body: bool, version: str = "v1",

@@ -14,9 +14,7 @@ from typing import Any, TypeAlias
 
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
-from google.protobuf import any_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay.xds_types import CLUSTER, ENDPOINT
@@ -31,13 +29,9 @@ from tests.harness import (
     node,
     running_stack,
 )
+from tests.variants import CANARY, ENV_VARIANTS, PORTS, PROD, label_of, unwrapped
 
-CANARY = DPC(constraint={"key": "env", "value": "canary"})
-PROD = DPC(constraint={"key": "env", "value": "prod"})
-DEFAULT = DPC(not_constraints=DPC(constraint={"key": "env", "exists": {}}))
 ZONE_B = DPC(constraint={"key": "zone", "value": "b"})
-RESOURCE_TYPE = "type.googleapis.com/envoy.service.discovery.v3.Resource"
-PORTS = {"canary": 1001, "prod": 1002, "default": 1003}
 ResourceName: TypeAlias = discovery_pb2.ResourceName
 
 
@@ -52,7 +46,7 @@ def svc(label: str, name: str = "svc") -> cluster_pb2.Cluster:
 
 def publish(origin: ScriptedOrigin, name: str = "svc") -> ScriptedOrigin:
     """Canary, prod and default (no env) variants of cluster and endpoints ``name``."""
-    for label, constraints in (("canary", CANARY), ("prod", PROD), ("default", DEFAULT)):
+    for label, constraints in ENV_VARIANTS.items():
         origin.set_variant(svc(label, name), constraints, f"{label}-1")
         origin.set_variant(endpoints(name, PORTS[label]), constraints, f"{label}-1")
     return origin
@@ -60,24 +54,6 @@ def publish(origin: ScriptedOrigin, name: str = "svc") -> ScriptedOrigin:
 
 def named(constraints: DPC, name: str = "svc") -> ResourceName:
     return ResourceName(name=name, dynamic_parameter_constraints=constraints)
-
-
-def unwrapped(entry: any_pb2.Any) -> discovery_pb2.Resource:
-    assert entry.type_url == RESOURCE_TYPE, entry.type_url
-    return discovery_pb2.Resource.FromString(entry.value)
-
-
-def label_of(entry: Any) -> str:
-    """Which variant a delta ``Resource`` or a SotW ``Any`` (bare or wrapped) is."""
-    if isinstance(entry, any_pb2.Any) and entry.type_url == RESOURCE_TYPE:
-        entry = unwrapped(entry)
-    if isinstance(entry, discovery_pb2.Resource):
-        entry = entry.resource
-    if entry.type_url == CLUSTER:
-        return str(cluster_pb2.Cluster.FromString(entry.value).alt_stat_name)
-    port = endpoint_pb2.ClusterLoadAssignment.FromString(
-        entry.value).endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value
-    return {p: label for label, p in PORTS.items()}[port]
 
 
 def labels(response: Any) -> list[str]:

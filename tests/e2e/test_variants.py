@@ -7,17 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import endpoints
-from tests.harness import DPC, ScriptedOrigin, Stack, XdsClient, node, running_stack
-
-CANARY = DPC(constraint={"key": "env", "value": "canary"})
-PROD = DPC(constraint={"key": "env", "value": "prod"})
-DEFAULT = DPC(not_constraints=DPC(constraint={"key": "env", "exists": {}}))
-PORTS = {"canary": 1001, "prod": 1002, "default": 1003}
+from tests.harness import ScriptedOrigin, Stack, XdsClient, node, running_stack
+from tests.variants import CANARY, ENV_VARIANTS, PORTS, PROD, label_of
 
 
 def cluster_variant(label: str, generation: int = 1) -> cluster_pb2.Cluster:
@@ -25,29 +20,14 @@ def cluster_variant(label: str, generation: int = 1) -> cluster_pb2.Cluster:
 
 
 def publish(origin: ScriptedOrigin) -> None:
-    for label, constraints in (("canary", CANARY), ("prod", PROD), ("default", DEFAULT)):
+    for label, constraints in ENV_VARIANTS.items():
         origin.set_variant(cluster_variant(label), constraints, f"{label}-1")
         origin.set_variant(endpoints("svc", PORTS[label]), constraints, f"{label}-1")
 
 
-def label_of(response: Any) -> str | None:
+def response_label(response: Any) -> str | None:
     """Which variant a response carries ("canary-1", "prod", ...), None if empty."""
-    if isinstance(response, discovery_pb2.DeltaDiscoveryResponse):
-        if not response.resources:
-            return None
-        body = response.resources[0].resource
-    else:
-        if not response.resources:
-            return None
-        body = response.resources[0]
-        if body.type_url.endswith("discovery.v3.Resource"):
-            wrapped = discovery_pb2.Resource.FromString(body.value)
-            body = wrapped.resource
-    if body.type_url == CLUSTER:
-        return str(cluster_pb2.Cluster.FromString(body.value).alt_stat_name)
-    port = endpoint_pb2.ClusterLoadAssignment.FromString(
-        body.value).endpoints[0].lb_endpoints[0].endpoint.address.socket_address.port_value
-    return {p: label for label, p in PORTS.items()}[port]
+    return label_of(response.resources[0]) if response.resources else None
 
 
 @dataclass
@@ -140,7 +120,7 @@ async def test_variants_reach_exactly_their_groups_through_changes_moves_and_rem
                 labels = {}
                 for _ in range(2):
                     response = await client.receive()
-                    labels[response.type_url] = label_of(response)
+                    labels[response.type_url] = response_label(response)
                 want = expected[group]
                 assert labels == {CLUSTER: f"{want}-1", ENDPOINT: want}, (group, client)
         everyone = [c for clients in groups.values() for c in clients]
@@ -164,7 +144,7 @@ async def test_variants_reach_exactly_their_groups_through_changes_moves_and_rem
         origin.set_variant(cluster_variant("canary", 2), CANARY, "canary-2")
         for client in groups["canary"]:
             update = await client.receive()
-            assert update.type_url == CLUSTER and label_of(update) == "canary-2"
+            assert update.type_url == CLUSTER and response_label(update) == "canary-2"
         await quiet(everyone)
 
         # A canary client with node parameters moves to prod without resubscribing.
@@ -175,7 +155,7 @@ async def test_variants_reach_exactly_their_groups_through_changes_moves_and_rem
         for _ in range(2):
             response = await mover.receive()
             assert not response.removed_resources and not response.removed_resource_names
-            moved[response.type_url] = label_of(response)
+            moved[response.type_url] = response_label(response)
         assert moved == {CLUSTER: "prod-1", ENDPOINT: "prod"}
         groups["canary"].remove(mover)
         groups["prod"].append(mover)
@@ -204,7 +184,7 @@ async def test_a_resource_error_for_one_variant_reaches_only_that_variants_clien
             await client.stream.send(node=client.node(), type_url=CLUSTER,
                                      **({"resource_names_subscribe": ["svc"]} if client.delta
                                         else {"resource_names": ["svc"]}))
-            assert label_of(await client.receive()) in ("canary-1", "prod-1")
+            assert response_label(await client.receive()) in ("canary-1", "prod-1")
 
         failing = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER)
         error = failing.resource_errors.add()

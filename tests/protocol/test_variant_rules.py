@@ -27,6 +27,7 @@ from relay.telemetry import new_metrics, prometheus_provider
 from relay.upstream.state import SETTLE_GRACE, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import pack
+from tests.variants import CANARY, NO_ENV, PROD, label_of, unwrapped
 
 # The generated messages carry no type information (see relay/upstream/state.py).
 DPC: TypeAlias = discovery_pb2.DynamicParameterConstraints
@@ -35,12 +36,6 @@ Sotw: TypeAlias = discovery_pb2.DiscoveryRequest
 DeltaResponse: TypeAlias = discovery_pb2.DeltaDiscoveryResponse
 SotwResponse: TypeAlias = discovery_pb2.DiscoveryResponse
 ResourceName: TypeAlias = discovery_pb2.ResourceName
-RESOURCE_TYPE = "type.googleapis.com/envoy.service.discovery.v3.Resource"
-
-CANARY = DPC(constraint={"key": "env", "value": "canary"})
-PROD = DPC(constraint={"key": "env", "value": "prod"})
-NO_ENV = DPC(not_constraints=DPC(constraint={"key": "env", "exists": {}}))
-LABELS = {"canary": CANARY, "prod": PROD, "default": NO_ENV}
 
 
 def both(*constraints: DPC) -> DPC:
@@ -87,20 +82,6 @@ def node(params: dict[str, dict[str, str]] | None = None) -> base_pb2.Node:
 
 def on_cds(env: str) -> base_pb2.Node:
     return node({CLUSTER: {"env": env}})
-
-
-def label_of(entry: Any) -> str:
-    """The variant label of a delta ``Resource``, a bare ``Any`` or a wrapped one."""
-    if isinstance(entry, any_pb2.Any) and entry.type_url == RESOURCE_TYPE:
-        entry = discovery_pb2.Resource.FromString(entry.value)
-    if isinstance(entry, discovery_pb2.Resource):
-        entry = entry.resource
-    return str(cluster_pb2.Cluster.FromString(entry.value).alt_stat_name)
-
-
-def unwrapped(entry: any_pb2.Any) -> discovery_pb2.Resource:
-    assert entry.type_url == RESOURCE_TYPE, entry.type_url
-    return discovery_pb2.Resource.FromString(entry.value)
 
 
 @dataclass

@@ -16,11 +16,9 @@ from relay.protocol.view import CacheView, NonceSource
 from relay.resource import CachedResource
 from relay.xds_types import CLUSTER
 from tests.builders import cluster, pack
+from tests.variants import CANARY, NO_ENV, PROD
 
 DPC = discovery_pb2.DynamicParameterConstraints
-CANARY = DPC(constraint={"key": "env", "value": "canary"})
-PROD = DPC(constraint={"key": "env", "value": "prod"})
-NO_ENV = DPC(not_constraints=DPC(constraint={"key": "env", "exists": {}}))
 
 
 def variant(name: str, version: str, constraints: DPC) -> CachedResource:

@@ -13,6 +13,7 @@ from relay.interest import Interest, InterestIndex
 from relay.upstream.state import SETTLE_GRACE, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
+from tests.variants import CANARY
 
 
 @dataclass(eq=False)
@@ -169,7 +170,6 @@ def test_linger_delays_unsubscribe_and_a_return_cancels_it() -> None:
 # -- variants: locators ----------------------------------------------------------
 
 DPC = discovery_pb2.DynamicParameterConstraints
-CANARY = DPC(constraint={"key": "env", "value": "canary"})
 
 
 def with_params(*names_params: tuple[str, dict[str, str]]) -> Interest:
