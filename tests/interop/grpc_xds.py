@@ -109,7 +109,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
 import grpc
 from envoy.config.cluster.v3 import cluster_pb2
@@ -361,6 +361,12 @@ class RpcResult:
         )
 
 
+class Publisher(Protocol):
+    """An origin the test publishes resources through."""
+
+    def set(self, *msgs: message.Message) -> object: ...
+
+
 class ClientProcess:
     """An xDS client in a child process, driven line by line over stdin/stdout.
 
@@ -427,6 +433,15 @@ class ClientProcess:
                     f"no RPC reached backend {label!r} within {timeout}s; "
                     f"last results: {seen[-3:]}; client stderr:\n{self.stderr[-4000:]}")
             await asyncio.sleep(interval)
+
+    async def follows_endpoint_move(self, origin: Publisher, port_b: int) -> None:
+        """The first RPC reaches backend "A"; once ``origin`` moves the default
+        cluster's endpoints to ``port_b``, RPCs reach "B"."""
+        first = await self.call()
+        assert first.ok, f"{first}\n{self.stderr[-3000:]}"
+        assert first.backend == "A"
+        origin.set(cluster_load_assignment(DEFAULT_CLUSTER, port_b))
+        assert (await self.wait_for_backend("B", timeout=10)).ok
 
     async def close(self) -> int | None:
         """Ask the child to quit (killing it if it does not) and return its exit code."""
