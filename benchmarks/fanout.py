@@ -31,15 +31,9 @@ from typing import Any
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from benchmarks.processes import NAME, open_streams, relay_process, workers
+from benchmarks.processes import NAME, cpu_seconds, open_streams, relay_process, workers
 from relay.xds_types import ENDPOINT
 from tests.harness import ScriptedOrigin, endpoints, version_of
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kib(pid: int) -> int:

@@ -38,7 +38,6 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -48,9 +47,10 @@ import grpc
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from benchmarks.processes import relay_process, workers
+from benchmarks.processes import cpu_seconds, relay_process, workers
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints
+from tests.harness import eventually
 from tests.istiod import IstiodOrigin
 
 DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
@@ -64,16 +64,6 @@ def names_of_client(index: int, total: int) -> list[str]:
     """``ep-0`` and 99 names after ``index * 10``: together, every name, each
     held by several clients."""
     return [WATCHED, *(f"ep-{(index * 10 + k) % total}" for k in range(1, PER_CLIENT))]
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time the threads of a process have run so far, to the nanosecond
-    (``/proc/PID/stat`` counts 10 ms ticks, too coarse for a bare client)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            total += int((task / "schedstat").read_text().split()[0])
-    return total / 1e9
 
 
 def first_port(body: bytes) -> int:
@@ -223,14 +213,6 @@ async def _bare(target: str, names: list[str]) -> None:
 # -- the harness ------------------------------------------------------------------
 
 
-async def until(predicate: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError("timed out")
-        await asyncio.sleep(0.01)
-
-
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 _RECONNECT = re.compile(r"reconnecting to origin \S+ in ([0-9.]+)s")
 
@@ -290,9 +272,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     relay_cpu, bare_cpu = cpu_seconds(pid), cpu_seconds(bare.pid)
                     started = time.monotonic()
                     origin.end_streams()
-                    await until(lambda b=before: len(relay_streams()) > b and
-                                relay_streams()[-1].resources_sent >= total and
-                                relay_streams()[-1].all_answered(), 60)
+                    await eventually(lambda b=before: len(relay_streams()) > b and
+                                     relay_streams()[-1].resources_sent >= total and
+                                     relay_streams()[-1].all_answered(), 60)
                     acked = time.monotonic() - started
                     await asyncio.sleep(1.0)  # whatever the resend causes goes out meanwhile
                     relay_cpu = cpu_seconds(pid) - relay_cpu
