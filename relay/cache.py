@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 import heapq
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -306,7 +306,7 @@ class ResourceCache:
         for type_url, variants in lapsed.items():
             self.apply(type_url, Update(removed_variants=variants))
 
-    def forget(self, type_url: str, names: Iterable[str], keep: Iterable[str] = ()) -> None:
+    def forget(self, type_url: str, names: Iterable[str], keep: Container[str] = ()) -> None:
         """Drop all the cache knows of names nobody subscribes to any more (no
         listener is told).
 
@@ -317,13 +317,12 @@ class ResourceCache:
         if entry is None:
             return
         gone = set(names)
-        kept = set(keep)
         for alias in [name for name in gone if name in entry.aliases]:
             canonical = entry.aliases.pop(alias)
             record = entry.records.get(canonical)
             if record is not None:
                 record.aliases.discard(alias)
-                if canonical not in kept and not record.aliases:
+                if canonical not in keep and not record.aliases:
                     gone.add(canonical)
         for name in gone:
             record = entry.records.pop(name, None)
@@ -346,7 +345,7 @@ class ResourceCache:
         record.answered.difference_update(unanswer)
         entry.prune(name)
 
-    def end_wildcard(self, type_url: str, keep: set[str]) -> None:
+    def end_wildcard(self, type_url: str, keep: Container[str]) -> None:
         """A wildcard subscription ended: keep only the explicitly wanted names."""
         entry = self._types.get(type_url)
         if entry is None:

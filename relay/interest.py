@@ -14,9 +14,9 @@ fresh copy of; the upstream then reads the union from the index.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Hashable
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from relay.cache import CacheChange
@@ -35,7 +35,7 @@ class Subscriber(Hashable, Protocol):
 
 @dataclass(frozen=True)
 class Interest:
-    """What one subscriber, or everyone together, wants of one type.
+    """Everything one subscriber wants of one type, stated whole.
 
     ``params`` gives the dynamic parameters of the names that have any
     (from a ``ResourceLocator`` or the node); other names have none.
@@ -45,12 +45,33 @@ class Interest:
     wildcard: bool = False
     params: frozenset[tuple[str, Params]] = frozenset()
 
+    def by_name(self) -> dict[str, Params]:
+        """Each name with the parameters it is subscribed with."""
+        with_params = dict(self.params)
+        return {name: with_params.get(name, EMPTY_PARAMS) for name in self.names}
+
     def locators(self) -> frozenset[Locator]:
         """Each name with the parameters it is subscribed with."""
-        if not self.params:
-            return frozenset(Locator(name) for name in self.names)
-        by_name = dict(self.params)
-        return frozenset(Locator(name, by_name.get(name, EMPTY_PARAMS)) for name in self.names)
+        return frozenset(Locator(name, params) for name, params in self.by_name().items())
+
+
+@dataclass(frozen=True)
+class InterestChange:
+    """How one subscriber's interest in one type changed since it last said.
+
+    ``added`` are names it now subscribes to, with their parameters;
+    ``removed`` names it no longer subscribes to, with the parameters they
+    had. A name whose parameters changed is in both. ``wildcard`` is its new
+    wildcard state, None when unchanged. The size of a change is what the
+    request touched, never the whole subscription.
+    """
+
+    added: Mapping[str, Params] = field(default_factory=dict)
+    removed: Mapping[str, Params] = field(default_factory=dict)
+    wildcard: bool | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.wildcard is not None)
 
 
 class Upward(Protocol):
@@ -61,25 +82,38 @@ class Upward(Protocol):
     turn of the event loop, never inside a client's request).
     """
 
-    def interest_changed(self, type_url: str) -> None:
-        """The union of what clients want of ``type_url`` changed."""
+    def interest_changed(self, type_url: str, names: Iterable[str]) -> None:
+        """The union of what clients want of ``type_url`` changed for these
+        names (none: only the wildcard changed)."""
 
     def refetch(self, type_url: str, names: frozenset[str]) -> None:
         """Clients need fresh copies of these resources (do-not-cache: the
         cached copy was fetched before they asked)."""
 
 
-_NOTHING = Interest()
+@dataclass(slots=True)
+class _Subscription:
+    """What the index knows one subscriber wants of one type."""
+
+    names: dict[str, Params] = field(default_factory=dict)
+    wildcard: bool = False
 
 
 class InterestIndex:
-    """Subscriptions of all downstream streams, by type and name."""
+    """Subscriptions of all downstream streams, by type and name.
+
+    Every update costs what it changes: a subscriber tells the index how its
+    interest changed (:meth:`apply`), never its whole interest again.
+    """
 
     def __init__(self) -> None:
+        # type URL -> name -> its subscribers
         self._by_name: dict[str, dict[str, set[Subscriber]]] = defaultdict(dict)
         self._wildcard: dict[str, set[Subscriber]] = defaultdict(set)
-        self._locators: dict[str, Counter[Locator]] = defaultdict(Counter)
-        self._per_subscriber: dict[Subscriber, dict[str, Interest]] = {}
+        # type URL -> name -> parameter set -> how many subscribers use it:
+        # the union the upstream subscribes to
+        self._union: dict[str, dict[str, dict[Params, int]]] = defaultdict(dict)
+        self._per_subscriber: dict[Subscriber, dict[str, _Subscription]] = {}
         self._upward: Upward | None = None
 
     def link(self, upward: Upward) -> None:
@@ -93,47 +127,80 @@ class InterestIndex:
 
     # -- downstream side -------------------------------------------------
 
-    def update(self, subscriber: Subscriber, type_url: str, interest: Interest) -> None:
-        """Set what ``subscriber`` wants of ``type_url`` (replacing what it wanted before)."""
-        per_type = self._per_subscriber.setdefault(subscriber, {})
-        old = per_type.get(type_url, _NOTHING)
-        per_type[type_url] = interest
-        if old == interest:
-            return
-        union_changed = False
+    def apply(self, subscriber: Subscriber, type_url: str, change: InterestChange) -> None:
+        """Record how ``subscriber``'s interest in ``type_url`` changed.
+
+        Registers the subscriber for the type even when nothing changed, so
+        that it hears when the type becomes synced.
+        """
+        mine = self._per_subscriber.setdefault(subscriber, {}).get(type_url)
+        if mine is None:
+            mine = self._per_subscriber[subscriber][type_url] = _Subscription()
         by_name = self._by_name[type_url]
-        for name in interest.names - old.names:
-            by_name.setdefault(name, set()).add(subscriber)
-        for name in old.names - interest.names:
-            holders = by_name[name]
-            holders.discard(subscriber)
-            if not holders:
-                del by_name[name]
-        old_locators, new_locators = old.locators(), interest.locators()
-        counts = self._locators[type_url]
-        for locator in new_locators - old_locators:
-            counts[locator] += 1
-            union_changed |= counts[locator] == 1
-        for locator in old_locators - new_locators:
-            counts[locator] -= 1
-            if counts[locator] == 0:
-                del counts[locator]
-                union_changed = True
-        if interest.wildcard != old.wildcard:
+        union = self._union[type_url]
+        touched: list[str] = []
+        for name, params in change.removed.items():
+            if mine.names.get(name) != params:
+                continue  # not subscribed so: nothing to take back
+            del mine.names[name]
+            counts = union[name]
+            left = counts[params] - 1
+            if left:
+                counts[params] = left
+            else:
+                del counts[params]
+                touched.append(name)
+                if not counts:
+                    del union[name]
+            if name not in change.added:
+                holders = by_name[name]
+                holders.discard(subscriber)
+                if not holders:
+                    del by_name[name]
+        for name, params in change.added.items():
+            if mine.names.get(name) == params:
+                continue  # already subscribed so
+            is_new = name not in mine.names
+            mine.names[name] = params
+            counts = union.setdefault(name, {})
+            if params in counts:
+                counts[params] += 1
+            else:
+                counts[params] = 1
+                touched.append(name)
+            if is_new:
+                by_name.setdefault(name, set()).add(subscriber)
+        wildcard_changed = False
+        if change.wildcard is not None and change.wildcard != mine.wildcard:
+            mine.wildcard = change.wildcard
             wildcard = self._wildcard[type_url]
             before = bool(wildcard)
-            if interest.wildcard:
+            if change.wildcard:
                 wildcard.add(subscriber)
             else:
                 wildcard.discard(subscriber)
-            union_changed |= before != bool(wildcard)
-        if union_changed:
-            self._interest_changed(type_url)
+            wildcard_changed = before != bool(wildcard)
+        if (touched or wildcard_changed) and self._upward is not None:
+            self._upward.interest_changed(type_url, touched)
+
+    def update(self, subscriber: Subscriber, type_url: str, interest: Interest) -> None:
+        """Set the whole of what ``subscriber`` wants of ``type_url``.
+
+        Costs the size of both subscriptions: for a subscriber that states its
+        interest whole; streams say what changed with :meth:`apply`.
+        """
+        mine = self._per_subscriber.get(subscriber, {}).get(type_url, _Subscription())
+        new = interest.by_name()
+        self.apply(subscriber, type_url, InterestChange(
+            {n: p for n, p in new.items() if mine.names.get(n) != p},
+            {n: p for n, p in mine.names.items() if new.get(n) != p},
+            interest.wildcard))
 
     def remove(self, subscriber: Subscriber) -> None:
         """Forget every subscription of a subscriber that went away."""
-        for type_url in list(self._per_subscriber.get(subscriber, {})):
-            self.update(subscriber, type_url, _NOTHING)
+        for type_url, mine in list(self._per_subscriber.get(subscriber, {}).items()):
+            self.apply(subscriber, type_url, InterestChange(removed=dict(mine.names),
+                                                            wildcard=False))
         self._per_subscriber.pop(subscriber, None)
 
     # -- upstream side ---------------------------------------------------
@@ -144,14 +211,16 @@ class InterestIndex:
 
     def wanted_locators(self, type_url: str) -> dict[str, frozenset[Params]]:
         """Per name, the distinct parameter sets subscribers use for it (a new dict)."""
-        out: dict[str, set[Params]] = {}
-        for name, params in self._locators.get(type_url, {}):
-            out.setdefault(name, set()).add(params)
-        return {name: frozenset(params) for name, params in out.items()}
+        return {name: frozenset(counts) for name, counts in self._union.get(type_url, {}).items()}
+
+    def wanted_params(self, type_url: str, name: str) -> frozenset[Params]:
+        """The distinct parameter sets subscribers use for one name (empty: none wants it)."""
+        counts = self._union.get(type_url, {}).get(name)
+        return frozenset(counts) if counts else frozenset()
 
     def wanted_types(self) -> list[str]:
         """Types with at least one name or wildcard subscription."""
-        types = {t for t, names in self._by_name.items() if names}
+        types = {t for t, names in self._union.items() if names}
         types |= {t for t, subs in self._wildcard.items() if subs}
         return sorted(types)
 
@@ -165,24 +234,27 @@ class InterestIndex:
                 if type_url in per_type:
                     subscriber.resources_changed(type_url, change.names, True)
             return
-        for subscriber, names in self._affected(type_url, change.names).items():
-            subscriber.resources_changed(type_url, frozenset(names), False)
-        for subscriber, names in self._affected(type_url, change.heartbeats).items():
-            subscriber.heartbeats_received(type_url, frozenset(names))
+        for subscriber, names in self._affected(type_url, change.names):
+            subscriber.resources_changed(type_url, names, False)
+        for subscriber, names in self._affected(type_url, change.heartbeats):
+            subscriber.heartbeats_received(type_url, names)
 
-    def _affected(self, type_url: str, names: frozenset[str]) -> dict[Subscriber, set[str]]:
+    def _affected(self, type_url: str, names: frozenset[str]
+                  ) -> Iterable[tuple[Subscriber, frozenset[str]]]:
         """Subscribers of any of ``names`` (and wildcard subscribers), with their names."""
-        affected: dict[Subscriber, set[str]] = {}
         if not names:
-            return affected
+            return ()
         by_name = self._by_name.get(type_url, {})
+        wildcard = self._wildcard.get(type_url, set())
+        if len(names) == 1:
+            # The common case (one resource changed): every subscriber hears
+            # of the same set.
+            [name] = names
+            return [(s, names) for s in by_name.get(name, set()) | wildcard]
+        affected: dict[Subscriber, set[str]] = {}
         for name in names:
             for subscriber in by_name.get(name, ()):
-                affected.setdefault(subscriber, set()).add(name)
-        for subscriber in self._wildcard.get(type_url, ()):
-            affected[subscriber] = set(names)
-        return affected
-
-    def _interest_changed(self, type_url: str) -> None:
-        if self._upward is not None:
-            self._upward.interest_changed(type_url)
+                if subscriber not in wildcard:
+                    affected.setdefault(subscriber, set()).add(name)
+        return [*((s, frozenset(n)) for s, n in affected.items()),
+                *((s, names) for s in wildcard)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from relay.cache import CacheChange
@@ -30,10 +31,13 @@ class Up:
     """What reached the upstream side through the index's one way up."""
 
     interest: list[str] = field(default_factory=list)
+    # the names each interest change was for
+    names: list[list[str]] = field(default_factory=list)
     refetches: list[tuple[str, frozenset[str]]] = field(default_factory=list)
 
-    def interest_changed(self, type_url: str) -> None:
+    def interest_changed(self, type_url: str, names: Iterable[str]) -> None:
         self.interest.append(type_url)
+        self.names.append(sorted(names))
 
     def refetch(self, type_url: str, names: frozenset[str]) -> None:
         self.refetches.append((type_url, names))
@@ -65,6 +69,8 @@ def test_union_and_interest_events() -> None:
     index.remove(a)
     assert union(index, ENDPOINT) == interest() and len(events) == 3
     assert index.wanted_types() == []
+    # Each change names only what entered or left the union.
+    assert up.names == [["x", "y"], ["x"], ["y"]]
 
 
 def test_wildcard_union() -> None:

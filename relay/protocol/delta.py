@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
-from relay.constraints import Params, params_of
+from relay.constraints import params_of
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.snapshot import ResourceStatus
@@ -64,9 +64,11 @@ class DeltaSubscription(SubscriptionState):
     # -- input -----------------------------------------------------------
 
     def on_request(self, request: discovery_pb2.DeltaDiscoveryRequest) -> RequestOutcome:
-        """Apply one request: ACK/NACK bookkeeping and subscription changes."""
+        """Apply one request: ACK/NACK bookkeeping and subscription changes.
+
+        Costs what the request names, never the whole subscription.
+        """
         outcome = RequestOutcome()
-        before = self.interest()
         first = not self._started
         self._started = True
 
@@ -83,14 +85,15 @@ class DeltaSubscription(SubscriptionState):
             else:
                 self._acked_nonce = nonce
         # A stale nonce still carries valid subscription changes: apply them.
+        plain = request.resource_names_subscribe
+        locators = request.resource_locators_subscribe
+        if not (plain or locators or request.resource_names_unsubscribe or
+                request.resource_locators_unsubscribe or first):
+            return outcome  # a plain ACK: the bulk of all traffic
 
-        subscribe: list[tuple[str, Params | None]] = [
-            (name, None) for name in request.resource_names_subscribe]
-        subscribe += [(loc.name, params_of(loc.dynamic_parameters))
-                      for loc in request.resource_locators_subscribe]
-        unsubscribe = list(request.resource_names_unsubscribe)
-        unsubscribe += [loc.name for loc in request.resource_locators_unsubscribe]
-
+        subscribe = set(plain)
+        params = {loc.name: params_of(loc.dynamic_parameters) for loc in locators}
+        subscribe.update(params)
         if first:
             self._held = {name: Held(version)
                           for name, version in request.initial_resource_versions.items()}
@@ -98,45 +101,39 @@ class DeltaSubscription(SubscriptionState):
                 self._start_wildcard()
             # Whatever the client says it holds must be checked against the cache.
             self._pending.update(self._held)
+        if WILDCARD in subscribe:
+            subscribe.discard(WILDCARD)
+            params.pop(WILDCARD, None)
+            if not self._wildcard:
+                self._start_wildcard()
+        if subscribe:
+            if not first:
+                # The client may have dropped what it holds: always send a
+                # subscribed name. (What it held is kept, so that a removal
+                # can name the variant.)
+                self._resend |= subscribe & self._held.keys()
+            self._subscribe_names(subscribe, params)
+            self._unanswered |= subscribe
 
-        for name, params in subscribe:
-            if name == WILDCARD:
-                if not self._wildcard:
-                    self._start_wildcard()
-                continue
-            if params is None:
-                self._locator_params.pop(name, None)
-            else:
-                self._locator_params[name] = params
-            self._names.add(name)
-            self._unanswered.add(name)
-            self._subscribe(name)
-            if not first and name in self._held:
-                # The client may have dropped it: always send a subscribed name.
-                # (What it held is kept, so that a removal can name the variant.)
-                self._resend.add(name)
-
-        for name in unsubscribe:
-            if name == WILDCARD:
-                self._wildcard = False
-                self._recheck_all = False
-                for held_name in [n for n in self._held if n not in self._names]:
-                    del self._held[held_name]
-                continue
-            if name not in self._names:
-                continue
-            self._names.discard(name)
-            self._locator_params.pop(name, None)
-            self._unanswered.discard(name)
-            self._held.pop(name, None)
-            self._resend.discard(name)
+        unsubscribe = set(request.resource_names_unsubscribe)
+        unsubscribe.update(loc.name for loc in request.resource_locators_unsubscribe)
+        if WILDCARD in unsubscribe:
+            unsubscribe.discard(WILDCARD)
+            self._wildcard = False
+            self._recheck_all = False
+            for held_name in [n for n in self._held if n not in self._names]:
+                del self._held[held_name]
+        gone = self._unsubscribe_names(unsubscribe)
+        if gone:
+            self._unanswered -= gone
+            self._resend -= gone
+            for name in gone:
+                self._held.pop(name, None)
             if self._wildcard:
-                # The client dropped it, but wildcard still covers it: send it
-                # again, or report it removed if it is gone.
-                self._unanswered.add(name)
-                self._pending.add(name)
-
-        outcome.interest_changed = self.interest() != before
+                # The client dropped them, but wildcard still covers them: send
+                # them again, or report them removed if they are gone.
+                self._unanswered |= gone
+                self._pending |= gone
         return outcome
 
     def _start_wildcard(self) -> None:

@@ -29,7 +29,7 @@ from envoy.config.core.v3 import base_pb2
 
 from relay.constraints import EMPTY_PARAMS, Params, params_of
 from relay.encoding import locator_size
-from relay.interest import Interest
+from relay.interest import InterestChange
 from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.snapshot import SessionSnapshot
@@ -56,8 +56,8 @@ class Received:
 
     type_url: str
     outcome: RequestOutcome
-    # subscriptions the interest index must learn (each type's whole interest)
-    interest: list[tuple[str, Interest]] = field(default_factory=list)
+    # how subscriptions changed, per type, for the interest index to learn
+    interest: list[tuple[str, InterestChange]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -101,22 +101,25 @@ class Session:
     def receive(self, request: Request) -> Received:
         """Apply one request; raises :class:`ProtocolError` for one that breaks the protocol."""
         type_url = self._type_url_of(request)
-        interest: list[tuple[str, Interest]] = []
+        node_changed = False
         if request.HasField("node"):
             if self._node is None:
                 self._node = request.node
-            interest += self._update_node_params(request.node)
+            node_changed = self._update_node_params(request.node)
         self._check_locator_sizes(request, self._node_params.get(type_url, EMPTY_PARAMS))
         state = self._states.get(type_url)
+        first = state is None
         if state is None:
             state = self._new_state(type_url)
         outcome = state.on_request(request)
-        # Plain ACKs are the bulk of traffic and never change interest; any
-        # other request (re)registers, so a first request with no names still
-        # puts the stream in the index to hear that its type became synced.
-        if outcome.interest_changed or outcome.ack_nonce is None:
-            interest = [(t, i) for t, i in interest if t != type_url]
-            interest.append((type_url, state.interest()))
+        # A new node may change every type's parameters; a request, its own type.
+        touched = self._states.items() if node_changed else [(type_url, state)]
+        interest = [(t, change) for t, s in touched
+                    if (change := s.take_interest_change()) is not None]
+        outcome.interest_changed = any(t == type_url for t, _ in interest)
+        if first and not outcome.interest_changed:
+            # Registered even with no names, to hear that the type became synced.
+            interest.append((type_url, InterestChange()))
         return Received(type_url, outcome, interest)
 
     def _new_state(self, type_url: str) -> State:
@@ -144,14 +147,16 @@ class Session:
         type_url: str = request.type_url
         return type_url
 
-    def _update_node_params(self, node: base_pb2.Node) -> list[tuple[str, Interest]]:
+    def _update_node_params(self, node: base_pb2.Node) -> bool:
+        """Take the node's dynamic parameters; whether they changed."""
         params = {type_url: params_of(context.params)
                   for type_url, context in node.dynamic_parameters.items()}
         if params == self._node_params:
-            return []
+            return False
         self._node_params = params
-        return [(type_url, state.interest()) for type_url, state in self._states.items()
-                if state.set_node_params(params.get(type_url, EMPTY_PARAMS))]
+        for type_url, state in self._states.items():
+            state.set_node_params(params.get(type_url, EMPTY_PARAMS))
+        return True
 
     def _check_locator_sizes(self, request: Request, node_params: Params) -> None:
         """Refuse a name the relay could not forward to its origin.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
-from relay.constraints import params_of
+from relay.constraints import Params, params_of
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.snapshot import ResourceStatus
@@ -102,24 +102,25 @@ class SotwSubscription(SubscriptionState):
     # -- input -----------------------------------------------------------
 
     def on_request(self, request: discovery_pb2.DiscoveryRequest) -> RequestOutcome:
-        """Apply one request. A request answering an older response is ignored."""
+        """Apply one request. A request answering an older response is ignored.
+
+        A SotW request names the whole subscription, so it costs that much;
+        what changed is found with set operations.
+        """
         outcome = RequestOutcome()
-        before = self.interest()
         requested = set(request.resource_names)
-        requested.update(loc.name for loc in request.resource_locators)
         locators = {loc.name: params_of(loc.dynamic_parameters)
                     for loc in request.resource_locators}
+        requested.update(locators)
 
         if not self._started:
             # The first request of a type on a stream is initial, whatever nonce
             # it carries; the client's state is unknown, so everything is sent.
             self._started = True
             self._legacy_wildcard = not requested and self._type_url in LEGACY_WILDCARD_TYPES
-            self._locator_params = locators
-            self._set_names(requested, first=True)
+            self._set_names(requested, locators, first=True)
             self._recheck_all = True
             self._must_answer = self._wildcard or (self._full_state and bool(self._names))
-            outcome.interest_changed = self.interest() != before
             return outcome
 
         if self._last_nonce is not None and request.response_nonce != self._last_nonce:
@@ -136,37 +137,46 @@ class SotwSubscription(SubscriptionState):
 
         if self._answer_next_request and request.response_nonce == self._last_nonce:
             self._answer_next_request = False
-            self._held = {n: h for n, h in self._held.items() if n not in requested}
-            self._pending.update(requested)
+            for name in requested & self._held.keys():
+                del self._held[name]
+            self._pending |= requested
             self._must_answer = True
-        for name in self._names & requested:
-            if self._locator_params.get(name) != locators.get(name):
-                # Parameters changed: re-evaluate which variant it gets.
-                self._pending.add(name)
-        self._locator_params = locators
-        self._set_names(requested, first=False)
-        outcome.interest_changed = self.interest() != before
+        if requested == self._names and not (self._wildcard or locators or self._locator_params):
+            return outcome  # the same plain names again (an ACK, most often)
+        self._set_names(requested, locators, first=False)
         return outcome
 
-    def _set_names(self, requested: set[str], first: bool) -> None:
+    def _set_names(self, requested: set[str], locators: dict[str, Params], first: bool) -> None:
         wildcard = WILDCARD in requested or (self._legacy_wildcard and not requested)
-        names = requested - {WILDCARD}
-        added = names - self._names
+        requested.discard(WILDCARD)
+        locators.pop(WILDCARD, None)
+        added = requested - self._names
         if wildcard and not self._wildcard:
             self._start_wildcard()
             if not first:
                 self._must_answer = True
         self._wildcard = wildcard
-        self._names = names
+        # Parameters changed: re-evaluate which variant it gets.
+        kept = requested - added
+        changed = {name for name in kept & (locators.keys() | self._locator_params.keys())
+                   if self._locator_params.get(name) != locators.get(name)}
+        self._touch_all(changed)
+        for name in changed:
+            if name in locators:
+                self._locator_params[name] = locators[name]
+            else:
+                del self._locator_params[name]
+        self._pending |= changed
+        self._unsubscribe_names(self._names - requested)
         if not self._wildcard:
             # Forget what the client unsubscribed (it drops it), so that a
             # later resubscribe resends it.
-            for name in [n for n in self._held if n not in self._names]:
+            for name in self._held.keys() - self._names:
                 del self._held[name]
-        for name in added:
-            if not first:
-                self._held.pop(name, None)
-            self._subscribe(name)
+        if not first:
+            for name in added & self._held.keys():
+                del self._held[name]
+        self._subscribe_names(added, {name: locators[name] for name in added & locators.keys()})
         if added and self._full_state:
             self._must_answer = True
 

@@ -22,7 +22,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import Missing
 from relay.constraints import EMPTY_PARAMS, Params
-from relay.interest import Interest
+from relay.interest import Interest, InterestChange
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack
 from relay.protocol.snapshot import ResourceState, ResourceStatus, TypeSnapshot
@@ -64,13 +64,37 @@ class SubscriptionState:
         self._last_nack: Nack | None = None
         # name -> the origin's error as last forwarded, so each is sent once
         self._errors_sent: dict[str, discovery_pb2.ResourceError] = {}
+        # names whose subscription may have changed since the interest index
+        # was last told, with the parameters it was told (None: not subscribed)
+        self._touched: dict[str, Params | None] = {}
+        self._wildcard_told = False
 
     # -- what others may read ---------------------------------------------------
 
     def interest(self) -> Interest:
-        """What this stream wants of the type, for the interest index."""
+        """Everything this stream wants of the type (costs every name)."""
         params = frozenset((name, p) for name in self._names if (p := self.params_for(name)))
         return Interest(frozenset(self._names), self._wildcard, params)
+
+    def take_interest_change(self) -> InterestChange | None:
+        """How the subscription changed since this was last called, if it did:
+        what the interest index must learn. Costs the names touched since."""
+        added: dict[str, Params] = {}
+        removed: dict[str, Params] = {}
+        for name, before in self._touched.items():
+            after = self.params_for(name) if name in self._names else None
+            if after == before:
+                continue
+            if before is not None:
+                removed[name] = before
+            if after is not None:
+                added[name] = after
+        self._touched = {}
+        wildcard = None if self._wildcard == self._wildcard_told else self._wildcard
+        self._wildcard_told = self._wildcard
+        if not (added or removed or wildcard is not None):
+            return None
+        return InterestChange(added, removed, wildcard)
 
     def params_for(self, name: str) -> Params:
         """A locator's own parameters, else the node's for this type."""
@@ -96,19 +120,16 @@ class SubscriptionState:
         """The origin confirmed these names unchanged: pass the heartbeat on."""
         self._pending_heartbeats.update(names)
 
-    def set_node_params(self, params: Params) -> bool:
-        """The node's parameters for this type changed: re-evaluate plain names.
-
-        Returns whether the subscription's interest changed.
-        """
+    def set_node_params(self, params: Params) -> None:
+        """The node's parameters for this type changed: re-evaluate plain names."""
         if params == self._node_params:
-            return False
-        before = self.interest()
+            return
+        plain = [n for n in self._names if n not in self._locator_params]
+        self._touch_all(plain)
         self._node_params = params
-        self._pending.update(n for n in self._names if n not in self._locator_params)
+        self._pending.update(plain)
         if self._wildcard:
             self._recheck_all = True
-        return self.interest() != before
 
     def take_refetch(self) -> frozenset[str]:
         """Names whose cached do-not-cache copy predates this client's interest:
@@ -118,12 +139,47 @@ class SubscriptionState:
 
     # -- rules both protocols follow ---------------------------------------------
 
-    def _subscribe(self, name: str) -> None:
-        """``name`` was (re)subscribed: look at it for the next response."""
-        self._since[name] = arrival_clock()
-        self._pending.add(name)
+    def _touch(self, name: str) -> None:
+        """``name``'s subscription is about to change: remember what the index knows."""
+        if name not in self._touched:
+            self._touched[name] = self.params_for(name) if name in self._names else None
+
+    def _touch_all(self, names: Iterable[str]) -> None:
+        """:meth:`_touch` for many names at once."""
+        touched = self._touched
+        for name in names:
+            if name not in touched:
+                touched[name] = self.params_for(name) if name in self._names else None
+
+    def _subscribe_names(self, names: set[str], params: dict[str, Params]) -> None:
+        """Subscribe ``names`` (plain, or with their locator's ``params``), new or
+        again: look at them for the next response. Costs the names given."""
+        fresh = names - self._names
+        # Fresh names were unsubscribed as far as the index knows (or were
+        # touched already): no lookup per name.
+        self._touched.update(dict.fromkeys(fresh - self._touched.keys()))
+        self._touch_all(names & self._locator_params.keys())
+        self._touch_all(params.keys() - fresh)
+        for name in names & self._locator_params.keys() - params.keys():
+            del self._locator_params[name]
+        self._locator_params.update(params)
+        self._names |= names
+        self._since.update(dict.fromkeys(names, arrival_clock()))
+        self._pending |= names
+
+    def _unsubscribe_names(self, names: Iterable[str]) -> set[str]:
+        """Unsubscribe those of ``names`` that are subscribed; returns them."""
+        gone = self._names.intersection(names)
+        self._touch_all(gone)
+        self._names -= gone
+        for name in gone & self._locator_params.keys():
+            del self._locator_params[name]
+        for name in gone:
+            self._since.pop(name, None)
+        return gone
 
     def _start_wildcard(self) -> None:
+        """Subscribe the wildcard (whether or not it was)."""
         self._wildcard_since = arrival_clock()
         self._wildcard = True
         self._recheck_all = True

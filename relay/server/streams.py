@@ -164,8 +164,8 @@ class DownstreamStream:
                         outcome.nack.message)
         elif outcome.ack_nonce is not None:
             metrics.downstream_acks.add(self.protocol, short_name(type_url))
-        for changed_type, interest in received.interest:
-            self.serving.index.update(self, changed_type, interest)
+        for changed_type, change in received.interest:
+            self.serving.index.apply(self, changed_type, change)
         return outcome
 
     # -- responses -----------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -65,9 +66,9 @@ class UpstreamClient:
         # set once the relay is synced: the origin sent a valid response (or,
         # with nothing subscribed yet, kept a stream open for answer_grace)
         self.synced_event = asyncio.Event()
-        # what clients asked for since the last turn: types whose interest
-        # changed, and names to fetch afresh
-        self._changed_types: set[str] = set()
+        # what clients asked for since the last turn: per type, names whose
+        # interest changed, and names to fetch afresh
+        self._changed: dict[str, set[str]] = {}
         self._refetches: dict[str, set[str]] = {}
         self._scheduled = False
 
@@ -75,9 +76,9 @@ class UpstreamClient:
     def target(self) -> str:
         return self.dialer.target
 
-    def interest_changed(self, type_url: str) -> None:
+    def interest_changed(self, type_url: str, names: Iterable[str]) -> None:
         """The union of what clients want of ``type_url`` changed (see Upward)."""
-        self._changed_types.add(type_url)
+        self._changed.setdefault(type_url, set()).update(names)
         self._schedule()
 
     def refetch(self, type_url: str, names: frozenset[str]) -> None:
@@ -92,11 +93,11 @@ class UpstreamClient:
 
     def _act_on_demand(self) -> None:
         self._scheduled = False
-        changed, self._changed_types = sorted(self._changed_types), set()
+        changed, self._changed = self._changed, {}
         refetches, self._refetches = self._refetches, {}
         now = self.clock.now()
-        for type_url in changed:
-            self._send(self.state.on_interest_changed(type_url, self.demand, now))
+        for type_url, names in sorted(changed.items()):
+            self._send(self.state.on_interest_changed(type_url, self.demand, now, names))
         for type_url, names in sorted(refetches.items()):
             self._send(self.state.on_refetch(type_url, frozenset(names)))
         self._timer_changed.set()

@@ -32,10 +32,13 @@ relay declared it holds unchanged, shows that it ignores them.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
-from collections.abc import Mapping
+import math
+from collections.abc import Collection, Container, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
@@ -46,11 +49,14 @@ from relay.constraints import UNCONSTRAINED, Locator, Params
 from relay.resource import CachedResource
 from relay.upstream.requests import Request, Split, SubscriptionChange, split_requests
 from relay.upstream.responses import UnusableResponse, parse_response
-from relay.xds_types import WILDCARD, short_name
+from relay.xds_types import short_name
 
 log = logging.getLogger("relay.upstream")
 
 Locators = dict[str, set[Params]]
+# What a deadline is for: ("linger", type URL, name, params), ("wildcard", type
+# URL), ("settle", type URL, locator) or ("reconcile", type URL).
+_Deadline = tuple[Any, ...]
 # What the origin does with initial_resource_versions (see the module docstring).
 InitialVersions = Literal["auto", "honoured", "ignored"]
 
@@ -58,7 +64,6 @@ InitialVersions = Literal["auto", "honoured", "ignored"]
 DEFAULT_MAX_REQUEST_SIZE = 1024 * 1024
 # A NACK's reason quotes names from the response; keep it readable and small.
 _MAX_NACK_MESSAGE = 2048
-_WILDCARD = Locator(WILDCARD)
 
 # How long after subscribing a locator a response must arrive for the relay to
 # take it as the origin's answer (see the module docstring): more than the
@@ -78,6 +83,9 @@ class Demand(Protocol):
 
     def wanted_locators(self, type_url: str) -> dict[str, frozenset[Params]]:
         """Per name, the distinct parameter sets clients want it with (a new dict)."""
+
+    def wanted_params(self, type_url: str, name: str) -> frozenset[Params]:
+        """The distinct parameter sets clients want one name with (empty: none)."""
 
     def wants_wildcard(self, type_url: str) -> bool:
         """Whether any client wants every resource of the type."""
@@ -139,13 +147,20 @@ class UpstreamState:
         self.answered = False
         self._node_sent = False
         self._subscribed: dict[str, _TypeSubscription] = {}
-        # (type_url, locator or the wildcard) -> monotonic time after which it may go
-        self._lingering: dict[tuple[str, Locator], float] = {}
+        # what nobody wants any more, until it may go: per type URL, name and
+        # parameter set (or the wildcard), the time after which it may go
+        self._lingering: dict[str, dict[str, dict[Params, float]]] = {}
+        self._lingering_wildcard: dict[str, float] = {}
+        # every deadline set (lingering, settling, reconciling), soonest first,
+        # with what it is for: one no longer standing is dropped when it comes up
+        self._deadlines: list[tuple[float, int, _Deadline]] = []
+        self._deadline_order = itertools.count()
         # locators subscribed on this stream that no response has followed yet,
         # with when they were subscribed
         self._unsettled: dict[str, dict[Locator, float]] = {}
         # locators a response followed too soon to be sure it answered them:
-        # answered at the time given (by the timer, or by a response after it)
+        # answered at the time given (by the timer, or by a response after it),
+        # in the order they come due
         self._settling: dict[str, dict[Locator, float]] = {}
         # names re-subscribed to get a fresh do-not-cache copy, per type
         self._refetching: dict[str, set[str]] = {}
@@ -171,9 +186,9 @@ class UpstreamState:
         self._settling = {}
         self._resync = {}
         requests = []
-        types = set(demand.wanted_types()) | {t for t, _ in self._lingering}
+        types = {*demand.wanted_types(), *self._lingering, *self._lingering_wildcard}
         for type_url in sorted(types):
-            target, wildcard = self._target(type_url, demand, now)
+            target, wildcard = self._target(type_url, demand, now, None)
             if not target and not wildcard:
                 continue
             self._subscribed[type_url] = _TypeSubscription(
@@ -204,23 +219,39 @@ class UpstreamState:
 
     # -- interest -----------------------------------------------------------
 
-    def on_interest_changed(self, type_url: str, demand: Demand, now: float) -> list[Request]:
-        """Downstream interest in ``type_url`` changed: the requests to send, if any."""
-        wanted = demand.wanted_locators(type_url)
-        wildcard = demand.wants_wildcard(type_url)
+    def on_interest_changed(self, type_url: str, demand: Demand, now: float,
+                            names: Collection[str] | None = None) -> list[Request]:
+        """Downstream interest in ``type_url`` changed for ``names`` (None: look at
+        every name): the requests to send, if any. Costs the names given."""
         sub = self._subscribed.get(type_url, _TypeSubscription())
+        lingering = self._lingering.setdefault(type_url, {})
+        if names is None:
+            names = {*sub.locators, *demand.wanted_locators(type_url), *lingering}
         # Whatever nobody wants any more starts lingering (or goes at once).
-        for name, params_set in sub.locators.items():
-            for params in params_set - wanted.get(name, frozenset()):
-                self._lingering.setdefault((type_url, Locator(name, params)), now + self.linger)
-        if sub.wildcard and not wildcard:
-            self._lingering.setdefault((type_url, _WILDCARD), now + self.linger)
-        for name, wanted_params in wanted.items():
-            for params in wanted_params:
-                self._lingering.pop((type_url, Locator(name, params)), None)
-        if wildcard:
-            self._lingering.pop((type_url, _WILDCARD), None)
-        return self._sync_type(type_url, demand, now)
+        for name in names:
+            wanted = demand.wanted_params(type_url, name)
+            subscribed = sub.locators.get(name)
+            if subscribed:
+                for params in subscribed - wanted:
+                    self._linger(type_url, name, params, now + self.linger)
+            waiting = lingering.get(name)
+            if wanted and waiting:
+                for params in wanted:
+                    waiting.pop(params, None)
+                if not waiting:
+                    del lingering[name]
+        if demand.wants_wildcard(type_url):
+            self._lingering_wildcard.pop(type_url, None)
+        elif sub.wildcard and type_url not in self._lingering_wildcard:
+            self._lingering_wildcard[type_url] = now + self.linger
+            self._add_deadline(now + self.linger, ("wildcard", type_url))
+        return self._sync_type(type_url, demand, now, names)
+
+    def _linger(self, type_url: str, name: str, params: Params, until: float) -> None:
+        waiting = self._lingering.setdefault(type_url, {}).setdefault(name, {})
+        if params not in waiting:
+            waiting[params] = until
+            self._add_deadline(until, ("linger", type_url, name, params))
 
     def on_refetch(self, type_url: str, names: frozenset[str]) -> list[Request]:
         """Subscribe these names again so the origin resends them (do-not-cache).
@@ -240,6 +271,8 @@ class UpstreamState:
 
     def on_tick(self, demand: Demand, now: float) -> list[Request]:
         """Drop lingering subscriptions whose time is up; settle and reconcile what is due."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            heapq.heappop(self._deadlines)
         for type_url in list(self._settling):
             due = self._settle_due(type_url, now)
             if due:
@@ -248,18 +281,38 @@ class UpstreamState:
             gone = self._reconcile_due(type_url, now)
             if gone:
                 self.cache.apply(type_url, Update(removed_variants=gone))
-        due_types = sorted({t for (t, _), deadline in self._lingering.items() if deadline <= now})
         requests = []
-        for type_url in due_types:
-            requests.extend(self._sync_type(type_url, demand, now))
+        for type_url in sorted({*self._lingering, *self._lingering_wildcard}):
+            due_names = [name for name, waiting in self._lingering.get(type_url, {}).items()
+                         if min(waiting.values()) <= now]
+            if due_names or self._lingering_wildcard.get(type_url, math.inf) <= now:
+                requests.extend(self._sync_type(type_url, demand, now, due_names))
         return requests
 
     def next_deadline(self) -> float | None:
-        return min((*self._lingering.values(),
-                    *(t for due in self._settling.values() for t in due.values()),
-                    *(due for r in self._resync.values()
-                      if (due := r.due(self.answer_grace)) is not None)),
-                   default=None)
+        """When :meth:`on_tick` has something to do next."""
+        while self._deadlines:
+            deadline, _, what = self._deadlines[0]
+            if self._stands(deadline, what):
+                return deadline
+            heapq.heappop(self._deadlines)
+        return None
+
+    def _add_deadline(self, deadline: float, what: _Deadline) -> None:
+        heapq.heappush(self._deadlines, (deadline, next(self._deadline_order), what))
+
+    def _stands(self, deadline: float, what: _Deadline) -> bool:
+        """Whether a deadline set earlier still holds (nothing moved or cancelled it)."""
+        type_url = what[1]
+        if what[0] == "linger":
+            _, _, name, params = what
+            return self._lingering.get(type_url, {}).get(name, {}).get(params) == deadline
+        if what[0] == "wildcard":
+            return self._lingering_wildcard.get(type_url) == deadline
+        if what[0] == "settle":
+            return self._settling.get(type_url, {}).get(what[2]) == deadline
+        resync = self._resync.get(type_url)
+        return resync is not None and resync.due(self.answer_grace) == deadline
 
     def _settle(self, type_url: str, now: float) -> list[Locator]:
         """A response arrived: the locators it answers (subscribed long enough
@@ -268,29 +321,44 @@ class UpstreamState:
         unsettled = self._unsettled.pop(type_url, {})
         settling = self._settling.setdefault(type_url, {})
         for locator, subscribed_at in unsettled.items():
-            settling[locator] = subscribed_at + self.answer_grace
+            due = subscribed_at + self.answer_grace
+            settling.pop(locator, None)  # kept in the order they come due
+            settling[locator] = due
+            if due > now:
+                self._add_deadline(due, ("settle", type_url, locator))
         return self._settle_due(type_url, now)
 
     def _settle_due(self, type_url: str, now: float) -> list[Locator]:
         settling = self._settling.get(type_url, {})
-        due = [locator for locator, at in settling.items() if at <= now]
+        due = []
+        for locator, at in settling.items():
+            if at > now:
+                break
+            due.append(locator)
         for locator in due:
             del settling[locator]
         if not settling:
             self._settling.pop(type_url, None)
         return due
 
-    def _target(self, type_url: str, demand: Demand, now: float) -> tuple[Locators, bool]:
-        """The locators to be subscribed to: what is needed and not answered already."""
-        needed = demand.wanted_locators(type_url)
-        wildcard = demand.wants_wildcard(type_url)
-        for (t, locator), deadline in self._lingering.items():
-            if t != type_url or deadline <= now:
-                continue
-            if locator == _WILDCARD:
-                wildcard = True
-            else:
-                needed[locator.name] = needed.get(locator.name, frozenset()) | {locator.params}
+    def _target(self, type_url: str, demand: Demand, now: float,
+                names: Collection[str] | None) -> tuple[Locators, bool]:
+        """The locators to be subscribed to: what is needed and not answered
+        already, for ``names`` (None: every name), and whether the wildcard is."""
+        lingering = self._lingering.get(type_url, {})
+        wildcard = demand.wants_wildcard(type_url) or \
+            self._lingering_wildcard.get(type_url, -math.inf) > now
+        needed: dict[str, frozenset[Params]]
+        if names is None:
+            needed = demand.wanted_locators(type_url)
+            names = {*needed, *lingering}
+        else:
+            needed = {name: demand.wanted_params(type_url, name) for name in names}
+        for name in names:
+            waiting = lingering.get(name)
+            if waiting:
+                live = {params for params, until in waiting.items() if until > now}
+                needed[name] = needed.get(name, frozenset()) | live
         current = self._subscribed.get(type_url, _TypeSubscription()).locators
         target: Locators = {}
         for name, params_set in needed.items():
@@ -314,29 +382,39 @@ class UpstreamState:
                    any(variant.constraints.matches(q) for q in chosen)
                    for variant in found.values())
 
-    def _sync_type(self, type_url: str, demand: Demand, now: float) -> list[Request]:
-        for key in [k for k, d in self._lingering.items() if k[0] == type_url and d <= now]:
-            del self._lingering[key]
-        target, wildcard = self._target(type_url, demand, now)
+    def _sync_type(self, type_url: str, demand: Demand, now: float,
+                   names: Collection[str] | None = None) -> list[Request]:
+        """Bring the subscription of ``names`` (None: every name) and of the
+        wildcard in line with what is needed."""
+        self._drop_expired(type_url, now, names)
+        target, wildcard = self._target(type_url, demand, now, names)
         sub = self._subscribed.setdefault(type_url, _TypeSubscription())
+        scope = set(target) if names is not None else {*target, *sub.locators}
         subscribe: Locators = {}
         unsubscribe: Locators = {}
-        for name in sorted(set(target) | set(sub.locators)):
+        for name in sorted(scope):
             new, old = target.get(name, set()), sub.locators.get(name, set())
             if new - old:
                 subscribe[name] = new - old
             if old - new:
                 unsubscribe[name] = old - new
-                self._forget(type_url, name, new, old - new, wildcard, set(target))
+            if new:
+                sub.locators[name] = set(new)
+            else:
+                sub.locators.pop(name, None)
+        for name, dropped in unsubscribe.items():
+            self._forget(type_url, name, target.get(name, set()), dropped, wildcard,
+                         sub.locators)
         unsettled = self._unsettled.setdefault(type_url, {})
-        unsettled.update({Locator(n, p): now for n, ps in subscribe.items() for p in ps})
+        for locator in (Locator(n, p) for n, ps in subscribe.items() for p in ps):
+            unsettled.pop(locator, None)  # kept in the order they were subscribed
+            unsettled[locator] = now
         for locator in (Locator(n, p) for n, ps in unsubscribe.items() for p in ps):
             unsettled.pop(locator, None)
             self._settling.get(type_url, {}).pop(locator, None)
         was_wildcard = sub.wildcard
         if was_wildcard and not wildcard:
-            self.cache.end_wildcard(type_url, set(target))
-        sub.locators = {n: set(ps) for n, ps in target.items() if ps}
+            self.cache.end_wildcard(type_url, sub.locators.keys())
         sub.wildcard = wildcard
         if not sub.locators and not sub.wildcard:
             del self._subscribed[type_url]
@@ -347,8 +425,24 @@ class UpstreamState:
             type_url, subscribe, unsubscribe,
             wildcard=None if was_wildcard == wildcard else wildcard)).requests
 
+    def _drop_expired(self, type_url: str, now: float, names: Collection[str] | None) -> None:
+        """Forget lingering subscriptions of ``names`` (None: all) whose time is up."""
+        lingering = self._lingering.get(type_url)
+        if lingering:
+            for name in list(lingering) if names is None else \
+                    [n for n in names if n in lingering]:
+                waiting = lingering[name]
+                for params in [p for p, until in waiting.items() if until <= now]:
+                    del waiting[params]
+                if not waiting:
+                    del lingering[name]
+        if not lingering:
+            self._lingering.pop(type_url, None)
+        if self._lingering_wildcard.get(type_url, math.inf) <= now:
+            del self._lingering_wildcard[type_url]
+
     def _forget(self, type_url: str, name: str, kept: set[Params], dropped: set[Params],
-                wildcard: bool, still_subscribed: set[str]) -> None:
+                wildcard: bool, still_subscribed: Container[str]) -> None:
         """Drop cached variants that no remaining subscription keeps current."""
         if wildcard:
             return  # the wildcard subscription still brings every variant
@@ -392,6 +486,7 @@ class UpstreamState:
         if resync is not None:
             if resync.answered_at is None:
                 resync.answered_at = now
+                self._add_deadline(now + self.answer_grace, ("reconcile", type_url))
             resync.confirmed.update((r.name, r.variant_key) for r in wanted)
             resync.confirmed.update((name, key) for name, key, _ in beats)
             resync.erred.update(e.resource_name.name for e in errors)
@@ -404,7 +499,9 @@ class UpstreamState:
                 any(r.constraints is not UNCONSTRAINED for r in wanted)):
             return [ack]
         # Variants changed: a client answered from cache may need its own locator.
-        return [ack, *self._sync_type(type_url, demand, now)]
+        touched = {*(r.name for r in wanted), *removed,
+                   *(name for name, _ in (*parsed.removed_variants, *gone))}
+        return [ack, *self._sync_type(type_url, demand, now, touched)]
 
     def _learn_declarations(self, type_url: str, resources: list[CachedResource]) -> None:
         """With ``initial_versions: auto``, notice an origin that ignores them."""

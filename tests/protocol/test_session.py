@@ -8,8 +8,9 @@ import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import Update
+from relay.constraints import EMPTY_PARAMS
 from relay.core import Core
-from relay.interest import Interest
+from relay.interest import InterestChange
 from relay.protocol.outcome import ProtocolError
 from relay.protocol.session import SUPPORTS_RESOURCE_IN_SOTW, Session
 from relay.protocol.snapshot import ResourceStatus
@@ -155,10 +156,22 @@ def test_interest_is_registered_by_requests_that_change_it_not_by_plain_acks() -
     origin.put(ENDPOINT, "a", endpoints("a"))
     session = Session("delta")
     received = session.receive(Delta(type_url=ENDPOINT, resource_names_subscribe=["a"]))
-    assert received.interest == [(ENDPOINT, Interest(frozenset({"a"})))]
+    assert received.interest == [(ENDPOINT, InterestChange(added={"a": EMPTY_PARAMS}))]
     [plan] = session.due(origin.view).responses
     ack = session.receive(Delta(type_url=ENDPOINT, response_nonce=plan.nonce))
     assert ack.outcome.ack_nonce == plan.nonce and ack.interest == []
+    # Subscribed again, and to one more: only the new name is news.
+    again = session.receive(Delta(type_url=ENDPOINT, resource_names_subscribe=["a", "b"]))
+    assert again.interest == [(ENDPOINT, InterestChange(added={"b": EMPTY_PARAMS}))]
+    gone = session.receive(Delta(type_url=ENDPOINT, resource_names_unsubscribe=["a", "x"]))
+    assert gone.interest == [(ENDPOINT, InterestChange(removed={"a": EMPTY_PARAMS}))]
+
+
+def test_a_first_request_with_no_names_registers_the_stream_for_its_type() -> None:
+    session = Session("delta")
+    received = session.receive(Delta(type_url=ENDPOINT))
+    assert received.interest == [(ENDPOINT, InterestChange())]
+    assert session.receive(Delta(type_url=ENDPOINT)).interest == []
 
 
 def test_a_node_parameter_change_re_registers_every_type_it_touches() -> None:
@@ -167,8 +180,8 @@ def test_a_node_parameter_change_re_registers_every_type_it_touches() -> None:
     session.receive(Delta(type_url=ENDPOINT, resource_names_subscribe=["e"]))
     node = {"id": "n", "dynamic_parameters": {CLUSTER: {"params": {"env": "canary"}}}}
     received = session.receive(Delta(type_url=ENDPOINT, node=node))
-    [(_, interest)] = [item for item in received.interest if item[0] == CLUSTER]
-    assert interest.params == frozenset({("c", frozenset({("env", "canary")}))})
+    assert received.interest == [(CLUSTER, InterestChange(
+        added={"c": frozenset({("env", "canary")})}, removed={"c": EMPTY_PARAMS}))]
 
 
 def test_a_do_not_cache_copy_older_than_the_subscription_is_fetched_afresh() -> None:

@@ -9,6 +9,7 @@ relay wires them, so only gRPC is missing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -102,9 +103,9 @@ class Relay:
     def cache(self) -> ResourceCache:
         return self.serving.cache
 
-    def interest_changed(self, type_url: str) -> None:
-        self.to_origin.extend(
-            self.upstream.on_interest_changed(type_url, self.serving.index, self.now))
+    def interest_changed(self, type_url: str, names: Iterable[str]) -> None:
+        self.to_origin.extend(self.upstream.on_interest_changed(
+            type_url, self.serving.index, self.now, set(names)))
 
     def refetch(self, type_url: str, names: frozenset[str]) -> None:
         self.to_origin.extend(self.upstream.on_refetch(type_url, names))

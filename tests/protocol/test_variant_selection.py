@@ -10,6 +10,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ResourceCache, Update
 from relay.constraints import Constraints, Locator, compile_constraints, params_of
+from relay.interest import InterestChange
 from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
 from relay.protocol.sotw import SotwSubscription
 from relay.protocol.view import CacheView, NonceSource
@@ -97,7 +98,10 @@ def test_invariant_31_parameter_change_moves_to_the_new_variant_in_one_update() 
     assert plan is not None
     state.on_request(discovery_pb2.DeltaDiscoveryRequest(type_url=CLUSTER,
                                                          response_nonce=plan.nonce))
-    assert state.set_node_params(params_of({"env": "prod"}))  # interest changed
+    state.take_interest_change()
+    state.set_node_params(params_of({"env": "prod"}))
+    assert state.take_interest_change() == InterestChange(  # the index learns it
+        added={"c": params_of({"env": "prod"})}, removed={"c": params_of({"env": "canary"})})
     plan = state.next_response(view, nonces)
     assert plan is not None
     assert [r.variant_key for r in plan.resources] == [key(PROD)]
@@ -197,10 +201,12 @@ def test_invariant_31_sotw_locator_parameter_change_resends_the_new_variant() ->
                                                   "dynamic_parameters": {"env": env}}])
 
     state.on_request(request("canary"))
+    state.take_interest_change()
     plan = state.next_response(view, nonces)
     assert plan is not None and plan.resources[0].variant_key == key(CANARY)
-    outcome = state.on_request(request("prod", plan.nonce))
-    assert outcome.interest_changed
+    state.on_request(request("prod", plan.nonce))
+    assert state.take_interest_change() == InterestChange(
+        added={"c": params_of({"env": "prod"})}, removed={"c": params_of({"env": "canary"})})
     plan = state.next_response(view, nonces)
     assert plan is not None and [r.variant_key for r in plan.resources] == [key(PROD)]
 

@@ -7,6 +7,7 @@ responses, counts and logs; the protocol rules themselves are the session's
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -41,7 +42,7 @@ def decoded(stream: DownstreamStream) -> list[discovery_pb2.DeltaDiscoveryRespon
 class Up:
     refetches: list[tuple[str, frozenset[str]]] = field(default_factory=list)
 
-    def interest_changed(self, type_url: str) -> None:
+    def interest_changed(self, type_url: str, names: Iterable[str]) -> None:
         pass
 
     def refetch(self, type_url: str, names: frozenset[str]) -> None:
