@@ -116,6 +116,8 @@ class _TypeEntry:
     # alias -> canonical name, for lookups by alias (each alias is also in
     # its canonical record's ``aliases``)
     aliases: dict[str, str] = field(default_factory=dict)
+    # names whose record holds an error of the origin's
+    erred: set[str] = field(default_factory=set)
     synced: bool = False
     complete: bool = False
 
@@ -179,6 +181,11 @@ class ResourceCache:
             return None
         error, _ = select_variant(record.errors.values(), params)
         return error
+
+    def has_errors(self, type_url: str) -> bool:
+        """Whether the origin reports an error for any resource of the type."""
+        entry = self._types.get(type_url)
+        return entry is not None and bool(entry.erred)
 
     def aliases_of(self, type_url: str, name: str) -> set[str]:
         """The aliases under which the cached resource ``name`` is known."""
@@ -326,6 +333,7 @@ class ResourceCache:
                     gone.add(canonical)
         for name in gone:
             record = entry.records.pop(name, None)
+            entry.erred.discard(name)
             if record is not None:
                 for alias in record.aliases:
                     entry.aliases.pop(alias, None)
@@ -364,6 +372,7 @@ class ResourceCache:
         known = errors.get(constraints.key)
         if known is None or known[1] != error:
             errors[constraints.key] = (constraints, error)
+            entry.erred.add(name)
             changed.add(name)
 
     def _upsert(self, type_url: str, entry: _TypeEntry, resource: CachedResource,
@@ -373,6 +382,8 @@ class ResourceCache:
         # A variant that arrives clears its own error and the name's.
         if record.errors and any([record.errors.pop(k, None) for k in {key, ""}]):
             changed.add(name)
+            if not record.errors:
+                entry.erred.discard(name)
         ttl = resource.ttl_seconds
         if ttl is None:
             record.expires.pop(key, None)

@@ -108,6 +108,7 @@ async def _run(config: RelayConfig) -> int:
     """Run until a signal: SIGTERM drains first (see ``Relay.drain``); SIGINT,
     or a second signal during the drain, stops at once."""
     from relay.app import Relay
+    from relay.runtime import tune_gc
 
     # Handlers first: a SIGTERM while starting still ends in a clean exit.
     signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
@@ -117,6 +118,7 @@ async def _run(config: RelayConfig) -> int:
             loop.add_signal_handler(signum, signals.put_nowait, signum)
     relay = Relay(config)
     await relay.start()
+    tune_gc()
     received = await signals.get()
     if received == signal.SIGTERM:
         log.info("SIGTERM: draining over %.1fs (signal again to stop now)",

@@ -116,11 +116,17 @@ class CachedResource:
         made.__dict__["digest"] = digest
         return made
 
-    @property
+    @cached_property
     def variant_key(self) -> str:
         return self.constraints.key
 
-    @property
+    def is_current(self, resource: CachedResource) -> bool:
+        """Whether a client holding this copy holds ``resource``: the same
+        variant with the same content (and origin version)."""
+        return self is resource or (self.digest == resource.digest and
+                                    self.variant_key == resource.variant_key)
+
+    @cached_property
     def resource_name(self) -> discovery_pb2.ResourceName | None:
         """Name and constraints, for variants sent with constraints (else None)."""
         if self.constraints is UNCONSTRAINED:
@@ -151,7 +157,7 @@ class CachedResource:
         seconds: float = self.resource.ttl.ToTimedelta().total_seconds()
         return seconds
 
-    @property
+    @cached_property
     def do_not_cache(self) -> bool:
         return bool(self.resource.cache_control.do_not_cache)
 

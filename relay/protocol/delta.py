@@ -15,7 +15,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import params_of
-from relay.protocol.held import Held
+from relay.protocol.held import Declared, Held
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.subscription import SubscriptionState
@@ -95,7 +95,7 @@ class DeltaSubscription(SubscriptionState):
         params = {loc.name: params_of(loc.dynamic_parameters) for loc in locators}
         subscribe.update(params)
         if first:
-            self._held = {name: Held(version)
+            self._held = {name: Declared(version)
                           for name, version in request.initial_resource_versions.items()}
             if not subscribe and self._type_url in LEGACY_WILDCARD_TYPES:
                 self._start_wildcard()
@@ -142,54 +142,51 @@ class DeltaSubscription(SubscriptionState):
 
     # -- output ----------------------------------------------------------
 
-    def _has_work(self) -> bool:
+    def has_work(self) -> bool:
+        """Whether :meth:`next_response` may have a response to send now."""
         return self._inflight_nonce is None and (
             bool(self._pending) or self._recheck_all or self._must_answer or
             bool(self._pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource) -> DeltaResponsePlan | None:
         """The response to send now, if any (none while one is in flight)."""
-        if not self._has_work() or not view.is_synced(self._type_url):
+        if not self.has_work() or not view.is_synced(self._type_url):
             return None
         candidates = self._take_candidates(
-            view, (*self._names, *self._held, *self._unanswered, *self._pending))
+            view, lambda: (*self._names, *self._held, *self._unanswered, *self._pending))
 
         resources: list[CachedResource] = []
         sending: set[int] = set()  # ids of ``resources``: a name and its alias, once
-        removed: list[str] = []
-        removed_names: list[discovery_pb2.ResourceName] = []
-        removed_variants: set[tuple[str, str]] = set()
+        removed: dict[str, None] = {}  # subscribed by name and by alias: once
+        removed_names: dict[tuple[str, str], discovery_pb2.ResourceName] = {}
         errors: list[discovery_pb2.ResourceError] = []
+        held_now, unanswered, resend = self._held, self._unanswered, self._resend
         for name, found in self._looked_up(view, candidates, errors):
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
-                self._resend.discard(name)
-                held = self._held.pop(name, None)
+                resend.discard(name)
+                held = held_now.pop(name, None)
                 if held is not None and held.resource_name is not None:
-                    key = (held.resource_name.name, held.variant_key or "")
-                    if key not in removed_variants:
-                        removed_variants.add(key)
-                        removed_names.append(held.resource_name)
-                elif held is not None or name in self._unanswered:
+                    removed_names.setdefault((held.resource_name.name, held.variant_key or ""),
+                                             held.resource_name)
+                elif held is not None or name in unanswered:
                     # A resource subscribed by alias went out under its own name.
-                    gone = (held.canonical or name) if held else name
-                    if gone not in removed:  # subscribed by name and by alias
-                        removed.append(gone)
-                self._unanswered.discard(name)
+                    removed[(held.name or name) if held else name] = None
+                unanswered.discard(name)
                 continue
             assert isinstance(found, CachedResource)
-            if self._stale(found, name):
+            if found.do_not_cache and self._stale(found, name):
                 continue  # fetched before we asked: not ours to reuse
-            self._unanswered.discard(name)
-            held = self._held.get(name)
-            if held is None or not held.is_current(found) or name in self._resend:
-                self._resend.discard(name)
+            unanswered.discard(name)
+            held = held_now.get(name)
+            if held is None or not held.is_current(found) or name in resend:
+                resend.discard(name)
                 # Moving to another variant is one update, never remove-then-add.
                 if id(found) not in sending:
                     sending.add(id(found))
                     resources.append(found)
-                self._held[name] = Held.of(found, name)
+                held_now[name] = found
 
         heartbeats = self._heartbeats_due(resources, view)
         if not (resources or removed or removed_names or errors or heartbeats or
@@ -199,13 +196,13 @@ class DeltaSubscription(SubscriptionState):
         nonce = nonces.next()
         self._inflight_nonce = nonce
         self._inflight = tuple((r.name, r.version) for r in resources)
-        return DeltaResponsePlan(self._type_url, nonce, resources, removed, removed_names,
-                                 errors, heartbeats)
+        return DeltaResponsePlan(self._type_url, nonce, resources, list(removed),
+                                 list(removed_names.values()), errors, heartbeats)
 
     # -- snapshot ----------------------------------------------------------
 
     def _held_status(self, name: str, held: Held) -> ResourceStatus:
-        sent = (held.canonical or name, held.version)
+        sent = (held.name or name, held.version)
         if self._inflight_nonce is not None and sent in self._inflight:
             return ResourceStatus.SENT
         if self._last_nack is not None and sent in self._last_nack.resources:

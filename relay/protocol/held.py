@@ -1,8 +1,16 @@
-"""What a client holds of one resource, as far as a stream's state knows."""
+"""What a client holds of one resource, as far as a stream's state knows.
+
+Mostly it is the very :class:`~relay.resource.CachedResource` last sent to it:
+the state keeps a reference, so holding costs nothing per name and stream,
+and a client holding exactly what the cache holds is recognised by
+identity. A delta client's ``initial_resource_versions`` declare versions
+only; those are a :class:`Declared`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -11,41 +19,26 @@ from relay.resource import CachedResource
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
-    """The version (and variant) of a resource last sent to, or declared by, a client.
-
-    ``variant_key`` is None when only the version is known (from a delta
-    client's ``initial_resource_versions``). ``resource_name`` is set when the
-    variant went out with constraints: its removal must then name them.
-    """
+class Declared:
+    """A version a delta client declared it holds (no variant or content known)."""
 
     version: str
-    variant_key: str | None = None
+    # what a sent resource has and a declaration does not
+    name = ""
+    variant_key = None
     resource_name: discovery_pb2.ResourceName | None = None
-    # the resource's own name, when the client subscribed to it by an alias
-    canonical: str = ""
-    # the content digest of what was sent (None when the client declared a version)
-    digest: bytes | None = None
-
-    @classmethod
-    def of(cls, resource: CachedResource, subscribed_as: str = "") -> Held:
-        canonical = resource.name if subscribed_as and subscribed_as != resource.name else ""
-        return cls(resource.version, resource.variant_key, resource.resource_name, canonical,
-                   resource.digest)
+    digest = None
 
     def is_current(self, resource: CachedResource) -> bool:
-        """Whether the client already has exactly this variant, content and version.
+        """Whether the declared version vouches for ``resource``.
 
-        New content is an update even under the same version string. A
-        version the client declared (no variant or content known) vouches
-        only for a resource without variants: variants of one name may share
+        Only for a resource without variants: variants of one name may share
         a version, and the client may hold another one than its parameters
         now select.
         """
-        if self.version != resource.version:
-            return False
-        if self.digest is not None and self.digest != resource.digest:
-            return False
-        if self.variant_key is None:
-            return resource.constraints is UNCONSTRAINED
-        return self.variant_key == resource.variant_key
+        return self.version == resource.version and resource.constraints is UNCONSTRAINED
+
+
+# What a client holds of one name: what was sent to it (whose ``name`` is the
+# resource's own, when it subscribed by an alias), or what it declared.
+Held: TypeAlias = CachedResource | Declared

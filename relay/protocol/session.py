@@ -96,6 +96,10 @@ class Session:
         """The types this stream has asked for."""
         return list(self._states)
 
+    def has_work(self) -> bool:
+        """Whether :meth:`due` may have a response to send now."""
+        return any(state.has_work() for state in self._states.values())
+
     # -- input -----------------------------------------------------------------
 
     def receive(self, request: Request) -> Received:

@@ -187,14 +187,15 @@ class SotwSubscription(SubscriptionState):
 
     # -- output ----------------------------------------------------------
 
-    def _has_work(self) -> bool:
+    def has_work(self) -> bool:
+        """Whether :meth:`next_response` may have a response to send now."""
         return self._started and self._inflight_nonce is None and (
             bool(self._pending) or self._recheck_all or self._must_answer or
             bool(self._pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource) -> SotwResponsePlan | None:
         """The response to send now, if any (none while one is in flight)."""
-        if not self._has_work() or not view.is_synced(self._type_url):
+        if not self.has_work() or not view.is_synced(self._type_url):
             return None
         if self._full_state:
             return self._full_state_response(view, nonces)
@@ -226,21 +227,24 @@ class SotwSubscription(SubscriptionState):
         errors = [forwarded for name, error in current_errors
                   if (forwarded := self._forward_error(name, error)) is not None]
         self._looked_at_everything()
-        new_held = {r.name: Held.of(r) for r in resources}
+        new_held = {r.name: r for r in resources}
         beats = frozenset(n for n in self._pending_heartbeats
-                          if n in self._held and n in new_held and self._held[n] == new_held[n])
+                          if (held := self._held.get(n)) is not None and n in new_held and
+                          held.is_current(new_held[n]))
         self._pending_heartbeats = set()
-        if new_held == self._held and not self._must_answer and not errors:
+        unchanged = new_held.keys() == self._held.keys() and all(
+            self._held[name].is_current(resource) for name, resource in new_held.items())
+        if unchanged and not self._must_answer and not errors:
             if not beats:
                 return None
             # Unchanged state: a heartbeat response, all others in full.
             return self._emit(resources, nonces, errors, beats)
-        self._held = new_held
+        self._held = dict(new_held)
         return self._emit(resources, nonces, errors)
 
     def _changes_response(self, view: ResourceView,
                           nonces: NonceSource) -> SotwResponsePlan | None:
-        candidates = self._take_candidates(view, self._names)
+        candidates = self._take_candidates(view, lambda: self._names)
         resources: list[CachedResource] = []
         errors: list[discovery_pb2.ResourceError] = []
         for name, found in self._looked_up(view, candidates, errors):
@@ -256,7 +260,7 @@ class SotwSubscription(SubscriptionState):
             held = self._held.get(name)
             if held is None or not held.is_current(found):
                 resources.append(found)
-                self._held[name] = Held.of(found)
+                self._held[name] = found
         beats = self._heartbeats_due(resources, view)
         if not resources and not errors and not beats and not self._must_answer:
             return None

@@ -16,7 +16,7 @@ and a :class:`~relay.protocol.snapshot.TypeSnapshot`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -219,18 +219,28 @@ class SubscriptionState:
         """Each subscribed name among ``candidates`` (sorted) with the variant
         this client gets, or why there is none; the origin's errors not yet
         passed on go into ``errors`` on the way."""
+        type_url, wildcard, names = self._type_url, self._wildcard, self._names
+        locator_params, node_params = self._locator_params, self._node_params
+        # Errors are rare: look them up only in a type that has any, or for
+        # names whose error this client was told (to forget it once gone).
+        any_errors = view.has_errors(type_url)
+        errors_sent = self._errors_sent
+        lookup = view.lookup
         for name in sorted(candidates):
-            if not (self._wildcard or name in self._names):
+            if not (wildcard or name in names):
                 continue
-            params = self.params_for(name)
-            forwarded = self._forward_error(name, view.error(self._type_url, name, params))
-            if forwarded is not None:
-                errors.append(forwarded)
-            yield name, view.lookup(self._type_url, name, params)
+            params = locator_params.get(name, node_params)
+            if any_errors or name in errors_sent:
+                forwarded = self._forward_error(name, view.error(type_url, name, params))
+                if forwarded is not None:
+                    errors.append(forwarded)
+            yield name, lookup(type_url, name, params)
 
     def _heartbeats_due(self, sending: Iterable[CachedResource],
                         view: ResourceView) -> list[CachedResource]:
         """Resources to send as heartbeats: confirmed, held by the client, not being sent."""
+        if not self._pending_heartbeats:
+            return []
         out = []
         being_sent = {r.name for r in sending}
         for name in sorted(self._pending_heartbeats - being_sent):
@@ -244,10 +254,12 @@ class SubscriptionState:
         self._pending_heartbeats = set()
         return out
 
-    def _take_candidates(self, view: ResourceView, everything: Iterable[str]) -> set[str]:
-        """The names to look at for the next response; their pending marks go."""
+    def _take_candidates(self, view: ResourceView,
+                         everything: Callable[[], Iterable[str]]) -> set[str]:
+        """The names to look at for the next response; their pending marks go.
+        ``everything`` gives every name the state knows, when all are due."""
         if self._recheck_all:
-            candidates = set(everything)
+            candidates = set(everything())
             if self._wildcard:
                 candidates.update(view.names(self._type_url))
         else:
@@ -272,7 +284,7 @@ class SubscriptionState:
             status = self._held_status(name, held)
             message = self._last_nack.message if status is ResourceStatus.NACKED and \
                 self._last_nack is not None else ""
-            resources.append(ResourceState(held.canonical or name, status, held.version,
+            resources.append(ResourceState(held.name or name, status, held.version,
                                            held.variant_key, name, message))
         for name in sorted(self._names - self._held.keys()):
             error = self._errors_sent.get(name)

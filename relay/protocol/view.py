@@ -10,7 +10,7 @@ from cachetools import LRUCache
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN, Missing, ResourceCache
-from relay.constraints import Locator, Params, select_variant
+from relay.constraints import UNCONSTRAINED, Locator, Params, select_variant
 from relay.resource import CachedResource
 
 log = logging.getLogger("relay.variants")
@@ -30,6 +30,9 @@ class ResourceView(Protocol):
 
     def names(self, type_url: str) -> Iterable[str]:
         """Every name of the type that exists."""
+
+    def has_errors(self, type_url: str) -> bool:
+        """Whether the origin reports an error for any resource of the type."""
 
     def error(self, type_url: str, name: str,
               params: Params) -> discovery_pb2.ResourceError | None:
@@ -70,8 +73,8 @@ class CacheView:
                 return ABSENT
             return found
         if len(found) == 1:
-            only = next(iter(found.values()))
-            if only.constraints.matches(params):
+            [only] = found.values()
+            if only.constraints is UNCONSTRAINED or only.constraints.matches(params):
                 return only
         else:
             choice, ambiguous = select_variant(
@@ -87,6 +90,9 @@ class CacheView:
 
     def names(self, type_url: str) -> Iterable[str]:
         return self._cache.names(type_url)
+
+    def has_errors(self, type_url: str) -> bool:
+        return self._cache.has_errors(type_url)
 
     def error(self, type_url: str, name: str,
               params: Params) -> discovery_pb2.ResourceError | None:

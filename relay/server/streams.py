@@ -22,13 +22,12 @@ import grpc
 from envoy.config.core.v3 import base_pb2
 
 from relay.cache import ResourceCache
-from relay.encoding import encode_delta_response, encode_sotw_response
 from relay.interest import InterestIndex
-from relay.protocol.delta import DeltaResponsePlan
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.session import Plan, Request, Session, XdsProtocol
 from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.view import CacheView
+from relay.server.plans import PlanEncoder, encode_plan
 from relay.server.status import client_summary
 from relay.telemetry import Metrics
 from relay.xds_types import short_name
@@ -55,9 +54,39 @@ class ServingContext:
     draining: bool = False
     # set while no stream is open
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    encoder: PlanEncoder = field(default_factory=PlanEncoder)
+    # streams an origin change concerns, until the batch window closes: one
+    # timer for the whole relay, however many streams a push reaches
+    _batched: set[DownstreamStream] = field(default_factory=set)
+    _batch_timer: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+    def wake_after_batch(self, stream: DownstreamStream) -> None:
+        """Wake ``stream`` once the batch window closes, to let the rest of
+        the origin's burst arrive first (at once without a window)."""
+        if self.batch_window <= 0:
+            stream.wake()
+            return
+        self._batched.add(stream)
+        if self._batch_timer is None:
+            self._batch_timer = asyncio.get_running_loop().call_later(
+                self.batch_window, self._end_batch)
+
+    def leave(self, stream: DownstreamStream) -> None:
+        """``stream`` ended: forget it everywhere."""
+        self.streams.discard(stream)
+        self._batched.discard(stream)
+        if not self.streams:
+            self.idle.set()
+        self.index.remove(stream)
+
+    def _end_batch(self) -> None:
+        self._batch_timer = None
+        batched, self._batched = self._batched, set()
+        for stream in batched:
+            stream.wake()
 
     def subscription_counts(self) -> Counter[tuple[str, ...]]:
         """Streams subscribed to each type, by (protocol, short type name)."""
@@ -101,7 +130,6 @@ class DownstreamStream:
         self.peer = peer
         self.session = Session(protocol, fixed_type_url, serving.max_locator_size)
         self._wake = asyncio.Event()
-        self._origin_changed = False
         self._closing: str | None = None
         # per type, when the client last changed what it subscribes to: resources
         # received after that are pushes (even if they waited for an ACK), and
@@ -131,6 +159,10 @@ class DownstreamStream:
         self._closing = reason
         self._wake.set()
 
+    def wake(self) -> None:
+        """Look at what is due now."""
+        self._wake.set()
+
     # -- notifications from the interest index --------------------------------
 
     def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
@@ -140,13 +172,11 @@ class DownstreamStream:
         if coalesced:
             self.serving.metrics.downstream_coalesced.add(
                 self.protocol, short_name(type_url), amount=coalesced)
-        self._origin_changed = True
-        self._wake.set()
+        self.serving.wake_after_batch(self)
 
     def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
         if self.session.heartbeats_received(type_url, names):
-            self._origin_changed = True
-            self._wake.set()
+            self.serving.wake_after_batch(self)
 
     # -- requests ------------------------------------------------------------
 
@@ -186,7 +216,7 @@ class DownstreamStream:
             if newest > self._requested_at.get(plan.type_url, 0.0):
                 metrics.push_latency.record(time.monotonic() - newest,
                                             short_name(plan.type_url))
-        return encode_plan(plan)
+        return self.serving.encoder.encode(plan)
 
     async def serve(self, requests: AsyncIterator[Request],
                     context: grpc.aio.ServicerContext) -> None:
@@ -214,35 +244,19 @@ class DownstreamStream:
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
                     return
                 await self._wake.wait()
-                if self._origin_changed and self.serving.batch_window > 0:
-                    # Let the rest of the origin's burst arrive first.
-                    await asyncio.sleep(self.serving.batch_window)
-                self._origin_changed = False
                 self._wake.clear()
         finally:
             reader.cancel()
-            self.serving.streams.discard(self)
-            if not self.serving.streams:
-                self.serving.idle.set()
-            self.serving.index.remove(self)
+            self.serving.leave(self)
             metrics.downstream_streams.add(-1, {"protocol": self.protocol})
 
     async def _read(self, requests: AsyncIterator[Request]) -> None:
         try:
             async for request in requests:
                 self.handle_request(request)
-                self._wake.set()
+                if self.session.has_work():
+                    # Not for a plain ACK with nothing waiting: most of them.
+                    self._wake.set()
         finally:
             self._wake.set()
 
-
-def encode_plan(plan: Plan) -> bytes:
-    """Serialize a planned response around its pre-encoded resources."""
-    if isinstance(plan, DeltaResponsePlan):
-        return encode_delta_response(plan.head(), [
-            *(r.delta_entry for r in plan.resources),
-            *(r.heartbeat_entry for r in plan.heartbeats)])
-    return encode_sotw_response(plan.head(), (
-        r.sotw_heartbeat_entry if r.name in plan.heartbeats else
-        r.sotw_wrapped_entry if r.name in plan.wrapped else r.sotw_entry
-        for r in plan.resources))

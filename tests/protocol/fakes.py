@@ -46,6 +46,9 @@ class FakeView:
             return self._resources[name]
         return ABSENT if name in self._absent or self.complete else UNKNOWN
 
+    def has_errors(self, type_url: str) -> bool:
+        return bool(self.errors)
+
     def error(self, type_url: str, name: str,
               params: Params) -> discovery_pb2.ResourceError | None:
         return self.errors.get(name)
