@@ -12,6 +12,7 @@ report the same version.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -49,21 +50,32 @@ class SotwResponsePlan:
             resource_errors=self.errors)
 
 
-def state_version(held: dict[str, Held]) -> str:
+def held_term(name: str, held: Held) -> int:
+    """One resource's share of a client state's version (see :func:`state_version`)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for part in (name, held.version, held.variant_key or ""):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    digest.update(held.digest or b"")
+    return int.from_bytes(digest.digest(), "big")
+
+
+def state_version(held: Mapping[str, Held]) -> str:
     """A digest of what the client holds: the ``version_info`` of a client state.
 
     It covers each resource's content digest too, so that new content under
-    an unchanged origin version still changes ``version_info``.
+    an unchanged origin version still changes ``version_info``. It is the sum
+    of one term per resource, so a state keeps it up to date as resources
+    come and go, in what changed rather than in all it holds.
     """
-    digest = hashlib.blake2b(digest_size=8)
-    for name in sorted(held):
-        entry = held[name]
-        for part in (name, entry.version, entry.variant_key or ""):
-            digest.update(part.encode())
-            digest.update(b"\0")
-        digest.update(entry.digest or b"")
-        digest.update(b"\0")
-    return digest.hexdigest()
+    return _version_text(sum(held_term(name, entry) for name, entry in held.items()))
+
+
+def _version_text(total: int) -> str:
+    return f"{total % _VERSION_MODULUS:016x}"
+
+
+_VERSION_MODULUS = 1 << 64
 
 
 class SotwSubscription(SubscriptionState):
@@ -82,6 +94,8 @@ class SotwSubscription(SubscriptionState):
         # (``_inflight_nonce`` is that response, until the client answers it)
         self._version_info = ""               # of the latest response sent
         self._acked_version = ""
+        # the sum of ``held_term`` over ``_held``: the state's version, kept current
+        self._held_sum = 0
         # set after a cluster push: the next request is answered in full even if
         # it looks like a plain ACK (Envoy re-requests endpoints to warm clusters)
         self._answer_next_request = False
@@ -138,7 +152,7 @@ class SotwSubscription(SubscriptionState):
         if self._answer_next_request and request.response_nonce == self._last_nonce:
             self._answer_next_request = False
             for name in requested & self._held.keys():
-                del self._held[name]
+                self._unhold(name)
             self._pending |= requested
             self._must_answer = True
         if requested == self._names and not (self._wildcard or locators or self._locator_params):
@@ -172,10 +186,10 @@ class SotwSubscription(SubscriptionState):
             # Forget what the client unsubscribed (it drops it), so that a
             # later resubscribe resends it.
             for name in self._held.keys() - self._names:
-                del self._held[name]
+                self._unhold(name)
         if not first:
             for name in added & self._held.keys():
-                del self._held[name]
+                self._unhold(name)
         self._subscribe_names(added, {name: locators[name] for name in added & locators.keys()})
         if added and self._full_state:
             self._must_answer = True
@@ -240,6 +254,7 @@ class SotwSubscription(SubscriptionState):
             # Unchanged state: a heartbeat response, all others in full.
             return self._emit(resources, nonces, errors, beats)
         self._held = dict(new_held)
+        self._held_sum = sum(held_term(name, r) for name, r in new_held.items())
         return self._emit(resources, nonces, errors)
 
     def _changes_response(self, view: ResourceView,
@@ -252,7 +267,8 @@ class SotwSubscription(SubscriptionState):
                 continue
             if found is ABSENT:
                 # SotW cannot say "removed" for these types; just forget it.
-                self._held.pop(name, None)
+                if name in self._held:
+                    self._unhold(name)
                 continue
             assert isinstance(found, CachedResource)
             if self._stale(found, name):
@@ -260,7 +276,10 @@ class SotwSubscription(SubscriptionState):
             held = self._held.get(name)
             if held is None or not held.is_current(found):
                 resources.append(found)
+                if held is not None:
+                    self._unhold(name)
                 self._held[name] = found
+                self._held_sum += held_term(name, found)
         beats = self._heartbeats_due(resources, view)
         if not resources and not errors and not beats and not self._must_answer:
             return None
@@ -275,11 +294,14 @@ class SotwSubscription(SubscriptionState):
         nonce = nonces.next()
         self._last_nonce = nonce
         self._inflight_nonce = nonce
-        self._version_info = state_version(self._held)
+        self._version_info = _version_text(self._held_sum)
         wrapped = frozenset(r.name for r in resources if r.name in self._locator_params or
                             (self._wrap_ttl and r.ttl_seconds is not None))
         return SotwResponsePlan(self._type_url, nonce, self._version_info, resources, wrapped,
                                 errors or [], heartbeats)
+
+    def _unhold(self, name: str) -> None:
+        self._held_sum -= held_term(name, self._held.pop(name))
 
     # -- snapshot ----------------------------------------------------------
 

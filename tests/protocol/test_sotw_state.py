@@ -78,6 +78,31 @@ def test_invariant_15_version_changes_with_content_and_is_deterministic() -> Non
     assert second is not None and second.version_info != first.version_info
 
 
+def test_invariant_15_the_version_kept_up_to_date_is_the_digest_of_what_is_held() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1", b="1", c="1")
+    subscribed = ["a", "b", "c"]
+
+    def respond(*changed: str) -> str:
+        state.resources_changed(frozenset(changed), False)
+        plan = state.next_response(view, nonces)
+        assert plan is not None
+        state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce,
+                             resource_names=subscribed))
+        return plan.version_info
+
+    state.on_request(Req(type_url=ENDPOINT, resource_names=subscribed))
+    assert respond() == state_version({n: view.lookup(ENDPOINT, n, frozenset())  # type: ignore
+                                       for n in "abc"})
+    view.set("b", "2")
+    assert respond("b") == state_version({n: view.lookup(ENDPOINT, n, frozenset())  # type: ignore
+                                          for n in "abc"})
+    subscribed = ["a", "c"]  # b unsubscribed: no longer held
+    view.set("c", "2")
+    state.on_request(Req(type_url=ENDPOINT, response_nonce="2", resource_names=subscribed))
+    assert respond("c") == state_version({n: view.lookup(ENDPOINT, n, frozenset())  # type: ignore
+                                          for n in "ac"})
+
+
 def test_invariant_15_foreign_version_on_new_stream_gets_full_resend() -> None:
     state, view, nonces = setup(a="1")
     state.on_request(Req(type_url=CLUSTER, version_info="from-another-relay",
