@@ -48,6 +48,41 @@ class DeltaResponsePlan:
         return not self.resources and bool(self.removed or self.removed_names)
 
 
+# The most names one piece of a request carries (see :func:`split_request`).
+MAX_NAMES_PER_PIECE = 5_000
+
+
+def split_request(request: discovery_pb2.DeltaDiscoveryRequest,
+                  limit: int = MAX_NAMES_PER_PIECE) -> list[discovery_pb2.DeltaDiscoveryRequest]:
+    """A request naming more than ``limit`` names as several, each naming at
+    most ``limit``: the same changes, in the same order, as a client could have
+    sent them. The first piece keeps everything else (node, nonce, NACK,
+    initial versions). The stream applies one piece per turn of the event
+    loop, so that a client subscribing to 100,000 names holds up nobody."""
+    lists = ("resource_names_subscribe", "resource_locators_subscribe",
+             "resource_names_unsubscribe", "resource_locators_unsubscribe")
+    if sum(len(getattr(request, names)) for names in lists) <= limit:
+        return [request]
+    first = discovery_pb2.DeltaDiscoveryRequest()
+    first.CopyFrom(request)
+    for names in lists:
+        first.ClearField(names)
+    pieces = [first]
+    room = limit
+    for names in lists:
+        items = getattr(request, names)
+        start = 0
+        while start < len(items):
+            if room == 0:
+                pieces.append(discovery_pb2.DeltaDiscoveryRequest(type_url=request.type_url))
+                room = limit
+            chunk = items[start:start + room]
+            getattr(pieces[-1], names).extend(chunk)
+            start += len(chunk)
+            room -= len(chunk)
+    return pieces
+
+
 class DeltaSubscription(SubscriptionState):
     """Delta protocol state of one type on one stream."""
 

@@ -29,6 +29,12 @@ from relay.protocol.snapshot import ResourceState, ResourceStatus, TypeSnapshot
 from relay.protocol.view import ResourceView
 from relay.resource import CachedResource, arrival_clock
 
+# The most names one response looks at: a client subscribing to more gets
+# them over several responses (each ACKed before the next), so that building
+# one never holds the event loop for long. Full-state SotW types (listeners,
+# clusters) cannot be split: each response is the whole set.
+MAX_NAMES_PER_RESPONSE = 2_500
+
 
 class SubscriptionState:
     """Subscription state of one type on one stream, either protocol."""
@@ -213,10 +219,10 @@ class SubscriptionState:
         self._errors_sent[name] = error
         return error
 
-    def _looked_up(self, view: ResourceView, candidates: Iterable[str],
+    def _looked_up(self, view: ResourceView, candidates: list[str],
                    errors: list[discovery_pb2.ResourceError]
                    ) -> Iterator[tuple[str, CachedResource | Missing]]:
-        """Each subscribed name among ``candidates`` (sorted) with the variant
+        """Each subscribed name among ``candidates`` (in order) with the variant
         this client gets, or why there is none; the origin's errors not yet
         passed on go into ``errors`` on the way."""
         type_url, wildcard, names = self._type_url, self._wildcard, self._names
@@ -226,7 +232,7 @@ class SubscriptionState:
         any_errors = view.has_errors(type_url)
         errors_sent = self._errors_sent
         lookup = view.lookup
-        for name in sorted(candidates):
+        for name in candidates:
             if not (wildcard or name in names):
                 continue
             params = locator_params.get(name, node_params)
@@ -255,9 +261,10 @@ class SubscriptionState:
         return out
 
     def _take_candidates(self, view: ResourceView,
-                         everything: Callable[[], Iterable[str]]) -> set[str]:
-        """The names to look at for the next response; their pending marks go.
-        ``everything`` gives every name the state knows, when all are due."""
+                         everything: Callable[[], Iterable[str]]) -> list[str]:
+        """The names to look at for the next response, sorted; their pending
+        marks go. ``everything`` gives every name the state knows, when all are
+        due. Beyond :data:`MAX_NAMES_PER_RESPONSE`, the rest wait for the next."""
         if self._recheck_all:
             candidates = set(everything())
             if self._wildcard:
@@ -265,7 +272,11 @@ class SubscriptionState:
         else:
             candidates = self._pending
         self._looked_at_everything()
-        return candidates
+        ordered = sorted(candidates)
+        if len(ordered) > MAX_NAMES_PER_RESPONSE:
+            self._pending.update(ordered[MAX_NAMES_PER_RESPONSE:])
+            del ordered[MAX_NAMES_PER_RESPONSE:]
+        return ordered
 
     def _looked_at_everything(self) -> None:
         """A response was built from every name marked: the marks go."""

@@ -23,6 +23,7 @@ from envoy.config.core.v3 import base_pb2
 
 from relay.cache import ResourceCache
 from relay.interest import InterestIndex
+from relay.protocol.delta import split_request
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.session import Plan, Request, Session, XdsProtocol
 from relay.protocol.snapshot import SessionSnapshot
@@ -253,10 +254,14 @@ class DownstreamStream:
     async def _read(self, requests: AsyncIterator[Request]) -> None:
         try:
             async for request in requests:
-                self.handle_request(request)
-                if self.session.has_work():
-                    # Not for a plain ACK with nothing waiting: most of them.
-                    self._wake.set()
+                pieces = split_request(request) if self.protocol == "delta" else [request]
+                for number, piece in enumerate(pieces):
+                    if number:
+                        await asyncio.sleep(0)  # a huge request: let others run
+                    self.handle_request(piece)
+                    if self.session.has_work():
+                        # Not for a plain ACK with nothing waiting: most of them.
+                        self._wake.set()
         finally:
             self._wake.set()
 

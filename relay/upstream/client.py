@@ -42,6 +42,10 @@ DELTA_ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/Delta
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
+# The most names whose interest changed the upstream acts on in one turn.
+MAX_NAMES_PER_TURN = 5_000
+
+
 class UpstreamClient:
     """Keeps one Delta-ADS stream to the origin open for as long as it runs.
 
@@ -93,7 +97,7 @@ class UpstreamClient:
 
     def _act_on_demand(self) -> None:
         self._scheduled = False
-        changed, self._changed = self._changed, {}
+        changed = self._take_changed()
         refetches, self._refetches = self._refetches, {}
         now = self.clock.now()
         for type_url, names in sorted(changed.items()):
@@ -101,6 +105,25 @@ class UpstreamClient:
         for type_url, names in sorted(refetches.items()):
             self._send(self.state.on_refetch(type_url, frozenset(names)))
         self._timer_changed.set()
+
+    def _take_changed(self) -> dict[str, set[str]]:
+        """Names whose interest changed, at most :data:`MAX_NAMES_PER_TURN` of
+        them: the rest wait for the next turn of the event loop, so that a
+        client subscribing to 100,000 names holds up nobody."""
+        taken: dict[str, set[str]] = {}
+        room = MAX_NAMES_PER_TURN
+        for type_url in sorted(self._changed):
+            names = self._changed[type_url]
+            if len(names) <= room:
+                taken[type_url] = self._changed.pop(type_url)
+                room -= len(names)
+                continue
+            if room:
+                taken[type_url] = {names.pop() for _ in range(room)}
+            break
+        if self._changed:
+            self._schedule()
+        return taken
 
     def _send(self, requests: list[Request]) -> None:
         if self._outbox is not None:

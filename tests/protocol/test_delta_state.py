@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.protocol.delta import DeltaSubscription
+from relay.protocol.delta import DeltaSubscription, split_request
+from relay.protocol.subscription import MAX_NAMES_PER_RESPONSE
 from relay.protocol.view import NonceSource
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.protocol.fakes import FakeView
@@ -254,3 +255,34 @@ def test_invariant_5_a_declared_version_vouches_for_whatever_content_it_names() 
     state.on_request(Req(type_url=ENDPOINT, resource_names_subscribe=["a"],
                          initial_resource_versions={"a": "1"}))
     assert state.next_response(view, nonces) is None
+
+
+def test_a_big_subscription_comes_in_responses_of_bounded_size_each_acked() -> None:
+    count = MAX_NAMES_PER_RESPONSE + 10
+    state, view, nonces = setup(ENDPOINT, **{f"n{i:05}": "1" for i in range(count)})
+    state.on_request(Req(type_url=ENDPOINT,
+                         resource_names_subscribe=[f"n{i:05}" for i in range(count)]))
+    first = state.next_response(view, nonces)
+    assert first is not None and len(first.resources) == MAX_NAMES_PER_RESPONSE
+    assert state.next_response(view, nonces) is None  # one in flight at a time
+    state.on_request(Req(type_url=ENDPOINT, response_nonce=first.nonce))
+    second = state.next_response(view, nonces)
+    assert second is not None and [r.name for r in second.resources] == \
+        [f"n{i:05}" for i in range(MAX_NAMES_PER_RESPONSE, count)]
+
+
+def test_a_request_naming_too_many_names_is_split_into_pieces_that_say_the_same() -> None:
+    request = Req(type_url=ENDPOINT, node={"id": "n"}, response_nonce="4",
+                  initial_resource_versions={"a0": "1"},
+                  resource_names_subscribe=[f"a{i}" for i in range(12)],
+                  resource_names_unsubscribe=["x", "y", "z"])
+    pieces = split_request(request, limit=5)
+    assert [(list(p.resource_names_subscribe), list(p.resource_names_unsubscribe))
+            for p in pieces] == [
+        ([f"a{i}" for i in range(5)], []), ([f"a{i}" for i in range(5, 10)], []),
+        (["a10", "a11"], ["x", "y", "z"])]
+    assert pieces[0].node.id == "n" and pieces[0].response_nonce == "4"
+    assert dict(pieces[0].initial_resource_versions) == {"a0": "1"}
+    assert all(p.type_url == ENDPOINT and not p.HasField("node") and not p.response_nonce
+               for p in pieces[1:])
+    assert split_request(request, limit=15) == [request]
