@@ -48,6 +48,8 @@ class DeltaResponsePlan:
         return not self.resources and bool(self.removed or self.removed_names)
 
 
+_NOTHING: set[str] = set()  # never added to
+
 # The most names one piece of a request carries (see :func:`split_request`).
 MAX_NAMES_PER_PIECE = 5_000
 
@@ -91,7 +93,8 @@ class DeltaSubscription(SubscriptionState):
         # subscribed names not yet answered with a resource or a removal
         self._unanswered: set[str] = set()
         # names subscribed again while held: sent again even if unchanged
-        self._resend: set[str] = set()
+        # (None while empty, as it nearly always is)
+        self._resend: set[str] | None = None
         # (name, version) of what the response in flight carries
         self._inflight: tuple[tuple[str, str], ...] = ()
         self._acked_nonce: str | None = None
@@ -146,7 +149,9 @@ class DeltaSubscription(SubscriptionState):
                 # The client may have dropped what it holds: always send a
                 # subscribed name. (What it held is kept, so that a removal
                 # can name the variant.)
-                self._resend |= subscribe & self._held.keys()
+                again = subscribe & self._held.keys()
+                if again:
+                    self._resend = again | (self._resend or set())
             self._subscribe_names(subscribe, params)
             self._unanswered |= subscribe
 
@@ -161,7 +166,8 @@ class DeltaSubscription(SubscriptionState):
         gone = self._unsubscribe_names(unsubscribe)
         if gone:
             self._unanswered -= gone
-            self._resend -= gone
+            if self._resend:
+                self._resend -= gone
             for name in gone:
                 self._held.pop(name, None)
             if self._wildcard:
@@ -195,12 +201,14 @@ class DeltaSubscription(SubscriptionState):
         removed: dict[str, None] = {}  # subscribed by name and by alias: once
         removed_names: dict[tuple[str, str], discovery_pb2.ResourceName] = {}
         errors: list[discovery_pb2.ResourceError] = []
-        held_now, unanswered, resend = self._held, self._unanswered, self._resend
+        held_now, unanswered = self._held, self._unanswered
+        resend = self._resend or _NOTHING
         for name, found in self._looked_up(view, candidates, errors):
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
-                resend.discard(name)
+                if resend:
+                    resend.discard(name)
                 held = held_now.pop(name, None)
                 if held is not None and held.resource_name is not None:
                     removed_names.setdefault((held.resource_name.name, held.variant_key or ""),
@@ -216,13 +224,16 @@ class DeltaSubscription(SubscriptionState):
             unanswered.discard(name)
             held = held_now.get(name)
             if held is None or not held.is_current(found) or name in resend:
-                resend.discard(name)
+                if resend:
+                    resend.discard(name)
                 # Moving to another variant is one update, never remove-then-add.
                 if id(found) not in sending:
                     sending.add(id(found))
                     resources.append(found)
                 held_now[name] = found
 
+        if not self._resend:
+            self._resend = None
         heartbeats = self._heartbeats_due(resources, view)
         if not (resources or removed or removed_names or errors or heartbeats or
                 self._must_answer):

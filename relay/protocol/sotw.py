@@ -242,10 +242,10 @@ class SotwSubscription(SubscriptionState):
                   if (forwarded := self._forward_error(name, error)) is not None]
         self._looked_at_everything()
         new_held = {r.name: r for r in resources}
-        beats = frozenset(n for n in self._pending_heartbeats
+        beats = frozenset(n for n in self._pending_heartbeats or ()
                           if (held := self._held.get(n)) is not None and n in new_held and
                           held.is_current(new_held[n]))
-        self._pending_heartbeats = set()
+        self._pending_heartbeats = None
         unchanged = new_held.keys() == self._held.keys() and all(
             self._held[name].is_current(resource) for name, resource in new_held.items())
         if unchanged and not self._must_answer and not errors:

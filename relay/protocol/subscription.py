@@ -54,14 +54,16 @@ class SubscriptionState:
         # names to re-evaluate on the next response; ``_recheck_all``: every name
         self._pending: set[str] = set()
         self._recheck_all = False
-        self._pending_heartbeats: set[str] = set()
+        # (sets that are empty nearly always are None until needed: an idle
+        # stream's memory is mostly its empty sets)
+        self._pending_heartbeats: set[str] | None = None
         # names the cache changed since the last response was built (a subset of
         # ``_pending``, which also holds names just subscribed)
-        self._changed: set[str] = set()
+        self._changed: set[str] | None = None
         # arrival stamp when each name was subscribed; a do-not-cache copy that
         # arrived before is not this client's to have (``_refetch``)
         self._since: dict[str, int] = {}
-        self._refetch: set[str] = set()
+        self._refetch: set[str] | None = None
         # a response is owed even if it would be empty (a first wildcard request)
         self._must_answer = False
         self._started = False
@@ -117,13 +119,19 @@ class SubscriptionState:
         """
         if everything:
             self._recheck_all = True
-        coalesced = len(self._changed & names) if self._inflight_nonce and self._changed else 0
-        self._changed.update(names)
+        if self._changed is None:
+            self._changed = set(names)
+            coalesced = 0
+        else:
+            coalesced = len(self._changed & names) if self._inflight_nonce else 0
+            self._changed.update(names)
         self._pending.update(names)
         return coalesced
 
     def heartbeats_received(self, names: frozenset[str]) -> None:
         """The origin confirmed these names unchanged: pass the heartbeat on."""
+        if self._pending_heartbeats is None:
+            self._pending_heartbeats = set()
         self._pending_heartbeats.update(names)
 
     def set_node_params(self, params: Params) -> None:
@@ -140,7 +148,7 @@ class SubscriptionState:
     def take_refetch(self) -> frozenset[str]:
         """Names whose cached do-not-cache copy predates this client's interest:
         they need a fresh fetch from the origin (taken once)."""
-        names, self._refetch = frozenset(self._refetch), set()
+        names, self._refetch = frozenset(self._refetch or ()), None
         return names
 
     # -- rules both protocols follow ---------------------------------------------
@@ -203,6 +211,8 @@ class SubscriptionState:
         if held is not None and held.is_current(found):
             return False
         if found.arrival <= self._since.get(name, self._wildcard_since):
+            if self._refetch is None:
+                self._refetch = set()
             self._refetch.add(name)
             return True
         return False
@@ -257,7 +267,7 @@ class SubscriptionState:
             if isinstance(found, CachedResource) and current is not None and \
                     current.is_current(found):
                 out.append(found)
-        self._pending_heartbeats = set()
+        self._pending_heartbeats = None
         return out
 
     def _take_candidates(self, view: ResourceView,
@@ -271,8 +281,8 @@ class SubscriptionState:
                 candidates.update(view.names(self._type_url))
         else:
             candidates = self._pending
-        self._looked_at_everything()
         ordered = sorted(candidates)
+        self._looked_at_everything()
         if len(ordered) > MAX_NAMES_PER_RESPONSE:
             self._pending.update(ordered[MAX_NAMES_PER_RESPONSE:])
             del ordered[MAX_NAMES_PER_RESPONSE:]
@@ -280,8 +290,8 @@ class SubscriptionState:
 
     def _looked_at_everything(self) -> None:
         """A response was built from every name marked: the marks go."""
-        self._pending = set()
-        self._changed = set()
+        self._pending.clear()
+        self._changed = None
         self._recheck_all = False
 
     # -- what the snapshot says --------------------------------------------------

@@ -130,7 +130,10 @@ class DownstreamStream:
         self.serving = serving
         self.peer = peer
         self.session = Session(protocol, fixed_type_url, serving.max_locator_size)
-        self._wake = asyncio.Event()
+        # whether something may be due, and the writer's wait for it (an
+        # asyncio.Event would do, with a deque per stream that is never used)
+        self._woken = False
+        self._waiting: asyncio.Future[None] | None = None
         self._closing: str | None = None
         # per type, when the client last changed what it subscribes to: resources
         # received after that are pushes (even if they waited for an ACK), and
@@ -158,11 +161,13 @@ class DownstreamStream:
     def close(self, reason: str) -> None:
         """End the stream with UNAVAILABLE and ``reason``; the client reconnects."""
         self._closing = reason
-        self._wake.set()
+        self.wake()
 
     def wake(self) -> None:
         """Look at what is due now."""
-        self._wake.set()
+        self._woken = True
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_result(None)
 
     # -- notifications from the interest index --------------------------------
 
@@ -244,12 +249,21 @@ class DownstreamStream:
                         log.warning("rejecting stream from %s: %s", self.peer, error)
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
                     return
-                await self._wake.wait()
-                self._wake.clear()
+                await self._sleep()
         finally:
             reader.cancel()
             self.serving.leave(self)
             metrics.downstream_streams.add(-1, {"protocol": self.protocol})
+
+    async def _sleep(self) -> None:
+        """Until woken (at once if woken since the last time)."""
+        if not self._woken:
+            self._waiting = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiting
+            finally:
+                self._waiting = None
+        self._woken = False
 
     async def _read(self, requests: AsyncIterator[Request]) -> None:
         try:
@@ -261,7 +275,7 @@ class DownstreamStream:
                     self.handle_request(piece)
                     if self.session.has_work():
                         # Not for a plain ACK with nothing waiting: most of them.
-                        self._wake.set()
+                        self.wake()
         finally:
-            self._wake.set()
+            self.wake()
 
