@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -105,31 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _run(config: RelayConfig) -> int:
-    """Run until a signal: SIGTERM drains first (see ``Relay.drain``); SIGINT,
-    or a second signal during the drain, stops at once."""
-    from relay.app import Relay
+    """Run until a signal (see ``serve_until_signalled``)."""
+    from relay.app import Relay, serve_until_signalled, signal_queue
 
-    # Handlers first: a SIGTERM while starting still ends in a clean exit.
-    signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, signals.put_nowait, signum)
+    signals = signal_queue()
     relay = Relay(config)
     await relay.start()
-    received = await signals.get()
-    if received == signal.SIGTERM:
-        log.info("SIGTERM: draining over %.1fs (signal again to stop now)",
-                 config.server.drain_period)
-        drain = asyncio.create_task(relay.drain())
-        again = asyncio.create_task(signals.get())
-        await asyncio.wait({drain, again}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (drain, again):
-            task.cancel()
-        if drain.done() and not drain.cancelled() and drain.exception() is not None:
-            log.error("drain failed; stopping now", exc_info=drain.exception())
-    log.info("shutting down")
-    await relay.stop(grace=1.0)
+    await serve_until_signalled(relay, signals)
     return 0
 
 
