@@ -42,6 +42,10 @@ def _parser() -> argparse.ArgumentParser:
                           "each replica is told apart by its origin")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                      help="override logging.level from the config")
+    run.add_argument("--workers", type=_worker_count, metavar="N",
+                     help="override server.workers from the config: N processes serve "
+                          "clients on server.address, fed over a local socket by one more "
+                          "that follows the origin and serves admin (1: a single process)")
 
     validate = commands.add_parser(
         "validate", help="check a config file and exit",
@@ -73,6 +77,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _worker_count(text: str) -> int:
+    """``--workers``, checked as ``server.workers`` is."""
+    from relay.config.values import MAX_WORKERS
+
+    if not text.isdigit() or not 1 <= int(text) <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"expected a number from 1 to {MAX_WORKERS}, "
+                                         f"got {text!r}")
+    return int(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -88,8 +102,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.node_id:
                 config = config.model_copy(update={
                     "node": config.node.model_copy(update={"id": args.node_id})})
-            configure_logging(args.log_level or config.logging.level, config.logging.format)
-            return asyncio.run(_run(config))
+            if args.workers is not None:
+                config = config.model_copy(update={
+                    "server": config.server.model_copy(update={"workers": args.workers})})
+            level = args.log_level or config.logging.level
+            configure_logging(level, config.logging.format,
+                              "hub" if config.server.workers > 1 else None)
+            return asyncio.run(_run(config, level))
         configure_logging("info")
         from relay.demo import run_demo
 
@@ -102,8 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-async def _run(config: RelayConfig) -> int:
-    """Run until a signal (see ``serve_until_signalled``)."""
+async def _run(config: RelayConfig, log_level: str) -> int:
+    """Run until a signal (see ``serve_until_signalled``); with ``server.workers``
+    above 1, as a hub and its workers (see :mod:`relay.workers`)."""
+    if config.server.workers > 1:
+        from relay.workers import run_hub
+
+        return await run_hub(config, log_level)
     from relay.app import Relay, serve_until_signalled, signal_queue
 
     signals = signal_queue()
