@@ -260,8 +260,9 @@ class Hub:
     async def metrics(self) -> bytes:
         """``/metrics``: see :func:`relay.workers.metrics.merge_metrics`."""
         pages = await asyncio.gather(*(worker.ask("metrics") for worker in self.workers))
-        return merge_metrics(generate_latest(self.relay.registry).decode(),
-                             [page for page in pages if page is not None])
+        return merge_metrics(generate_latest(self.relay.registry).decode(), {
+            worker.index: page for worker, page in zip(self.workers, pages, strict=True)
+            if page is not None})
 
     async def _supervise(self, worker: WorkerProcess) -> None:
         """Keep a worker in the slot: restart it, after a backoff, whenever it exits."""

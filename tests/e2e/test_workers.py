@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
 from relay.server.services import DRAINING
 from relay.xds_types import CLUSTER
@@ -206,6 +207,15 @@ async def test_workers_serve_clients_from_one_origin_stream_and_a_killed_one_com
             followers = await spread_clients(tree, {"a": "v1", "b": "v1"})
             assert len(origin.streams) == 1
             assert origin.streams[0].log[0].node.id == "relay-test"  # the configured node
+            # /metrics: the hub's origin stream, and the clients counted by each worker.
+            status, text = await tree.get("/metrics")
+            assert status == 200
+            series = [s for family in text_string_to_metric_families(text.decode())
+                      for s in family.samples]
+            assert [s.value for s in series if s.name == "xds_relay_upstream_connected"] == [1]
+            streams = {s.labels["worker"]: s.value for s in series
+                       if s.name == "xds_relay_downstream_streams"}
+            assert sorted(streams) == ["1", "2"] and sum(streams.values()) == len(followers)
 
             placement = await tree.placement()
             [victim, survivor] = (await tree.clients())["workers"]
