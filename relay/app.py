@@ -86,7 +86,12 @@ class Relay:
     """A relay built from a validated config. ``start`` it, then ``stop`` it.
 
     ``clock`` drives its timers (TTLs, the upstream's deadlines, backoff, the
-    drain); tests give one they advance themselves.
+    drain); tests give one they advance themselves. The processes of
+    ``--workers`` (:mod:`relay.workers`) set the rest: ``origin`` is followed
+    instead of ``upstream.address`` or ``upstream.files``; xDS is served on
+    ``listen`` (a gRPC address such as ``unix:/path``) instead of
+    ``server.address``; ``reuse_port`` lets other processes listen on the same
+    port (SO_REUSEPORT); ``admin=False`` serves no admin endpoints.
     """
 
     def __init__(self, config: RelayConfig, clock: Clock | None = None, *,
