@@ -10,7 +10,9 @@ new version arrived. Reported per W:
 
 * time from the origin's send until the update reached all M streams (and
   the median stream), median and max over the rounds;
-* CPU time per update summed over every relay process (hub and workers);
+* CPU time per update summed over every relay process (hub and workers),
+  that of the busiest process (with a core for each process, the fan-out
+  takes at least that long) and the hub's;
 * how many streams the origin saw (it must be 1, whatever W) and how the
   clients spread over the workers.
 
@@ -96,7 +98,7 @@ async def measure(worker_count: int, streams: int, rounds: int,
             pids = [relay.process.pid, *(w["pid"] for w in listing.get("workers", []))]
             spread = Counter(c.get("worker", 1) for c in listing["clients"])
             latencies, medians = [], []
-            cpu_before = sum(cpu_seconds(pid) for pid in pids)
+            cpu_before = [cpu_seconds(pid) for pid in pids]
             for round_no in range(rounds):
                 message = endpoints(NAME, 1000 + round_no)
                 clients.send(version_of(message))
@@ -107,7 +109,8 @@ async def measure(worker_count: int, streams: int, rounds: int,
                 latencies.append(max(times) - sent)
                 medians.append(statistics.median(times) - sent)
             # Includes the 0.2 s pauses, in which the relay idles.
-            cpu_per_update = (sum(cpu_seconds(pid) for pid in pids) - cpu_before) / rounds
+            cpu = [(cpu_seconds(pid) - before) / rounds
+                   for pid, before in zip(pids, cpu_before, strict=True)]
             clients.send(None)
     finally:
         await origin.stop()
@@ -117,7 +120,11 @@ async def measure(worker_count: int, streams: int, rounds: int,
         "all_ms_median": round(statistics.median(latencies) * 1000, 1),
         "all_ms_max": round(max(latencies) * 1000, 1),
         "median_stream_ms": round(statistics.median(medians) * 1000, 1),
-        "relay_cpu_ms_per_update": round(cpu_per_update * 1000, 1),
+        "relay_cpu_ms_per_update": round(sum(cpu) * 1000, 1),
+        # what one core must do per update: with a core per process, the fan-out
+        # takes at least this long
+        "busiest_process_cpu_ms": round(max(cpu) * 1000, 1),
+        "hub_cpu_ms_per_update": round(cpu[0] * 1000, 1) if worker_count > 1 else None,
         "relay_processes": len(pids),
         "streams_per_worker": [spread[i] for i in sorted(spread)],
         "origin_streams": len(origin.streams),
@@ -146,10 +153,12 @@ def main() -> None:
         print(json.dumps(result), flush=True)
     print(f"\n{cpus} CPUs, {args.streams} streams, {args.clients} client processes")
     print(f"{'workers':>8} {'all (ms)':>9} {'max (ms)':>9} {'median (ms)':>12} "
-          f"{'CPU ms/update':>14} {'origin streams':>15}  streams per worker")
+          f"{'CPU ms/update':>14} {'busiest (ms)':>13} {'hub (ms)':>9} {'origin streams':>15}"
+          "  streams per worker")
     for r in results:
         print(f"{r['workers']:>8} {r['all_ms_median']:>9} {r['all_ms_max']:>9} "
               f"{r['median_stream_ms']:>12} {r['relay_cpu_ms_per_update']:>14} "
+              f"{r['busiest_process_cpu_ms']:>13} {r['hub_cpu_ms_per_update'] or '-':>9} "
               f"{r['origin_streams']:>15}  {r['streams_per_worker']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"cpus": cpus, "results": results}, indent=2))
