@@ -33,8 +33,10 @@ def _parser() -> argparse.ArgumentParser:
                     "upstream.address (or the files in upstream.files) and serves /ready, "
                     "/healthz, /config_dump, /clients and /metrics on admin.address. SIGTERM "
                     "drains (readiness off, client streams closed spread over "
-                    "server.drain_period) and exits 0; SIGINT stops at once. 'xds-relay keys' "
-                    "lists every config key with its default.")
+                    "server.drain_period) and exits 0; SIGINT stops at once. With --workers N, "
+                    "N processes serve the clients on that port, fed by this one, which "
+                    "follows the origin, serves admin and drains them all on SIGTERM. "
+                    "'xds-relay keys' lists every config key with its default.")
     run.add_argument("--config", "-c", required=True, type=Path, metavar="FILE",
                      help="the relay's YAML config")
     run.add_argument("--node-id", metavar="ID",
