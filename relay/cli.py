@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from relay.config import ConfigError, RelayConfig, config_keys, load_config
 from relay.logs import configure_logging
-
-log = logging.getLogger("relay")
 
 _DESCRIPTION = """\
 A caching xDS relay: one Delta-ADS stream to an origin control plane (or a
