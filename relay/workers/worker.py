@@ -10,7 +10,6 @@ drains, SIGINT stops at once), and it stops at once when the hub is gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -119,5 +118,4 @@ async def _answer(relay: Relay, link: Link, signals: asyncio.Queue[signal.Signal
             data = generate_latest(relay.registry).decode()
         link.send({"reply": message.get("id"), "data": data})
     log.warning("the hub is gone; stopping")
-    with contextlib.suppress(asyncio.QueueFull):
-        signals.put_nowait(signal.SIGINT)
+    signals.put_nowait(signal.SIGINT)
