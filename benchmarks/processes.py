@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -63,11 +63,13 @@ class RelayProcess:
 @contextlib.asynccontextmanager
 async def relay_process(node_id: str, origin_port: int, drain_period: float, *,
                         upstream_extra: str = "", log_level: str = "warning",
-                        stderr: IO[bytes] | None = None) -> AsyncIterator[RelayProcess]:
+                        stderr: IO[bytes] | None = None, run_args: Sequence[str] = ()
+                        ) -> AsyncIterator[RelayProcess]:
     """``xds-relay run`` following the origin on ``origin_port``, once ready.
 
     ``upstream_extra`` adds keys to the ``upstream`` section (YAML flow
-    style, e.g. ``"backoff: {max: 5s}"``); the relay logs at ``log_level`` to
+    style, e.g. ``"backoff: {max: 5s}"``); ``run_args`` are more arguments to
+    ``run`` (e.g. ``["--workers", "4"]``); the relay logs at ``log_level`` to
     ``stderr`` (the harness's own by default). Stopped on the way out
     (SIGTERM, then SIGKILL after 10 s) if still running.
     """
@@ -82,7 +84,8 @@ upstream: {{address: "127.0.0.1:{origin_port}"{extra}}}
 logging: {{level: {log_level}}}
 """)
     process = subprocess.Popen(  # noqa: ASYNC220 (started once, before measuring)
-        [sys.executable, "-m", "relay", "run", "--config", config.name], stderr=stderr)
+        [sys.executable, "-m", "relay", "run", "--config", config.name, *run_args],
+        stderr=stderr)
     try:
         await wait_ready(admin_port)
         yield RelayProcess(process, xds_port, admin_port)

@@ -57,6 +57,11 @@ class AdminServer:
             self._server.close()
             await self._server.wait_closed()
 
+    async def respond(self, method: str, target: str) -> Reply:
+        """The reply for one request: :meth:`route`'s, unless a subclass must
+        ask elsewhere first (the hub of ``--workers`` asks its workers)."""
+        return self.route(method, target)
+
     def route(self, method: str, target: str) -> Reply:
         """The reply for one request (no I/O; tested directly)."""
         if method != "GET":
@@ -112,7 +117,7 @@ class AdminServer:
             while (await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b"\n", b""):
                 pass
             parts = request_line.decode("latin-1").split()
-            reply = self.route(parts[0], parts[1]) if len(parts) >= 2 else \
+            reply = await self.respond(parts[0], parts[1]) if len(parts) >= 2 else \
                 Reply(400, b"bad request\n")
             head = (f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, '')}\r\n"
                     f"Content-Type: {reply.content_type}\r\n"

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import signal
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -85,10 +86,17 @@ class Relay:
     """A relay built from a validated config. ``start`` it, then ``stop`` it.
 
     ``clock`` drives its timers (TTLs, the upstream's deadlines, backoff, the
-    drain); tests give one they advance themselves.
+    drain); tests give one they advance themselves. The processes of
+    ``--workers`` (:mod:`relay.workers`) set the rest: ``origin`` is followed
+    instead of ``upstream.address`` or ``upstream.files``; xDS is served on
+    ``listen`` (a gRPC address such as ``unix:/path``) instead of
+    ``server.address``; ``reuse_port`` lets other processes listen on the same
+    port (SO_REUSEPORT); ``admin=False`` serves no admin endpoints.
     """
 
-    def __init__(self, config: RelayConfig, clock: Clock | None = None) -> None:
+    def __init__(self, config: RelayConfig, clock: Clock | None = None, *,
+                 origin: Dialer | None = None, listen: str | None = None,
+                 reuse_port: bool = False, admin: bool = True) -> None:
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         otlp = config.metrics.otlp
@@ -97,16 +105,19 @@ class Relay:
         self.meter_provider = provider
         self.metrics = new_metrics(provider, self.registry)
         upstream = config.upstream
+        if origin is None and upstream.address is not None:
+            origin = dialer(config)
         self.core = Core.create(
             self.metrics, config.server.batch_window,
-            max_locator_size(upstream.max_request_size) if upstream.address else None,
+            max_locator_size(upstream.max_request_size) if origin is not None else None,
             self.clock)
         self.cache, self.index, self.serving = self.core.cache, self.core.index, self.core.serving
         self.upstream: UpstreamClient | None = None
         self.files: FileSource | None = None
-        if upstream.files is not None:
+        if origin is None:
             from relay.sources.files import FileSource
 
+            assert upstream.files is not None  # the config has exactly one source
             self.files = FileSource(upstream.files, self.cache, upstream.poll_interval,
                                     self.metrics)
         else:
@@ -114,11 +125,15 @@ class Relay:
                                   upstream.answer_grace, upstream.max_request_size,
                                   upstream.initial_versions)
             self.upstream = self.core.follow(
-                dialer(config), state, Backoff(upstream.backoff.initial, upstream.backoff.max))
+                origin, state, Backoff(upstream.backoff.initial, upstream.backoff.max))
         self._observe_state()
         self.health = Health()
-        self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
-                                 self.serving.client_statuses)
+        self.admin: AdminServer | None = None
+        if admin:
+            self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
+                                     self.serving.client_statuses)
+        self._listen = listen or str(config.server.address)
+        self._reuse_port = reuse_port
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
@@ -177,22 +192,34 @@ class Relay:
         if self.files is not None:
             self.files.load()  # served before the first client can connect
             self._tasks.append(asyncio.create_task(self.files.run(), name="file-source"))
-        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        # gRPC sets SO_REUSEPORT unless told not to: then a second relay
+        # started on the same port would silently take half its connections.
+        # Only the worker processes of one relay share a port, on purpose.
+        options = [*_SERVER_OPTIONS, ("grpc.so_reuseport", 1 if self._reuse_port else 0)]
+        server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers(discovery_handlers(self.serving))
         await add_ecosystem_services(server, self.serving, self.health)
-        self.xds_port = server.add_insecure_port(str(self.config.server.address))
+        try:
+            self.xds_port = server.add_insecure_port(self._listen)
+        except RuntimeError:  # what gRPC raises when it cannot bind
+            self.xds_port = 0
         if self.xds_port == 0:
-            raise OSError(f"cannot listen on {self.config.server.address}")
+            raise OSError(f"cannot listen on {self._listen}")
         await server.start()
         self._server = server
         admin = self.config.admin.address
-        self.admin_port = await self.admin.start(admin.host, admin.port)
+        if self.admin is not None:
+            self.admin_port = await self.admin.start(admin.host, admin.port)
         if self.upstream is not None:
             self._tasks.append(asyncio.create_task(self.upstream.run(), name="upstream"))
         self._tasks.append(asyncio.create_task(self._report_ready(), name="ready"))
         self._tasks.append(asyncio.create_task(self.core.expire_ttls(), name="ttl"))
-        log.info("serving xDS on %s:%d, admin on %s:%d", self.config.server.address.host,
-                 self.xds_port, admin.host, self.admin_port)
+        serving = self._listen if self._listen.startswith("unix:") else \
+            f"{self.config.server.address.host}:{self.xds_port}"
+        if self.admin is None:
+            log.info("serving xDS on %s", serving)
+        else:
+            log.info("serving xDS on %s, admin on %s:%d", serving, admin.host, self.admin_port)
 
     async def _report_ready(self) -> None:
         """Turn the xDS services' gRPC health SERVING once synced (as ``/ready``)."""
@@ -211,7 +238,8 @@ class Relay:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        await self.admin.stop()
+        if self.admin is not None:
+            await self.admin.stop()
         if self._server is not None:
             # Streams never end on their own: close them with a status the
             # clients understand, rather than leaving gRPC to cancel them.
@@ -225,3 +253,35 @@ class Relay:
         """Run until the server stops."""
         if self._server is not None:
             await self._server.wait_for_termination()
+
+
+def signal_queue() -> asyncio.Queue[signal.Signals]:
+    """SIGINT and SIGTERM as they arrive from now on (handled on the running loop).
+
+    Install it before starting anything: a SIGTERM while starting must still
+    end in a clean exit.
+    """
+    signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, signals.put_nowait, signum)
+    return signals
+
+
+async def serve_until_signalled(relay: Relay, signals: asyncio.Queue[signal.Signals]) -> None:
+    """Serve until a signal, then stop: SIGTERM drains first (see :meth:`Relay.drain`);
+    SIGINT, or a second signal during the drain, stops at once."""
+    received = await signals.get()
+    if received == signal.SIGTERM:
+        log.info("SIGTERM: draining over %.1fs (signal again to stop now)",
+                 relay.config.server.drain_period)
+        drain = asyncio.create_task(relay.drain())
+        again = asyncio.create_task(signals.get())
+        await asyncio.wait({drain, again}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (drain, again):
+            task.cancel()
+        if drain.done() and not drain.cancelled() and drain.exception() is not None:
+            log.error("drain failed; stopping now", exc_info=drain.exception())
+    log.info("shutting down")
+    await relay.stop(grace=1.0)

@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from relay.config import ConfigError, RelayConfig, config_keys, load_config
 from relay.logs import configure_logging
-
-log = logging.getLogger("relay")
 
 _DESCRIPTION = """\
 A caching xDS relay: one Delta-ADS stream to an origin control plane (or a
@@ -35,8 +30,10 @@ def _parser() -> argparse.ArgumentParser:
                     "upstream.address (or the files in upstream.files) and serves /ready, "
                     "/healthz, /config_dump, /clients and /metrics on admin.address. SIGTERM "
                     "drains (readiness off, client streams closed spread over "
-                    "server.drain_period) and exits 0; SIGINT stops at once. 'xds-relay keys' "
-                    "lists every config key with its default.")
+                    "server.drain_period) and exits 0; SIGINT stops at once. With --workers N, "
+                    "N processes serve the clients on that port, fed by this one, which "
+                    "follows the origin, serves admin and drains them all on SIGTERM. "
+                    "'xds-relay keys' lists every config key with its default.")
     run.add_argument("--config", "-c", required=True, type=Path, metavar="FILE",
                      help="the relay's YAML config")
     run.add_argument("--node-id", metavar="ID",
@@ -44,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
                           "each replica is told apart by its origin")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                      help="override logging.level from the config")
+    run.add_argument("--workers", type=_worker_count, metavar="N",
+                     help="override server.workers from the config: N processes serve "
+                          "clients on server.address, fed over a local socket by one more "
+                          "that follows the origin and serves admin (1: a single process)")
 
     validate = commands.add_parser(
         "validate", help="check a config file and exit",
@@ -75,6 +76,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _worker_count(text: str) -> int:
+    """``--workers``, checked as ``server.workers`` is."""
+    from relay.config.values import MAX_WORKERS
+
+    if not text.isdigit() or not 1 <= int(text) <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"expected a number from 1 to {MAX_WORKERS}, "
+                                         f"got {text!r}")
+    return int(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -90,8 +101,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.node_id:
                 config = config.model_copy(update={
                     "node": config.node.model_copy(update={"id": args.node_id})})
-            configure_logging(args.log_level or config.logging.level, config.logging.format)
-            return asyncio.run(_run(config))
+            if args.workers is not None:
+                config = config.model_copy(update={
+                    "server": config.server.model_copy(update={"workers": args.workers})})
+            level = args.log_level or config.logging.level
+            configure_logging(level, config.logging.format,
+                              "hub" if config.server.workers > 1 else None)
+            return asyncio.run(_run(config, level))
         configure_logging("info")
         from relay.demo import run_demo
 
@@ -104,34 +120,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-async def _run(config: RelayConfig) -> int:
-    """Run until a signal: SIGTERM drains first (see ``Relay.drain``); SIGINT,
-    or a second signal during the drain, stops at once."""
-    from relay.app import Relay
+async def _run(config: RelayConfig, log_level: str) -> int:
+    """Run until a signal (see ``serve_until_signalled``); with ``server.workers``
+    above 1, as a hub and its workers (see :mod:`relay.workers`)."""
+    if config.server.workers > 1:
+        from relay.workers import run_hub
+
+        return await run_hub(config, log_level)
+    from relay.app import Relay, serve_until_signalled, signal_queue
     from relay.runtime import tune_gc
 
-    # Handlers first: a SIGTERM while starting still ends in a clean exit.
-    signals: asyncio.Queue[signal.Signals] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, signals.put_nowait, signum)
+    signals = signal_queue()
     relay = Relay(config)
     await relay.start()
     tune_gc()
-    received = await signals.get()
-    if received == signal.SIGTERM:
-        log.info("SIGTERM: draining over %.1fs (signal again to stop now)",
-                 config.server.drain_period)
-        drain = asyncio.create_task(relay.drain())
-        again = asyncio.create_task(signals.get())
-        await asyncio.wait({drain, again}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (drain, again):
-            task.cancel()
-        if drain.done() and not drain.cancelled() and drain.exception() is not None:
-            log.error("drain failed; stopping now", exc_info=drain.exception())
-    log.info("shutting down")
-    await relay.stop(grace=1.0)
+    await serve_until_signalled(relay, signals)
     return 0
 
 

@@ -13,13 +13,19 @@ TEXT_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time (UTC, ISO 8601), level, logger, msg, and
-    the exception text when there is one."""
+    """One JSON object per record: time (UTC, ISO 8601), level, the process
+    (only with ``--workers``: ``hub``, ``worker-1``, ...), logger, msg, and the
+    exception text when there is one."""
+
+    def __init__(self, process: str | None = None) -> None:
+        super().__init__()
+        self.process = process
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
             "time": self.formatTime(record),
             "level": record.levelname.lower(),
+            **({"process": self.process} if self.process else {}),
             "logger": record.name,
             "msg": record.getMessage(),
         }
@@ -33,10 +39,20 @@ class JsonFormatter(logging.Formatter):
         return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def configure_logging(level: str, style: Literal["text", "json"] = "text") -> None:
-    """Log to stderr at ``level`` in the given style (replacing earlier set-up)."""
+def configure_logging(level: str, style: Literal["text", "json"] = "text",
+                      process: str | None = None) -> None:
+    """Log to stderr at ``level`` in the given style (replacing earlier set-up).
+
+    ``process`` names the process in every line, for the processes of a relay
+    run with ``--workers``, which share one stderr.
+    """
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if style == "json" else logging.Formatter(TEXT_FORMAT))
+    if style == "json":
+        handler.setFormatter(JsonFormatter(process))
+    else:
+        shown = f"level=%(levelname)s process={process} " if process else "level=%(levelname)s "
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT.replace("level=%(levelname)s ",
+                                                                   shown)))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

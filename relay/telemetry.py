@@ -123,6 +123,9 @@ class Metrics:
             description="Lookups where several variants matched one client (an origin error)")
         self.source_errors = meter.create_counter(
             "xds_relay_source_errors", description="Unusable files or origin responses")
+        self.worker_restarts = meter.create_counter(
+            "xds_relay_worker_restarts",
+            description="Worker processes restarted after they exited (run --workers)")
 
         self._meter = meter
 

@@ -69,6 +69,20 @@ def test_validate_names_file_line_and_field(tmp_path: Path) -> None:
     assert f"{bad}:6: upstream.adress: unknown key" in result.stderr
 
 
+def test_validate_names_a_bad_workers_count(tmp_path: Path) -> None:
+    bad = tmp_path / "relay.yaml"
+    bad.write_text("node: {id: x}\nupstream: {address: 'a:1'}\nserver:\n  workers: 0\n")
+    result = xds_relay("validate", "--config", str(bad))
+    assert result.returncode == 1
+    assert f"{bad}:4: server.workers: must be from 1 to 1024, got 0" in result.stderr
+
+
+def test_run_refuses_a_bad_workers_flag() -> None:
+    result = xds_relay("run", "--config", "config/relay.yaml", "--workers", "none")
+    assert result.returncode == 2
+    assert "--workers: expected a number from 1 to 1024, got 'none'" in result.stderr
+
+
 def test_run_refuses_a_bad_config_without_starting(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     result = xds_relay("run", "--config", str(missing))

@@ -16,6 +16,8 @@ server:
   address: 0.0.0.0:18000        # downstream xDS (gRPC); IPv6 as "[::]:18000"
   batch_window: 5ms             # let an origin burst gather before pushing; 0 disables
   drain_period: 10s             # on SIGTERM, close client streams spread over this long
+  workers: 1                    # >1: that many processes serve clients on address, fed by one
+                                # that follows the origin (see README, "Beyond one core")
 upstream:                       # required: exactly one of address or files
   address: 127.0.0.1:18001      # origin control plane, followed over Delta ADS
   # files: config/resources     # or: serve a directory of YAML/JSON resource files

@@ -27,6 +27,7 @@ from relay.config.values import (
     PositiveDurationField,
     RequestSizeField,
     ResponseSizeField,
+    WorkerCountField,
     is_dns_name,
 )
 
@@ -112,6 +113,11 @@ class ServerConfig(_Section):
         default=10.0,
         description="on SIGTERM, refuse new streams and close the open ones spread over "
                     "this long, so that clients reconnect elsewhere a few at a time")
+    workers: WorkerCountField = Field(
+        default=1,
+        description="processes serving clients on address (SO_REUSEPORT), fed over a local "
+                    "socket by one more that holds the origin stream and serves admin; "
+                    "1: one process does everything (run --workers overrides it)")
 
 
 class BackoffConfig(_Section):

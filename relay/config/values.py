@@ -1,4 +1,4 @@
-"""Config values: addresses, durations, sizes, paths, PEM files, headers, metadata.
+"""Config values: addresses, durations, sizes, paths, PEM files, headers, metadata, counts.
 
 The ``parse_*`` functions read one value from config text and raise
 ``ValueError`` with a message naming the value and the problem. The
@@ -22,6 +22,7 @@ from relay.encoding import MAX_MESSAGE_SIZE
 
 __all__ = [
     "MAX_MESSAGE_SIZE",
+    "MAX_WORKERS",
     "Address",
     "AddressField",
     "CertificateFileField",
@@ -35,6 +36,7 @@ __all__ = [
     "RequestSizeField",
     "ResponseSizeField",
     "Shown",
+    "WorkerCountField",
     "format_duration",
     "format_size",
     "is_dns_name",
@@ -337,6 +339,21 @@ def _validate_metadata(value: object) -> dict[str, Any]:
     return value
 
 
+#: The most processes ``server.workers`` may ask for: far more than any host has
+#: cores, but a typo (``10000``) must not start thousands of processes.
+MAX_WORKERS = 1024
+
+
+def _validate_worker_count(value: object) -> int:
+    # bool is an int subclass: `workers: yes` must not mean 1. Neither 2.0 nor "2":
+    # a count is written as a whole number.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected a whole number of processes, got {yaml_kind(value)}")
+    if not 1 <= value <= MAX_WORKERS:
+        raise ValueError(f"must be from 1 to {MAX_WORKERS}, got {value}")
+    return value
+
+
 # --------------------------------------------------------------------------- display
 
 
@@ -387,3 +404,4 @@ ResponseSizeField = Annotated[int, PlainValidator(_message_size_validator(64 * 1
                               Shown(format_size)]
 HeadersField = Annotated[dict[str, str], PlainValidator(_validate_initial_metadata)]
 MetadataField = Annotated[dict[str, Any], PlainValidator(_validate_metadata)]
+WorkerCountField = Annotated[int, PlainValidator(_validate_worker_count)]

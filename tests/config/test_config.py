@@ -182,7 +182,7 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      server:
        addr: "0.0.0.0:1"
      upstream: {address: "a:1"}
-     """, 3, "server.addr", "address, batch_window, drain_period"),
+     """, 3, "server.addr", "address, batch_window, drain_period, workers"),
     ("""
      node: {id: a}
      upstream:
@@ -350,6 +350,33 @@ def test_bad_durations(setting: str, field: str, problem: str) -> None:
     assert err.line == 4 and err.field == field
     assert problem in err.problem
     assert str(err).startswith(f"relay.yaml:4: {field}: ")
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def test_workers_default_to_one_process() -> None:
+    assert parse_config(MINIMAL).server.workers == 1
+    assert parse_config(MINIMAL + "server: {workers: 16}\n").server.workers == 16
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("0", "must be from 1 to 1024, got 0"),
+    ("-2", "must be from 1 to 1024, got -2"),
+    ("1025", "must be from 1 to 1024, got 1025"),
+    ("2.0", "expected a whole number of processes, got number"),
+    ("'2'", "expected a whole number of processes, got string"),
+    ("auto", "expected a whole number of processes, got string"),
+    ("true", "expected a whole number of processes, got boolean"),
+])
+def test_bad_workers(value: str, problem: str) -> None:
+    err = config_error(f"""
+        node: {{id: a}}
+        upstream: {{address: "a:1"}}
+        server:
+          workers: {value}
+        """)
+    assert str(err) == f"relay.yaml:4: server.workers: {problem}"
 
 
 # --------------------------------------------------------------------------- addresses

@@ -6,6 +6,8 @@ import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.app import Relay
+from relay.config import Address
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE, WILDCARD
 from tests.harness import (
     ADS,
@@ -392,3 +394,16 @@ async def test_stopping_closes_every_stream_with_unavailable(
             assert failure.value.details() == "the relay is shutting down"
     # gRPC logs an ERROR for every handler it has to cancel itself.
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+async def test_a_second_relay_on_a_port_in_use_fails_to_start() -> None:
+    # gRPC would share the port (SO_REUSEPORT) and split the clients between
+    # the two; only the workers of one relay (--workers) share a port.
+    async with running_stack() as stack:
+        config = stack.relay.config
+        taken = Address("127.0.0.1", stack.relay.xds_port)
+        second = Relay(config.model_copy(update={
+            "server": config.server.model_copy(update={"address": taken})}))
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{taken.port}"):
+            await second.start()
+        await second.stop(0)
