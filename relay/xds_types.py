@@ -115,5 +115,10 @@ def message_class(type_url: str) -> type[message.Message] | None:
 
 @lru_cache(maxsize=256)
 def short_name(type_url: str) -> str:
-    """``Cluster`` for ``type.googleapis.com/envoy.config.cluster.v3.Cluster`` (for logs)."""
-    return type_url.rsplit(".", 1)[-1]
+    """``Cluster`` for ``type.googleapis.com/envoy.config.cluster.v3.Cluster`` (for
+    logs and metric labels: on the fan-out path, so known types are looked up)."""
+    known = _SHORT_NAMES.get(type_url)
+    return known if known is not None else type_url.rsplit(".", 1)[-1]
+
+
+_SHORT_NAMES = {type_url: type_url.rsplit(".", 1)[-1] for type_url in PUSH_ORDER}

@@ -24,7 +24,7 @@ from relay.resource import CachedResource
 from relay.xds_types import LEGACY_WILDCARD_TYPES, WILDCARD
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DeltaResponsePlan:
     """One DeltaDiscoveryResponse to send."""
 

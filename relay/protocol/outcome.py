@@ -21,7 +21,7 @@ class Nack:
     resources: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutcome:
     """What a request meant, for the stream adapter's bookkeeping."""
 

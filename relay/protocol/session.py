@@ -50,7 +50,7 @@ Plan: TypeAlias = DeltaResponsePlan | SotwResponsePlan
 State: TypeAlias = DeltaSubscription | SotwSubscription
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Received:
     """What one request meant."""
 
@@ -60,7 +60,7 @@ class Received:
     interest: list[tuple[str, InterestChange]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Due:
     """What the session has to say now."""
 
@@ -82,6 +82,8 @@ class Session:
         # per type URL, the node's dynamic parameters (the latest node sent)
         self._node_params: dict[str, Params] = {}
         self._states: dict[str, State] = {}
+        # the states in make-before-break order (see :func:`push_rank`)
+        self._in_push_order: list[tuple[str, State]] = []
         self._nonces = NonceSource()
 
     @property
@@ -136,6 +138,7 @@ class Session:
             state = SotwSubscription(type_url, resource_in_sotw=aware)
         state.set_node_params(self._node_params.get(type_url, EMPTY_PARAMS))
         self._states[type_url] = state
+        self._in_push_order = sorted(self._states.items(), key=lambda item: push_rank(item[0]))
         return state
 
     def _type_url_of(self, request: Request) -> str:
@@ -176,6 +179,8 @@ class Session:
         delta = self.protocol == "delta"
         names = request.resource_names_subscribe if delta else request.resource_names
         locators = request.resource_locators_subscribe if delta else request.resource_locators
+        if not (names or locators):
+            return  # an ACK, most often
         with_params = locator_size("", node_params) if node_params else 0
         for name in names:
             # A character is at most four bytes: most names need no encoding.
@@ -219,8 +224,8 @@ class Session:
         """The responses to send now, in make-before-break order, and re-fetches."""
         responses: list[Plan] = []
         cluster_removals: list[Plan] = []
-        for type_url in sorted(self._states, key=push_rank):
-            plan = self._states[type_url].next_response(view, self._nonces)
+        for type_url, state in self._in_push_order:
+            plan = state.next_response(view, self._nonces)
             if plan is None:
                 continue
             if type_url == CLUSTER and isinstance(plan, DeltaResponsePlan) and \
@@ -232,7 +237,7 @@ class Session:
                 if isinstance(endpoints, SotwSubscription):
                     endpoints.expect_request()
             responses.append(plan)
-        refetch = {type_url: names for type_url, state in self._states.items()
+        refetch = {type_url: names for type_url, state in self._in_push_order
                    if (names := state.take_refetch())}
         return Due(responses + cluster_removals, refetch)
 

@@ -28,7 +28,7 @@ from relay.resource import CachedResource
 from relay.xds_types import FULL_STATE_TYPES, LEGACY_WILDCARD_TYPES, WILDCARD
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class SotwResponsePlan:
     """One DiscoveryResponse to send."""
 

@@ -208,6 +208,8 @@ class DownstreamStream:
 
     def ready_responses(self) -> Iterator[bytes]:
         """Encoded responses due now, in the order the session gives."""
+        if not self.session.has_work():
+            return  # after a write, most often
         due = self.session.due(self.serving.view)
         for type_url, names in due.refetch.items():
             self.serving.index.request_refetch(type_url, names)
