@@ -91,7 +91,8 @@ class DeltaSubscription(SubscriptionState):
     def __init__(self, type_url: str) -> None:
         super().__init__(type_url)
         # subscribed names not yet answered with a resource or a removal
-        self._unanswered: set[str] = set()
+        # (None once all are answered, as they nearly always are)
+        self._unanswered: set[str] | None = None
         # names subscribed again while held: sent again even if unchanged
         # (None while empty, as it nearly always is)
         self._resend: set[str] | None = None
@@ -153,7 +154,7 @@ class DeltaSubscription(SubscriptionState):
                 if again:
                     self._resend = again | (self._resend or set())
             self._subscribe_names(subscribe, params)
-            self._unanswered |= subscribe
+            self._unanswered = subscribe | (self._unanswered or set())
 
         unsubscribe = set(request.resource_names_unsubscribe)
         unsubscribe.update(loc.name for loc in request.resource_locators_unsubscribe)
@@ -165,7 +166,8 @@ class DeltaSubscription(SubscriptionState):
                 del self._held[held_name]
         gone = self._unsubscribe_names(unsubscribe)
         if gone:
-            self._unanswered -= gone
+            if self._unanswered:
+                self._unanswered -= gone
             if self._resend:
                 self._resend -= gone
             for name in gone:
@@ -173,7 +175,7 @@ class DeltaSubscription(SubscriptionState):
             if self._wildcard:
                 # The client dropped them, but wildcard still covers them: send
                 # them again, or report them removed if they are gone.
-                self._unanswered |= gone
+                self._unanswered = gone | (self._unanswered or set())
                 self._pending |= gone
         return outcome
 
@@ -194,14 +196,14 @@ class DeltaSubscription(SubscriptionState):
         if not self.has_work() or not view.is_synced(self._type_url):
             return None
         candidates = self._take_candidates(
-            view, lambda: (*self._names, *self._held, *self._unanswered, *self._pending))
+            view, lambda: (*self._names, *self._held, *(self._unanswered or ()), *self._pending))
 
         resources: list[CachedResource] = []
         sending: set[int] = set()  # ids of ``resources``: a name and its alias, once
         removed: dict[str, None] = {}  # subscribed by name and by alias: once
         removed_names: dict[tuple[str, str], discovery_pb2.ResourceName] = {}
         errors: list[discovery_pb2.ResourceError] = []
-        held_now, unanswered = self._held, self._unanswered
+        held_now, unanswered = self._held, self._unanswered or _NOTHING
         resend = self._resend or _NOTHING
         for name, found in self._looked_up(view, candidates, errors):
             if found is UNKNOWN:
@@ -234,6 +236,8 @@ class DeltaSubscription(SubscriptionState):
 
         if not self._resend:
             self._resend = None
+        if not self._unanswered:
+            self._unanswered = None
         heartbeats = self._heartbeats_due(resources, view)
         if not (resources or removed or removed_names or errors or heartbeats or
                 self._must_answer):
@@ -258,7 +262,7 @@ class DeltaSubscription(SubscriptionState):
 
     def _told_absent(self, name: str) -> bool:
         # Subscribed names leave ``_unanswered`` with the resource or its removal.
-        return name not in self._unanswered
+        return not self._unanswered or name not in self._unanswered
 
     def _acked(self) -> str | None:
         return self._acked_nonce

@@ -83,7 +83,7 @@ class Session:
         self._node_params: dict[str, Params] = {}
         self._states: dict[str, State] = {}
         # the states in make-before-break order (see :func:`push_rank`)
-        self._in_push_order: list[tuple[str, State]] = []
+        self._in_push_order: tuple[tuple[str, State], ...] = ()
         self._nonces = NonceSource()
 
     @property
@@ -138,7 +138,8 @@ class Session:
             state = SotwSubscription(type_url, resource_in_sotw=aware)
         state.set_node_params(self._node_params.get(type_url, EMPTY_PARAMS))
         self._states[type_url] = state
-        self._in_push_order = sorted(self._states.items(), key=lambda item: push_rank(item[0]))
+        self._in_push_order = tuple(sorted(self._states.items(),
+                                           key=lambda item: push_rank(item[0])))
         return state
 
     def _type_url_of(self, request: Request) -> str:
