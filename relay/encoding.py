@@ -15,6 +15,10 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 
 def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _SMALL_VARINTS[value]
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while True:
         bits = value & 0x7F
@@ -24,6 +28,9 @@ def _varint(value: int) -> bytes:
         else:
             out.append(bits)
             return bytes(out)
+
+
+_SMALL_VARINTS = [bytes((value,)) for value in range(0x80)]
 
 
 def length_delimited_field(number: int, payload: bytes) -> bytes:

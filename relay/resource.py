@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from typing import Any, Generic, TypeVar, overload
 
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
@@ -28,6 +29,37 @@ from relay.encoding import length_delimited_field
 
 # Field numbers of ``resources`` in DeltaDiscoveryResponse and DiscoveryResponse.
 _RESOURCES_FIELD = 2
+
+T = TypeVar("T")
+
+
+class cached_property(Generic[T]):  # named as the functools one it replaces
+    """Computed on first read, then an ordinary attribute.
+
+    functools.cached_property takes a lock on every first read before Python
+    3.12; a relay reads several per resource as it enters the cache (10,000
+    resources: 0.12 s of 0.49 s in cProfile). The cache has one writer, the
+    event loop, so two threads never compute the same one.
+    """
+
+    def __init__(self, compute: Callable[[Any], T]) -> None:
+        self._compute = compute
+        self.__doc__ = compute.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> cached_property[T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type) -> T: ...
+    def __get__(self, instance: object | None, owner: type) -> T | cached_property[T]:
+        if instance is None:
+            return self
+        value = self._compute(instance)
+        instance.__dict__[self._name] = value
+        return value
+
 
 _arrivals = itertools.count(1)
 _last_arrival = 0
