@@ -168,19 +168,31 @@ async def wait_for_worker(pipe: Connection, proc: mp.Process) -> Any:
     return pipe.recv()
 
 
+def new_streams(target: str, count: int, per_channel: int = 1
+                ) -> tuple[list[grpc.aio.Channel], list[Any]]:
+    """``count`` delta streams to ``target`` (``per_channel`` on each
+    connection), not yet started: the first write starts each."""
+    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range((count + per_channel - 1) // per_channel)]
+    calls = [channels[i // per_channel].stream_stream(
+        DELTA_ADS, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+        response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
+        for i in range(count)]
+    return channels, calls
+
+
+def subscription(index: int) -> discovery_pb2.DeltaDiscoveryRequest:
+    """The first request of stream ``index`` of this process: ``NAME``, delta."""
+    return discovery_pb2.DeltaDiscoveryRequest(
+        node={"id": f"bench-{os.getpid()}-{index}"}, type_url=ENDPOINT,
+        resource_names_subscribe=[NAME])
+
+
 async def open_streams(target: str, count: int, per_channel: int = 1
                        ) -> tuple[list[grpc.aio.Channel], list[Any]]:
     """``count`` delta streams to the relay (``per_channel`` on each connection),
-    each subscribed to the ClusterLoadAssignment ``NAME``."""
-    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range((count + per_channel - 1) // per_channel)]
-    calls = []
-    for i in range(count):
-        call = channels[i // per_channel].stream_stream(
-            DELTA_ADS, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
-            response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
-        await call.write(discovery_pb2.DeltaDiscoveryRequest(
-            node={"id": f"bench-{os.getpid()}-{i}"}, type_url=ENDPOINT,
-            resource_names_subscribe=[NAME]))
-        calls.append(call)
+    each subscribed to the ClusterLoadAssignment ``NAME``, one after the other."""
+    channels, calls = new_streams(target, count, per_channel)
+    for i, call in enumerate(calls):
+        await call.write(subscription(i))
     return channels, calls
