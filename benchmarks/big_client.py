@@ -272,6 +272,8 @@ class Run:
         (ticks,) = await probe.next_messages()
         if ticks["error"]:
             self.figures["probe_error"] = ticks["error"]
+        # the machine's 1-minute load when the run ended: how noisy it was
+        self.figures["load"] = os.getloadavg()[0]
         for phase, (start, end) in self.windows.items():
             for key, value in probe_stall(ticks, start, end).items():
                 self.figures[f"{phase}_{key}"] = value

@@ -240,6 +240,8 @@ async def measure(kind: str, n: int, rounds: int, worker_count: int,
         "storm_origin_requests": storm_requests,
         "rss_mib_before": round(rss_before / 1024, 1),
         "rss_mib_after": round(rss_after / 1024, 1),
+        # the machine's 1-minute load when the run ended: how noisy it was
+        "load": os.getloadavg()[0],
     }
 
 
