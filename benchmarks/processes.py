@@ -33,14 +33,28 @@ DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggrega
 NAME = "bench"
 
 
+def _schedstat(pid: int) -> tuple[int, int]:
+    """Nanoseconds the threads of a process have run, and have waited to run
+    (runnable, no CPU free), so far."""
+    ran = waited = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            fields = (task / "schedstat").read_text().split()
+            ran += int(fields[0])
+            waited += int(fields[1])
+    return ran, waited
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time the threads of a process have run so far, to the nanosecond
     (``/proc/PID/stat`` counts 10 ms ticks, too coarse for a bare client)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            total += int((task / "schedstat").read_text().split()[0])
-    return total / 1e9
+    return _schedstat(pid)[0] / 1e9
+
+
+def demand_seconds(pid: int) -> float:
+    """CPU time so far plus time spent waiting for a CPU: on a busy machine a
+    process that wants to run but cannot still counts as busy."""
+    return sum(_schedstat(pid)) / 1e9
 
 
 def free_port() -> int:
