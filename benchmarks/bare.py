@@ -55,7 +55,7 @@ from google.protobuf import any_pb2
 from benchmarks.processes import NAME
 from relay.app import _SERVER_OPTIONS  # the same options, or the comparison is unfair
 from relay.xds_types import ENDPOINT
-from tests.harness import endpoints, version_of
+from tests.builders import endpoints, version_of
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 # responses kept encoded per set of names asked for (the oldest dropped first)
@@ -118,7 +118,8 @@ class Catalog:
         head = discovery_pb2.DeltaDiscoveryResponse(
             type_url=ENDPOINT, nonce=f"b{self._nonce}",
             removed_resources=[n for n in names if n not in entries])
-        response = head.SerializeToString() + b"".join(entries[n] for n in names if n in entries)
+        response: bytes = head.SerializeToString() + b"".join(
+            entries[n] for n in names if n in entries)
         self._responses[names] = (frozenset(names), response)
         if len(self._responses) > _KEPT_RESPONSES:
             self._responses.popitem(last=False)

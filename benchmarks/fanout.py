@@ -62,7 +62,8 @@ from benchmarks.processes import (
 )
 from benchmarks.report import Comparison, compare, table, values
 from relay.xds_types import ENDPOINT
-from tests.harness import ScriptedOrigin, endpoints, version_of
+from tests.builders import endpoints, version_of
+from tests.harness import ScriptedOrigin
 
 SERVERS = ("bare", "relay")
 # label of each figure, in the order reported

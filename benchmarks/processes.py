@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import IO, Any
 
@@ -126,7 +127,7 @@ async def wait_ready(admin_port: int) -> None:
 
 @dataclass
 class Workers:
-    processes: list[mp.Process]
+    processes: list[BaseProcess]
     pipes: list[Connection]
 
     async def next_messages(self) -> list[Any]:
@@ -167,13 +168,13 @@ async def workers(target: Callable[..., None], streams: int, count: int,
                 raise RuntimeError(f"client worker said {message!r}, expected 'ready'")
         yield running
     finally:
-        for proc in running.processes:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+        for started in running.processes:
+            started.join(10)
+            if started.is_alive():
+                started.kill()
 
 
-async def wait_for_worker(pipe: Connection, proc: mp.Process) -> Any:
+async def wait_for_worker(pipe: Connection, proc: BaseProcess) -> Any:
     """A worker's next message; fails (rather than hangs) if the worker died."""
     loop = asyncio.get_running_loop()
     while not await loop.run_in_executor(None, pipe.poll, 1.0):
