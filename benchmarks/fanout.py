@@ -1,19 +1,34 @@
-"""Fan-out benchmark: one origin update reaching N downstream streams.
+"""Fan-out benchmark: the relay against a bare gRPC server, N streams each.
 
-For each N, a fresh relay runs as its own process (``xds-relay run``) and
-follows a scripted origin in this process over Delta ADS. Worker processes
-open N downstream delta streams (one gRPC connection each, like N Envoys),
-subscribe to one ClusterLoadAssignment and ACK what they get. Then, per
-round, the origin changes it and every stream notes when the new version
-arrived. Reported per N:
+For each N, runs alternate between two servers, each in its own process:
+the relay (``xds-relay run``, following a scripted origin in this process
+over Delta ADS) and the bare ``grpc.aio`` server of :mod:`benchmarks.bare`
+(pre-encoded bytes, the relay's server options). The same worker processes'
+code is the client of both: N delta streams (one gRPC connection each, like
+N Envoys) subscribe to one ClusterLoadAssignment and ACK what they get.
 
-* time from the origin's send until the update reached all N streams (and
-  the median stream), over several rounds;
-* the relay's own CPU time per update (it shares the machine with the
-  clients, so this is steadier than wall time), per stream;
-* the relay's resident memory per connected stream (RSS growth / N).
+A run: one stream in this process subscribes (for the relay, it keeps the
+resource cached and the relay synced); then the N streams connect all at
+once (a connection storm on a warm server); then, per round, the resource
+changes (relay: the origin sends it; bare: it is told on its control pipe)
+and every stream notes when the new version arrived. Per run:
 
-Usage: ``python -m benchmarks.fanout [--streams 100,1000,5000] [--rounds 5] [--workers 2]``
+* ``update_all_ms``, ``update_median_stream_ms``: from the change's send
+  until the last stream, and the median stream, had it (median of rounds);
+* ``cpu_ms_per_update``: the server's CPU time from the send until its
+  ACKs are in (mean of rounds); steadier than wall time, as the server
+  shares the machine with the clients;
+* ``rss_kib_per_stream``: the server's resident memory after the storm
+  less before it, per stream;
+* ``storm_all_ms``, ``storm_median_stream_ms``: from the storm's start
+  until every stream, and the median stream, had its first response;
+* ``storm_origin_requests`` (relay only): requests the origin received
+  meanwhile; the resource is cached, so none should be.
+
+Each figure is reported as min and median over runs, for both servers,
+with relay / bare.
+
+Usage: ``python -m benchmarks.fanout [--streams 1000,2000] [--runs 3] [--rounds 5] [--workers 2]``
 Writes a table to stdout and JSON to ``benchmarks/results/fanout.json``.
 """
 
@@ -21,19 +36,46 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
+import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from benchmarks.processes import NAME, cpu_seconds, open_streams, relay_process, workers
+from benchmarks.bare import bare_process
+from benchmarks.processes import (
+    NAME,
+    cpu_seconds,
+    new_streams,
+    open_streams,
+    relay_process,
+    subscription,
+    workers,
+)
+from benchmarks.report import Comparison, compare, table, values
 from relay.xds_types import ENDPOINT
-from tests.harness import ScriptedOrigin, endpoints, version_of
+from tests.builders import endpoints, version_of
+from tests.harness import ScriptedOrigin
+
+SERVERS = ("bare", "relay")
+# label of each figure, in the order reported
+FIGURES = {
+    "update_all_ms": "update reaches all streams (ms)",
+    "update_median_stream_ms": "update reaches median stream (ms)",
+    "cpu_ms_per_update": "server CPU per update (ms)",
+    "rss_kib_per_stream": "RSS per idle stream (KiB)",
+    "storm_all_ms": "storm: all streams answered (ms)",
+    "storm_median_stream_ms": "storm: median stream answered (ms)",
+    "storm_origin_requests": "storm: requests to the origin",
+}
 
 
 def rss_kib(pid: int) -> int:
@@ -50,105 +92,203 @@ def worker_main(conn: Connection, count: int, target: str, per_channel: int) -> 
     asyncio.run(_worker(conn, count, target, per_channel))
 
 
+async def _receive(call: Any, version: str | None) -> float:
+    """When the next response (with ``version``, if given) arrived; ACKs all."""
+    while True:
+        response = await call.read()
+        arrived = time.monotonic()
+        await call.write(discovery_pb2.DeltaDiscoveryRequest(
+            type_url=ENDPOINT, response_nonce=response.nonce))
+        if version is None or any(r.version == version for r in response.resources):
+            return arrived
+
+
 async def _worker(conn: Connection, count: int, target: str, per_channel: int) -> None:
+    """Says ``"ready"``; on ``"storm"`` opens its streams at once and sends when
+    each got its first response; then, per version it is sent, when each got
+    that version; stops on None."""
     loop = asyncio.get_running_loop()
-    channels, calls = await open_streams(target, count, per_channel)
-
-    async def receive(call: Any, version: str | None) -> float:
-        while True:
-            response = await call.read()
-            arrived = time.monotonic()
-            await call.write(discovery_pb2.DeltaDiscoveryRequest(
-                type_url=ENDPOINT, response_nonce=response.nonce))
-            if version is None or any(r.version == version for r in response.resources):
-                return arrived
-
-    await asyncio.gather(*(receive(c, None) for c in calls))
     conn.send("ready")
+    command = await loop.run_in_executor(None, conn.recv)
+    assert command == "storm", command
+    channels, calls = new_streams(target, count, per_channel)
+
+    async def join(index: int, call: Any) -> float:
+        await call.write(subscription(index))
+        return await _receive(call, None)
+
+    conn.send(await asyncio.gather(*(join(i, c) for i, c in enumerate(calls))))
     while True:
         command = await loop.run_in_executor(None, conn.recv)
         if command is None:
             break
-        times = await asyncio.gather(*(receive(c, command) for c in calls))
-        conn.send(times)
+        conn.send(await asyncio.gather(*(_receive(c, command) for c in calls)))
     for call in calls:
         call.cancel()
     for channel in channels:
         await channel.close()
 
 
-# -- the harness ------------------------------------------------------------------
+# -- the servers ------------------------------------------------------------------
 
 
-async def measure(n: int, rounds: int, worker_count: int,
-                  per_channel: int) -> dict[str, Any]:
+@dataclass
+class Server:
+    """What a run measures: a server process, where its clients connect, and
+    how ``NAME`` changes on it (to ``endpoints(NAME, port)``)."""
+
+    kind: str
+    pid: int
+    target: str
+    change: Callable[[int], Awaitable[None]]
+    # requests its origin has received so far (the relay's only)
+    origin_requests: Callable[[], int] | None = None
+
+
+@contextlib.asynccontextmanager
+async def bare_server() -> AsyncIterator[Server]:
+    async with bare_process() as bare:
+        async def change(port: int) -> None:
+            await bare.command(f"update {NAME} {port}")
+
+        yield Server("bare", bare.pid, bare.target, change)
+
+
+@contextlib.asynccontextmanager
+async def relay_server() -> AsyncIterator[Server]:
     origin = await ScriptedOrigin().start()
     origin.set(endpoints(NAME, 1))
     try:
         # drain_period 0: the harness's SIGTERM at the end need not wait.
         async with relay_process("bench-relay", origin.port, drain_period=0) as relay:
-            pid = relay.process.pid
-            await asyncio.sleep(0.5)
-            rss_before = rss_kib(pid)
-            async with workers(worker_main, n, worker_count, relay.target,
-                               per_channel) as clients:
-                await asyncio.sleep(0.5)
-                rss_after = rss_kib(pid)
-                all_latencies, median_latencies = [], []
-                cpu_before = cpu_seconds(pid)
-                for round_no in range(rounds):
-                    message = endpoints(NAME, 1000 + round_no)
-                    clients.send(version_of(message))
-                    await asyncio.sleep(0.2)  # let workers start reading
-                    sent = time.monotonic()
-                    origin.set(message)
-                    times = [t for ts in await clients.next_messages() for t in ts]
-                    all_latencies.append(max(times) - sent)
-                    median_latencies.append(statistics.median(times) - sent)
-                # Includes the 0.2 s pauses, in which the relay idles.
-                cpu_per_round = (cpu_seconds(pid) - cpu_before) / rounds
-                clients.send(None)
+            async def change(port: int) -> None:
+                origin.set(endpoints(NAME, port))
+
+            yield Server("relay", relay.process.pid, relay.target, change,
+                         lambda: len(origin.all_requests()))
     finally:
         await origin.stop()
+
+
+SERVER_OF = {"bare": bare_server, "relay": relay_server}
+
+
+@contextlib.asynccontextmanager
+async def keeper(target: str) -> AsyncIterator[None]:
+    """One stream holding ``NAME`` (ACKing all it gets), so that the relay has
+    it cached before the storm and keeps it."""
+    channels, calls = await open_streams(target, 1)
+    call = calls[0]
+    await _receive(call, None)
+
+    async def ack_all() -> None:
+        while True:
+            await _receive(call, None)
+
+    task = asyncio.create_task(ack_all())
+    try:
+        yield
+    finally:
+        task.cancel()
+        call.cancel()
+        await channels[0].close()
+
+
+# -- the harness ------------------------------------------------------------------
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+async def measure(kind: str, n: int, rounds: int, worker_count: int,
+                  per_channel: int) -> dict[str, Any]:
+    """One run against a fresh server of ``kind``."""
+    async with SERVER_OF[kind]() as server, keeper(server.target):
+        await asyncio.sleep(0.5)
+        rss_before = rss_kib(server.pid)
+        async with workers(worker_main, n, worker_count, server.target,
+                           per_channel) as clients:
+            requests_before = server.origin_requests() if server.origin_requests else 0
+            started = time.monotonic()
+            clients.send("storm")
+            firsts = [t for ts in await clients.next_messages() for t in ts]
+            storm_requests = (server.origin_requests() - requests_before
+                              if server.origin_requests else None)
+            await asyncio.sleep(0.5)
+            rss_after = rss_kib(server.pid)
+            everyone, median_stream, cpu = [], [], []
+            for round_no in range(rounds):
+                port = 1000 + round_no
+                clients.send(version_of(endpoints(NAME, port)))
+                await asyncio.sleep(0.2)  # let workers start reading
+                cpu_before = cpu_seconds(server.pid)
+                sent = time.monotonic()
+                await server.change(port)
+                times = [t for ts in await clients.next_messages() for t in ts]
+                await asyncio.sleep(0.1)  # the last ACKs
+                cpu.append(cpu_seconds(server.pid) - cpu_before)
+                everyone.append(max(times) - sent)
+                median_stream.append(statistics.median(times) - sent)
+            clients.send(None)
     return {
-        "streams": n,
-        "all_ms_median": round(statistics.median(all_latencies) * 1000, 1),
-        "all_ms_max": round(max(all_latencies) * 1000, 1),
-        "median_stream_ms": round(statistics.median(median_latencies) * 1000, 1),
-        "relay_cpu_ms_per_update": round(cpu_per_round * 1000, 1),
-        "relay_cpu_us_per_stream": round(cpu_per_round * 1e6 / n, 1),
-        "rss_mib_idle": round(rss_before / 1024, 1),
-        "rss_mib_loaded": round(rss_after / 1024, 1),
+        "update_all_ms": _ms(statistics.median(everyone)),
+        "update_median_stream_ms": _ms(statistics.median(median_stream)),
+        "cpu_ms_per_update": _ms(statistics.mean(cpu)),
         "rss_kib_per_stream": round((rss_after - rss_before) / n, 1),
-        "upstream_streams": len(origin.streams),
+        "storm_all_ms": _ms(max(firsts) - started),
+        "storm_median_stream_ms": _ms(statistics.median(firsts) - started),
+        "storm_origin_requests": storm_requests,
+        "rss_mib_before": round(rss_before / 1024, 1),
+        "rss_mib_after": round(rss_after / 1024, 1),
+        # the machine's 1-minute load when the run ended: how noisy it was
+        "load": os.getloadavg()[0],
     }
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Comparison]:
+    bare = runs["bare"]
+    return {key: compare(values(runs["relay"], key),
+                         None if key == "storm_origin_requests" else values(bare, key))
+            for key in FIGURES}
+
+
+async def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
+    results = []
+    for n in (int(x) for x in args.streams.split(",")):
+        runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in SERVERS}
+        for run in range(args.runs):
+            # alternate which goes first, to spread the machine's noise
+            for kind in SERVERS if run % 2 == 0 else SERVERS[::-1]:
+                result = await measure(kind, n, args.rounds, args.workers,
+                                       args.streams_per_connection)
+                runs[kind].append(result)
+                print(json.dumps({"streams": n, "server": kind, "run": run, **result}),
+                      flush=True)
+        results.append({"streams": n, "runs": runs, "summary": summarize(runs)})
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", default="100,1000,5000")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--streams", default="1000,2000")
+    parser.add_argument("--runs", type=int, default=3, help="runs per server and N")
+    parser.add_argument("--rounds", type=int, default=5, help="updates per run")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--streams-per-connection", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fanout.json"))
     args = parser.parse_args()
-    results = []
-    for n in (int(x) for x in args.streams.split(",")):
-        result = asyncio.run(measure(n, args.rounds, args.workers, args.streams_per_connection))
-        results.append(result)
-        print(json.dumps(result), flush=True)
-    base = results[0]
-    print(f"\n{'streams':>8} {'all (ms)':>9} {'max (ms)':>9} {'median (ms)':>12} "
-          f"{'CPU us/stream':>14} {'KiB/stream':>11} {'x latency':>10} {'x streams':>10}")
-    for r in results:
-        ratio = r["all_ms_median"] / base["all_ms_median"] if base["all_ms_median"] else 0
-        print(f"{r['streams']:>8} {r['all_ms_median']:>9} {r['all_ms_max']:>9} "
-              f"{r['median_stream_ms']:>12} {r['relay_cpu_us_per_stream']:>14} "
-              f"{r['rss_kib_per_stream']:>11} {ratio:>10.1f} "
-              f"{r['streams'] / base['streams']:>10.0f}")
+    results = asyncio.run(run_all(args))
+    for result in results:
+        rows = [(label, result["summary"][key]) for key, label in FIGURES.items()]
+        print(f"\n{result['streams']} streams, {args.runs} runs each:\n"
+              f"{table(rows, 'figure')}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"cpus": os.cpu_count(), "results": results}, indent=2))
+    args.out.write_text(json.dumps({
+        "command": " ".join(["python -m benchmarks.fanout", *sys.argv[1:]]),
+        "cpus": os.cpu_count(), "runs": args.runs, "rounds": args.rounds,
+        "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,14 +34,28 @@ DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggrega
 NAME = "bench"
 
 
+def _schedstat(pid: int) -> tuple[int, int]:
+    """Nanoseconds the threads of a process have run, and have waited to run
+    (runnable, no CPU free), so far."""
+    ran = waited = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            fields = (task / "schedstat").read_text().split()
+            ran += int(fields[0])
+            waited += int(fields[1])
+    return ran, waited
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time the threads of a process have run so far, to the nanosecond
     (``/proc/PID/stat`` counts 10 ms ticks, too coarse for a bare client)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            total += int((task / "schedstat").read_text().split()[0])
-    return total / 1e9
+    return _schedstat(pid)[0] / 1e9
+
+
+def demand_seconds(pid: int) -> float:
+    """CPU time so far plus time spent waiting for a CPU: on a busy machine a
+    process that wants to run but cannot still counts as busy."""
+    return sum(_schedstat(pid)) / 1e9
 
 
 def free_port() -> int:
@@ -115,7 +130,7 @@ async def wait_ready(admin_port: int) -> None:
 
 @dataclass
 class Workers:
-    processes: list[mp.Process]
+    processes: list[BaseProcess]
     pipes: list[Connection]
 
     async def next_messages(self) -> list[Any]:
@@ -156,13 +171,13 @@ async def workers(target: Callable[..., None], streams: int, count: int,
                 raise RuntimeError(f"client worker said {message!r}, expected 'ready'")
         yield running
     finally:
-        for proc in running.processes:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+        for started in running.processes:
+            started.join(10)
+            if started.is_alive():
+                started.kill()
 
 
-async def wait_for_worker(pipe: Connection, proc: mp.Process) -> Any:
+async def wait_for_worker(pipe: Connection, proc: BaseProcess) -> Any:
     """A worker's next message; fails (rather than hangs) if the worker died."""
     loop = asyncio.get_running_loop()
     while not await loop.run_in_executor(None, pipe.poll, 1.0):
@@ -171,19 +186,31 @@ async def wait_for_worker(pipe: Connection, proc: mp.Process) -> Any:
     return pipe.recv()
 
 
+def new_streams(target: str, count: int, per_channel: int = 1
+                ) -> tuple[list[grpc.aio.Channel], list[Any]]:
+    """``count`` delta streams to ``target`` (``per_channel`` on each
+    connection), not yet started: the first write starts each."""
+    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range((count + per_channel - 1) // per_channel)]
+    calls = [channels[i // per_channel].stream_stream(
+        DELTA_ADS, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+        response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
+        for i in range(count)]
+    return channels, calls
+
+
+def subscription(index: int) -> discovery_pb2.DeltaDiscoveryRequest:
+    """The first request of stream ``index`` of this process: ``NAME``, delta."""
+    return discovery_pb2.DeltaDiscoveryRequest(
+        node={"id": f"bench-{os.getpid()}-{index}"}, type_url=ENDPOINT,
+        resource_names_subscribe=[NAME])
+
+
 async def open_streams(target: str, count: int, per_channel: int = 1
                        ) -> tuple[list[grpc.aio.Channel], list[Any]]:
     """``count`` delta streams to the relay (``per_channel`` on each connection),
-    each subscribed to the ClusterLoadAssignment ``NAME``."""
-    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range((count + per_channel - 1) // per_channel)]
-    calls = []
-    for i in range(count):
-        call = channels[i // per_channel].stream_stream(
-            DELTA_ADS, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
-            response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
-        await call.write(discovery_pb2.DeltaDiscoveryRequest(
-            node={"id": f"bench-{os.getpid()}-{i}"}, type_url=ENDPOINT,
-            resource_names_subscribe=[NAME]))
-        calls.append(call)
+    each subscribed to the ClusterLoadAssignment ``NAME``, one after the other."""
+    channels, calls = new_streams(target, count, per_channel)
+    for i, call in enumerate(calls):
+        await call.write(subscription(i))
     return channels, calls

@@ -1,0 +1,306 @@
+"""The baseline: a bare ``grpc.aio`` Delta-ADS server sending pre-encoded bytes.
+
+Benchmarks report the relay's figures as ratios against this server,
+measured in the same run with the same clients. It does the least a real
+server must: it decodes every request (``DeltaDiscoveryRequest.FromString``),
+answers a subscription with the subscribed resources and writes updates to
+the streams subscribed to what changed. Every response is encoded once and
+its bytes written as they are (the serializer is the identity), so what is
+left is gRPC and the event loop. It runs with the relay's own gRPC server
+options, in its own process, as the relay does.
+
+A response is what the relay sends for the same resources: a
+DeltaDiscoveryResponse with the type URL, a nonce and, per resource, a
+``Resource`` with its name, its version and the ClusterLoadAssignment in an
+``Any``. Unlike the relay, the server gives a nonce to each encoded
+response rather than to each write: every stream gets the same bytes for
+an update, and a stream asking twice for the same names the same nonce
+(clients only match nonces to ACKs, so this is harmless here).
+
+It serves ``NAME`` (``endpoints(NAME, 1)``, as the benchmarks' scripted
+origin does) and, with ``--big K``, the names ``big_names(K)``, each a
+ClusterLoadAssignment of about ``--size`` bytes, so that it can also be the
+relay's origin. Controlled by lines on stdin, each answered by one line on
+stdout (it prints ``port P`` once listening, and exits at the end of stdin):
+
+* ``update NAME PORT``: ``NAME`` becomes ``endpoints(NAME, PORT)``, versioned
+  as the tests' ``version_of``, pushed to its subscribers; answers
+  ``pushed S`` (S streams);
+* ``tick NAME MS``: from now on ``NAME`` changes every MS ms, its version
+  ``sent@T`` (T the ``time.monotonic()`` of the push, comparable across
+  processes on one machine); answers ``ok``.
+
+Usage: ``python -m benchmarks.bare [--port 0] [--big K] [--size 1024]``; the
+benchmarks start it with :func:`bare_process`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
+
+from benchmarks.processes import NAME
+from relay.app import _SERVER_OPTIONS  # the same options, or the comparison is unfair
+from relay.xds_types import ENDPOINT
+from tests.builders import endpoints, version_of
+
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+# responses kept encoded per set of names asked for (the oldest dropped first)
+_KEPT_RESPONSES = 8
+
+
+def big_names(count: int) -> list[str]:
+    """The names of the big-client benchmark's resources, in the order subscribed."""
+    return [f"big-{i}" for i in range(count)]
+
+
+def padded_endpoints(names: Iterable[str], size: int) -> Iterator[tuple[str, bytes]]:
+    """``(name, body)``: each ``endpoints(name, 10000, 10001, ...)``, with as
+    many ports as make about ``size`` bytes, serialized.
+
+    Built from two parts (the name, then the endpoints encoded once), which
+    is the message's own encoding as protobuf orders fields by number:
+    checked against the real thing on the first name.
+    """
+    ports: list[int] = []
+    while len(endpoints("", *ports).SerializeToString()) < size:
+        ports.append(10000 + len(ports))
+    tail = endpoints("", *ports).SerializeToString()
+    checked = False
+    for name in names:
+        body = endpoint_pb2.ClusterLoadAssignment(cluster_name=name).SerializeToString() + tail
+        if not checked:
+            assert body == endpoints(name, *ports).SerializeToString()
+            checked = True
+        yield name, body
+
+
+class Catalog:
+    """Every resource the server has, each encoded once as a response's
+    ``resources`` entry, and the responses assembled from those entries."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, bytes] = {}
+        # names asked for -> (the same as a set, the response)
+        self._responses: OrderedDict[tuple[str, ...], tuple[frozenset[str], bytes]] = \
+            OrderedDict()
+        self._nonce = 0
+
+    def set(self, name: str, version: str, body: bytes) -> None:
+        # A response holding only this resource is exactly its entry.
+        resource = discovery_pb2.Resource(
+            name=name, version=version, resource=any_pb2.Any(type_url=ENDPOINT, value=body))
+        self._entries[name] = discovery_pb2.DeltaDiscoveryResponse(
+            resources=[resource]).SerializeToString()
+        for names in [k for k, (held, _) in self._responses.items() if name in held]:
+            del self._responses[names]
+
+    def response(self, names: tuple[str, ...]) -> bytes:
+        """The response for ``names`` (those it lacks in ``removed_resources``)."""
+        kept = self._responses.get(names)
+        if kept is not None:
+            return kept[1]
+        self._nonce += 1
+        entries = self._entries
+        head = discovery_pb2.DeltaDiscoveryResponse(
+            type_url=ENDPOINT, nonce=f"b{self._nonce}",
+            removed_resources=[n for n in names if n not in entries])
+        response: bytes = head.SerializeToString() + b"".join(
+            entries[n] for n in names if n in entries)
+        self._responses[names] = (frozenset(names), response)
+        if len(self._responses) > _KEPT_RESPONSES:
+            self._responses.popitem(last=False)
+        return response
+
+
+@dataclass(eq=False)
+class _Stream:
+    outbox: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    names: set[str] = field(default_factory=set)
+
+
+class BareServer:
+    """The server: a generic handler over a :class:`Catalog`."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._streams: set[_Stream] = set()
+        self._server: grpc.aio.Server | None = None
+        self._ticks = 0
+
+    async def start(self, port: int) -> int:
+        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        handler = grpc.stream_stream_rpc_method_handler(
+            self._serve, request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
+            response_serializer=_identity)
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            ADS_SERVICE, {"DeltaAggregatedResources": handler})])
+        bound = server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        self._server = server
+        return int(bound)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+
+    def update(self, name: str, version: str, body: bytes) -> int:
+        """Change ``name`` and write it to its subscribers; how many there are."""
+        self.catalog.set(name, version, body)
+        subscribers = [s for s in self._streams if name in s.names]
+        if subscribers:
+            response = self.catalog.response((name,))
+            for stream in subscribers:
+                stream.outbox.put_nowait(response)
+        return len(subscribers)
+
+    async def tick(self, name: str, interval: float) -> None:
+        """Change ``name`` every ``interval`` seconds, the send time in its version."""
+        while True:
+            await asyncio.sleep(interval)
+            self._ticks += 1
+            self.update(name, f"sent@{time.monotonic():.6f}",
+                        endpoints(name, 1 + self._ticks % 60000).SerializeToString())
+
+    async def _serve(self, requests: AsyncIterator[Any],
+                     context: grpc.aio.ServicerContext) -> None:
+        stream = _Stream()
+        self._streams.add(stream)
+        reader = asyncio.create_task(self._read(requests, stream))
+        try:
+            while (response := await stream.outbox.get()) is not None:
+                await context.write(response)
+        finally:
+            reader.cancel()
+            self._streams.discard(stream)
+
+    async def _read(self, requests: AsyncIterator[Any], stream: _Stream) -> None:
+        try:
+            async for request in requests:
+                stream.names.difference_update(request.resource_names_unsubscribe)
+                if request.resource_names_subscribe:
+                    names = tuple(request.resource_names_subscribe)
+                    stream.names.update(names)
+                    stream.outbox.put_nowait(self.catalog.response(names))
+        finally:
+            stream.outbox.put_nowait(None)
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+async def _control(server: BareServer) -> None:
+    """Follow the commands on stdin until it ends."""
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    ticks: list[asyncio.Task[None]] = []
+    while line := (await stdin.readline()).decode():
+        match line.split():
+            case ["update", name, port]:
+                message = endpoints(name, int(port))
+                pushed = server.update(name, version_of(message), message.SerializeToString())
+                print(f"pushed {pushed}", flush=True)
+            case ["tick", name, ms]:
+                ticks.append(asyncio.create_task(server.tick(name, int(ms) / 1000)))
+                print("ok", flush=True)
+            case _:
+                print(f"error: unknown command {line.strip()!r}", flush=True)
+    for task in ticks:
+        task.cancel()
+
+
+async def serve(port: int, big: int, size: int) -> None:
+    catalog = Catalog()
+    small = endpoints(NAME, 1)
+    catalog.set(NAME, version_of(small), small.SerializeToString())
+    for name, body in padded_endpoints(big_names(big), size):
+        catalog.set(name, hashlib.sha256(body).hexdigest()[:12], body)
+    if big:
+        catalog.response(tuple(big_names(big)))  # encoded before the first client asks
+    server = BareServer(catalog)
+    print(f"port {await server.start(port)}", flush=True)
+    try:
+        await _control(server)
+    finally:
+        await server.stop()
+
+
+# -- the harness's side --------------------------------------------------------
+
+
+@dataclass
+class BareProcess:
+    """A running bare server and its control pipe."""
+
+    process: asyncio.subprocess.Process
+    port: int
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def command(self, line: str) -> str:
+        """Send one command; its one-line answer."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(line.encode() + b"\n")
+        await self.process.stdin.drain()
+        return (await self.process.stdout.readline()).decode().strip()
+
+
+@contextlib.asynccontextmanager
+async def bare_process(big: int = 0, size: int = 1024) -> AsyncIterator[BareProcess]:
+    """``python -m benchmarks.bare`` on a free port, once listening; ended on
+    the way out (end of stdin, then SIGKILL after 10 s)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.bare", "--big", str(big), "--size", str(size),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        # Encoding 100,000 resources takes a few seconds.
+        line = (await asyncio.wait_for(process.stdout.readline(), 300)).decode()
+        if not line.startswith("port "):
+            raise RuntimeError(f"bare server said {line!r}, expected its port")
+        yield BareProcess(process, int(line.split()[1]))
+    finally:
+        if process.returncode is None:
+            process.stdin.close()
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--big", type=int, default=0,
+                        help="also serve the names big-0 .. big-(K-1)")
+    parser.add_argument("--size", type=int, default=1024,
+                        help="bytes of each big-N ClusterLoadAssignment (about)")
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, args.big, args.size))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""How benchmarks report a figure: min and median over runs, for the relay
+and for the bare server (:mod:`benchmarks.bare`), and relay / bare.
+
+Ratios are of like with like: the relay's min over the bare server's min,
+the relay's median over the bare server's median. A figure the bare server
+has no counterpart for has no ratio.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+Spread = dict[str, float | None]
+Comparison = dict[str, Spread]
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Min and median of ``values`` (None for both when there are none)."""
+    if not values:
+        return {"min": None, "median": None}
+    return {"min": min(values), "median": statistics.median(values)}
+
+
+def _ratio(relay: float | None, bare: float | None) -> float | None:
+    if relay is None or bare is None or bare <= 0:
+        return None
+    return relay / bare
+
+
+def compare(relay: Sequence[float], bare: Sequence[float] | None) -> Comparison:
+    """The relay's and the bare server's spreads over runs, and their ratio."""
+    ours = spread(relay)
+    if bare is None:
+        return {"relay": ours, "bare": spread([]), "ratio": spread([])}
+    theirs = spread(bare)
+    return {"relay": ours, "bare": theirs,
+            "ratio": {key: _ratio(ours[key], theirs[key]) for key in ("min", "median")}}
+
+
+def values(runs: Sequence[dict[str, Any]], key: str) -> list[float]:
+    """The figure ``key`` of every run that has it."""
+    return [run[key] for run in runs if run.get(key) is not None]
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int) or abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def table(rows: Sequence[tuple[str, Comparison]], first_column: str = "") -> str:
+    """A Markdown table: one row per figure, relay / bare / ratio columns."""
+    width = max([len(first_column), *(len(label) for label, _ in rows)])
+    head = (f"| {first_column:<{width}} | relay min | relay median | bare min | bare median "
+            f"| ratio min | ratio median |")
+    lines = [head, f"| {'-' * width} |" + " ---: |" * 6]
+    for label, c in rows:
+        lines.append(
+            f"| {label:<{width}} | {_number(c['relay']['min']):>9} "
+            f"| {_number(c['relay']['median']):>12} | {_number(c['bare']['min']):>8} "
+            f"| {_number(c['bare']['median']):>11} | {_times(c['ratio']['min']):>9} "
+            f"| {_times(c['ratio']['median']):>12} |")
+    return "\n".join(lines)
