@@ -51,7 +51,7 @@ class DeltaResponsePlan:
 _NOTHING: set[str] = set()  # never added to
 
 # The most names one piece of a request carries (see :func:`split_request`).
-MAX_NAMES_PER_PIECE = 5_000
+MAX_NAMES_PER_PIECE = 2_000
 
 
 def split_request(request: discovery_pb2.DeltaDiscoveryRequest,

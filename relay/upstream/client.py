@@ -31,6 +31,7 @@ from relay.telemetry import Metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.dial import Dialer, DialError
 from relay.upstream.requests import Request
+from relay.upstream.responses import ParsedResponse, UnusableResponse, parse_steps
 from relay.upstream.state import Demand, UpstreamState
 from relay.xds_types import short_name
 
@@ -43,7 +44,7 @@ _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 # The most names whose interest changed the upstream acts on in one turn.
-MAX_NAMES_PER_TURN = 5_000
+MAX_NAMES_PER_TURN = 2_000
 
 
 class UpstreamClient:
@@ -208,7 +209,9 @@ class UpstreamClient:
                     # Only an answer proves the origin serves us: reset backoff now.
                     answered = True
                     self.backoff.reset()
-                replies = self.state.on_response(response, self.demand, self.clock.now())
+                checked = await self._check(response)
+                replies = self.state.on_response(response, self.demand, self.clock.now(),
+                                                 checked)
                 if self.state.answered:
                     self.synced_event.set()
                 outcome = "nack" if replies[0].HasField("error_detail") else "ack"
@@ -224,6 +227,22 @@ class UpstreamClient:
             log.log(level, "origin stream to %s failed: %s %s%s", self.target,
                     error.code().name, error.details(), hint)
             return answered
+
+    @staticmethod
+    async def _check(response: discovery_pb2.DeltaDiscoveryResponse
+                     ) -> ParsedResponse | UnusableResponse:
+        """Parse a response in steps, letting the event loop run between them:
+        a response of 10,000 resources holds up no client for long."""
+        steps = parse_steps(response)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                parsed: ParsedResponse = done.value
+                return parsed
+            except UnusableResponse as error:
+                return error
+            await asyncio.sleep(0)
 
     async def _mark_connected(self, channel: grpc.aio.Channel) -> None:
         await channel.channel_ready()

@@ -48,7 +48,7 @@ from relay.cache import ResourceCache, Update
 from relay.constraints import UNCONSTRAINED, Locator, Params
 from relay.resource import CachedResource
 from relay.upstream.requests import Request, Split, SubscriptionChange, split_requests
-from relay.upstream.responses import UnusableResponse, parse_response
+from relay.upstream.responses import ParsedResponse, UnusableResponse, parse_response
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.upstream")
@@ -458,11 +458,18 @@ class UpstreamState:
     # -- responses ------------------------------------------------------------
 
     def on_response(self, response: discovery_pb2.DeltaDiscoveryResponse, demand: Demand,
-                    now: float = 0.0) -> list[Request]:
-        """Check and apply one origin response; its ACK or NACK, then any resubscription."""
+                    now: float = 0.0,
+                    checked: ParsedResponse | UnusableResponse | None = None) -> list[Request]:
+        """Check and apply one origin response; its ACK or NACK, then any resubscription.
+
+        ``checked``: the response already parsed (see
+        :func:`~relay.upstream.responses.parse_steps`), or why it cannot be used.
+        """
         type_url = response.type_url
         try:
-            parsed = parse_response(response)
+            if isinstance(checked, UnusableResponse):
+                raise checked
+            parsed = parse_response(response) if checked is None else checked
         except UnusableResponse as error:
             log.warning("NACK to origin type=%s nonce=%s: %s", short_name(type_url),
                         response.nonce, error)
