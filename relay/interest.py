@@ -14,6 +14,7 @@ fresh copy of; the upstream then reads the union from the index.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -196,12 +197,23 @@ class InterestIndex:
             {n: p for n, p in mine.names.items() if new.get(n) != p},
             interest.wildcard))
 
-    def remove(self, subscriber: Subscriber) -> None:
-        """Forget every subscription of a subscriber that went away."""
-        for type_url, mine in list(self._per_subscriber.get(subscriber, {}).items()):
+    def remove(self, subscriber: Subscriber, limit: int | None = None) -> bool:
+        """Forget the subscriptions of a subscriber that went away: all of
+        them, or at most ``limit`` names. Returns whether none are left."""
+        per_type = self._per_subscriber.get(subscriber, {})
+        for type_url, mine in list(per_type.items()):
+            if limit is not None and len(mine.names) > limit:
+                taken = dict(itertools.islice(mine.names.items(), limit))
+                self.apply(subscriber, type_url, InterestChange(removed=taken))
+                return False
+            count = len(mine.names)
             self.apply(subscriber, type_url, InterestChange(removed=dict(mine.names),
                                                             wildcard=False))
+            del per_type[type_url]
+            if limit is not None:
+                limit -= count
         self._per_subscriber.pop(subscriber, None)
+        return True
 
     # -- upstream side ---------------------------------------------------
 

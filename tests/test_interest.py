@@ -142,3 +142,19 @@ def test_locators_and_the_union_of_parameters() -> None:
     assert index.wanted_locators(CLUSTER) == {"c": frozenset({canary, prod}),
                                               "d": frozenset({EMPTY_PARAMS})}
     assert not index.wants_wildcard(CLUSTER)
+
+
+def test_a_subscriber_can_be_forgotten_a_slice_at_a_time() -> None:
+    index = InterestIndex()
+    up = Up()
+    index.link(up)
+    leaving, staying = Sub(), Sub()
+    index.update(leaving, ENDPOINT, interest(*(f"n{i}" for i in range(5))))
+    index.update(leaving, CLUSTER, interest("c"))
+    index.update(staying, ENDPOINT, interest("n0"))
+    assert not index.remove(leaving, limit=3)
+    assert len(index.wanted_locators(ENDPOINT)) == 3  # n0 (staying's) and two left
+    assert index.remove(leaving, limit=3)  # the last two names, and the cluster
+    assert index.wanted_locators(ENDPOINT) == {"n0": frozenset({EMPTY_PARAMS})}
+    assert index.wanted_types() == [ENDPOINT]
+    assert index.remove(leaving)  # nothing left: done at once

@@ -38,6 +38,11 @@ log = logging.getLogger("relay.downstream")
 __all__ = ["DownstreamStream", "ServingContext", "XdsProtocol", "encode_plan"]
 
 
+# How many of a leaving stream's names the interest index forgets per turn
+# of the event loop (see ServingContext.leave).
+NAMES_PER_TURN = 2_000
+
+
 @dataclass
 class ServingContext:
     """What every downstream stream shares."""
@@ -60,6 +65,8 @@ class ServingContext:
     # timer for the whole relay, however many streams a push reaches
     _batched: set[DownstreamStream] = field(default_factory=set)
     _batch_timer: asyncio.TimerHandle | None = None
+    # streams that left, still being forgotten by the interest index
+    _forgetting: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -76,12 +83,32 @@ class ServingContext:
                 self.batch_window, self._end_batch)
 
     def leave(self, stream: DownstreamStream) -> None:
-        """``stream`` ended: forget it everywhere."""
+        """``stream`` ended: forget it everywhere.
+
+        A stream holding many names is forgotten by the interest index (and
+        so by the upstream) in slices, one per turn of the event loop, so that
+        a client of 100,000 names leaving holds up nobody; outside an event
+        loop, at once.
+        """
         self.streams.discard(stream)
         self._batched.discard(stream)
         if not self.streams:
             self.idle.set()
-        self.index.remove(stream)
+        if self.index.remove(stream, NAMES_PER_TURN):
+            return
+        try:
+            task = asyncio.get_running_loop().create_task(self._forget_slowly(stream))
+        except RuntimeError:  # no event loop
+            self.index.remove(stream)
+            return
+        self._forgetting.add(task)
+        task.add_done_callback(self._forgetting.discard)
+
+    async def _forget_slowly(self, stream: DownstreamStream) -> None:
+        while True:
+            await asyncio.sleep(0)
+            if self.index.remove(stream, NAMES_PER_TURN):
+                return
 
     def _end_batch(self) -> None:
         self._batch_timer = None

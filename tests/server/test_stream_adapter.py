@@ -7,16 +7,19 @@ responses, counts and logs; the protocol rules themselves are the session's
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.cache import Update
+from relay.cache import ResourceCache, Update
 from relay.constraints import EMPTY_PARAMS
 from relay.core import Core
+from relay.interest import InterestIndex
 from relay.resource import CachedResource
-from relay.server.streams import DownstreamStream, ServingContext
+from relay.server.streams import NAMES_PER_TURN, DownstreamStream, ServingContext
+from relay.telemetry import new_metrics
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
 
@@ -97,3 +100,19 @@ def test_acks_nacks_and_pushes_are_counted() -> None:
     assert metrics.downstream_pushes.counts == {("delta", "Cluster"): 2}
     assert metrics.downstream_acks.counts == {("delta", "Cluster"): 1}
     assert metrics.downstream_nacks.counts == {("delta", "Cluster"): 1}
+
+
+async def test_a_stream_holding_many_names_is_forgotten_over_several_turns() -> None:
+    serving = ServingContext.create(ResourceCache(), InterestIndex(), new_metrics())
+    stream = DownstreamStream(serving, "delta", "peer")
+    names = [f"n{i}" for i in range(2 * NAMES_PER_TURN + 1)]
+    stream.handle_request(discovery_pb2.DeltaDiscoveryRequest(
+        type_url=ENDPOINT, resource_names_subscribe=names))
+    serving.leave(stream)
+    # One slice went at once; the rest go a slice per turn of the event loop.
+    assert len(serving.index.wanted_locators(ENDPOINT)) == NAMES_PER_TURN + 1
+    left = []
+    for _ in range(6):
+        await asyncio.sleep(0)
+        left.append(len(serving.index.wanted_locators(ENDPOINT)))
+    assert sorted(set(left), reverse=True) == [NAMES_PER_TURN + 1, 1, 0]
