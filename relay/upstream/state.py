@@ -363,6 +363,11 @@ class UpstreamState:
         target: Locators = {}
         for name, params_set in needed.items():
             subscribed = current.get(name)
+            if subscribed is None and len(params_set) == 1:
+                # The common case: one plain name, new. Nothing subscribed
+                # for it can answer from cache: it is subscribed as it is.
+                target[name] = set(params_set)
+                continue
             chosen = set() if subscribed is None else subscribed & params_set
             for params in sorted(params_set - chosen, key=_params_order):
                 if not self._answered_by_cache(type_url, name, params, chosen):
