@@ -61,10 +61,12 @@ def split_request(request: discovery_pb2.DeltaDiscoveryRequest,
     sent them. The first piece keeps everything else (node, nonce, NACK,
     initial versions). The stream applies one piece per turn of the event
     loop, so that a client subscribing to 100,000 names holds up nobody."""
+    if len(request.resource_names_subscribe) + len(request.resource_locators_subscribe) + \
+            len(request.resource_names_unsubscribe) + \
+            len(request.resource_locators_unsubscribe) <= limit:
+        return [request]  # nearly always (every ACK): checked without a loop
     lists = ("resource_names_subscribe", "resource_locators_subscribe",
              "resource_names_unsubscribe", "resource_locators_unsubscribe")
-    if sum(len(getattr(request, names)) for names in lists) <= limit:
-        return [request]
     first = discovery_pb2.DeltaDiscoveryRequest()
     first.CopyFrom(request)
     for names in lists:
