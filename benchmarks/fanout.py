@@ -48,20 +48,18 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from envoy.service.discovery.v3 import discovery_pb2
-
 from benchmarks.bare import bare_process
 from benchmarks.processes import (
     NAME,
     cpu_seconds,
     new_streams,
     open_streams,
+    receive_version,
     relay_process,
     subscription,
     workers,
 )
 from benchmarks.report import Comparison, compare, table, values
-from relay.xds_types import ENDPOINT
 from tests.builders import endpoints, version_of
 from tests.harness import ScriptedOrigin
 
@@ -92,17 +90,6 @@ def worker_main(conn: Connection, count: int, target: str, per_channel: int) -> 
     asyncio.run(_worker(conn, count, target, per_channel))
 
 
-async def _receive(call: Any, version: str | None) -> float:
-    """When the next response (with ``version``, if given) arrived; ACKs all."""
-    while True:
-        response = await call.read()
-        arrived = time.monotonic()
-        await call.write(discovery_pb2.DeltaDiscoveryRequest(
-            type_url=ENDPOINT, response_nonce=response.nonce))
-        if version is None or any(r.version == version for r in response.resources):
-            return arrived
-
-
 async def _worker(conn: Connection, count: int, target: str, per_channel: int) -> None:
     """Says ``"ready"``; on ``"storm"`` opens its streams at once and sends when
     each got its first response; then, per version it is sent, when each got
@@ -115,14 +102,14 @@ async def _worker(conn: Connection, count: int, target: str, per_channel: int) -
 
     async def join(index: int, call: Any) -> float:
         await call.write(subscription(index))
-        return await _receive(call, None)
+        return await receive_version(call, None)
 
     conn.send(await asyncio.gather(*(join(i, c) for i, c in enumerate(calls))))
     while True:
         command = await loop.run_in_executor(None, conn.recv)
         if command is None:
             break
-        conn.send(await asyncio.gather(*(_receive(c, command) for c in calls)))
+        conn.send(await asyncio.gather(*(receive_version(c, command) for c in calls)))
     for call in calls:
         call.cancel()
     for channel in channels:
@@ -179,11 +166,11 @@ async def keeper(target: str) -> AsyncIterator[None]:
     it cached before the storm and keeps it."""
     channels, calls = await open_streams(target, 1)
     call = calls[0]
-    await _receive(call, None)
+    await receive_version(call, None)
 
     async def ack_all() -> None:
         while True:
-            await _receive(call, None)
+            await receive_version(call, None)
 
     task = asyncio.create_task(ack_all())
     try:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -214,3 +215,15 @@ async def open_streams(target: str, count: int, per_channel: int = 1
     for i, call in enumerate(calls):
         await call.write(subscription(i))
     return channels, calls
+
+
+async def receive_version(call: Any, version: str | None) -> float:
+    """When the stream's next response (with ``version``, if given) arrived,
+    by ``time.monotonic()``; every response on the way is ACKed."""
+    while True:
+        response = await call.read()
+        arrived = time.monotonic()
+        await call.write(discovery_pb2.DeltaDiscoveryRequest(
+            type_url=ENDPOINT, response_nonce=response.nonce))
+        if version is None or any(r.version == version for r in response.resources):
+            return arrived

@@ -60,12 +60,16 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from envoy.service.discovery.v3 import discovery_pb2
-
 from benchmarks.bare import bare_process
-from benchmarks.processes import NAME, cpu_seconds, open_streams, relay_process, workers
+from benchmarks.processes import (
+    NAME,
+    cpu_seconds,
+    open_streams,
+    receive_version,
+    relay_process,
+    workers,
+)
 from benchmarks.report import Comparison, compare, table, values
-from relay.xds_types import ENDPOINT
 from tests.builders import endpoints, version_of
 from tests.harness import ScriptedOrigin
 
@@ -99,19 +103,10 @@ async def _clients(conn: Connection, count: int, target: str) -> None:
     loop = asyncio.get_running_loop()
     channels, calls = await open_streams(target, count)
 
-    async def receive(call: Any, version: str | None) -> float:
-        while True:
-            response = await call.read()
-            arrived = time.monotonic()
-            await call.write(discovery_pb2.DeltaDiscoveryRequest(
-                type_url=ENDPOINT, response_nonce=response.nonce))
-            if version is None or any(r.version == version for r in response.resources):
-                return arrived
-
-    await asyncio.gather(*(receive(c, None) for c in calls))
+    await asyncio.gather(*(receive_version(c, None) for c in calls))
     conn.send("ready")
     while (version := await loop.run_in_executor(None, conn.recv)) is not None:
-        conn.send(await asyncio.gather(*(receive(c, version) for c in calls)))
+        conn.send(await asyncio.gather(*(receive_version(c, version) for c in calls)))
     for call in calls:
         call.cancel()
     for channel in channels:

@@ -48,13 +48,12 @@ Parsing = Generator[None, None, ParsedResponse]
 def parse_response(response: discovery_pb2.DeltaDiscoveryResponse) -> ParsedResponse:
     """The upserts, removed variants and heartbeats of a response; raises
     :class:`UnusableResponse` with the reason to NACK it."""
-    steps = parse_steps(response, step=0)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            parsed: ParsedResponse = done.value
-            return parsed
+    try:
+        next(parse_steps(response, step=0))  # with no step, it never pauses
+    except StopIteration as done:
+        parsed: ParsedResponse = done.value
+        return parsed
+    raise AssertionError("parse_steps paused with step=0")
 
 
 def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
