@@ -191,6 +191,7 @@ class DeltaSubscription(SubscriptionState):
         """Whether :meth:`next_response` may have a response to send now."""
         return self._inflight_nonce is None and (
             bool(self._pending) or self._recheck_all or self._must_answer or
+            bool(self._backlog) or
             bool(self._pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource) -> DeltaResponsePlan | None:

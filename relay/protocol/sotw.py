@@ -205,6 +205,7 @@ class SotwSubscription(SubscriptionState):
         """Whether :meth:`next_response` may have a response to send now."""
         return self._started and self._inflight_nonce is None and (
             bool(self._pending) or self._recheck_all or self._must_answer or
+            bool(self._backlog) or
             bool(self._pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource) -> SotwResponsePlan | None:

@@ -53,6 +53,8 @@ class SubscriptionState:
         self._held: dict[str, Held] = {}
         # names to re-evaluate on the next response; ``_recheck_all``: every name
         self._pending: set[str] = set()
+        # names a response had no room for (see ``_take_candidates``), in order
+        self._backlog: list[str] | None = None
         self._recheck_all = False
         # (sets that are empty nearly always are None until needed: an idle
         # stream's memory is mostly its empty sets)
@@ -277,17 +279,28 @@ class SubscriptionState:
         """The names to look at for the next response, sorted; their pending
         marks go. ``everything`` gives every name the state knows, when all are
         due. Beyond :data:`MAX_NAMES_PER_RESPONSE`, the rest wait for the next."""
+        backlog = self._backlog
         if self._recheck_all:
             candidates = set(everything())
             if self._wildcard:
                 candidates.update(view.names(self._type_url))
+            backlog = None  # every name is a candidate again
         else:
             candidates = self._pending
         ordered = sorted(candidates)
         self._looked_at_everything()
-        if len(ordered) > MAX_NAMES_PER_RESPONSE:
-            self._pending.update(ordered[MAX_NAMES_PER_RESPONSE:])
+        if backlog:
+            # Names left over from a big response come next, in their order
+            # (sorted once, when they were left over: never sorted again).
+            room = MAX_NAMES_PER_RESPONSE - len(ordered)
+            if room > 0:
+                taken = set(ordered)
+                ordered += [name for name in backlog[:room] if name not in taken]
+                del backlog[:room]
+        elif len(ordered) > MAX_NAMES_PER_RESPONSE:
+            backlog = ordered[MAX_NAMES_PER_RESPONSE:]
             del ordered[MAX_NAMES_PER_RESPONSE:]
+        self._backlog = backlog or None
         return ordered
 
     def _looked_at_everything(self) -> None:
@@ -295,6 +308,7 @@ class SubscriptionState:
         self._pending.clear()
         self._changed = None
         self._recheck_all = False
+        # (the backlog stays: it is what the response could not take)
 
     # -- what the snapshot says --------------------------------------------------
 
