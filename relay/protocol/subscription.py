@@ -155,13 +155,9 @@ class SubscriptionState:
 
     # -- rules both protocols follow ---------------------------------------------
 
-    def _touch(self, name: str) -> None:
-        """``name``'s subscription is about to change: remember what the index knows."""
-        if name not in self._touched:
-            self._touched[name] = self.params_for(name) if name in self._names else None
-
     def _touch_all(self, names: Iterable[str]) -> None:
-        """:meth:`_touch` for many names at once."""
+        """These names' subscriptions are about to change: remember what the
+        interest index knows of each (once, until it is told again)."""
         touched = self._touched
         for name in names:
             if name not in touched:
@@ -289,17 +285,16 @@ class SubscriptionState:
             candidates = self._pending
         ordered = sorted(candidates)
         self._looked_at_everything()
-        if backlog:
+        if len(ordered) > MAX_NAMES_PER_RESPONSE:
+            backlog = ordered[MAX_NAMES_PER_RESPONSE:] + (backlog or [])
+            del ordered[MAX_NAMES_PER_RESPONSE:]
+        elif backlog:
             # Names left over from a big response come next, in their order
             # (sorted once, when they were left over: never sorted again).
             room = MAX_NAMES_PER_RESPONSE - len(ordered)
-            if room > 0:
-                taken = set(ordered)
-                ordered += [name for name in backlog[:room] if name not in taken]
-                del backlog[:room]
-        elif len(ordered) > MAX_NAMES_PER_RESPONSE:
-            backlog = ordered[MAX_NAMES_PER_RESPONSE:]
-            del ordered[MAX_NAMES_PER_RESPONSE:]
+            taken = set(ordered)
+            ordered += [name for name in backlog[:room] if name not in taken]
+            del backlog[:room]
         self._backlog = backlog or None
         return ordered
 

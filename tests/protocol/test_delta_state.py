@@ -286,3 +286,22 @@ def test_a_request_naming_too_many_names_is_split_into_pieces_that_say_the_same(
     assert all(p.type_url == ENDPOINT and not p.HasField("node") and not p.response_nonce
                for p in pieces[1:])
     assert split_request(request, limit=15) == [request]
+
+
+def test_names_subscribed_while_a_big_subscription_is_under_way_come_next() -> None:
+    limit = MAX_NAMES_PER_RESPONSE
+    first = [f"a{i:05}" for i in range(limit + 5)]
+    later = [f"b{i:05}" for i in range(limit + 1)]
+    state, view, nonces = setup(ENDPOINT, **dict.fromkeys(first + later, "1"))
+    state.on_request(Req(type_url=ENDPOINT, resource_names_subscribe=first))
+    plan = state.next_response(view, nonces)
+    assert plan is not None and len(plan.resources) == limit
+    state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce,
+                         resource_names_subscribe=later))
+    sent: list[str] = []
+    while (plan := state.next_response(view, nonces)) is not None:
+        assert len(plan.resources) <= limit  # however many wait
+        sent += [r.name for r in plan.resources]
+        state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce))
+    # The new names first (sorted), then what the first response had no room for.
+    assert sent == later + first[limit:]
