@@ -144,24 +144,19 @@ class InterestIndex:
             if mine.names.get(name) != params:
                 continue  # not subscribed so: nothing to take back
             del mine.names[name]
-            counts = union[name]
-            left = counts[params] - 1
-            if left:
-                counts[params] = left
-            else:
-                del counts[params]
-                touched.append(name)
-                if not counts:
-                    del union[name]
+            _uncount(union, name, params, touched)
             if name not in change.added:
                 holders = by_name[name]
                 holders.discard(subscriber)
                 if not holders:
                     del by_name[name]
         for name, params in change.added.items():
-            if mine.names.get(name) == params:
+            had = mine.names.get(name)
+            if had == params:
                 continue  # already subscribed so
-            is_new = name not in mine.names
+            is_new = had is None
+            if had is not None:  # other parameters, not said to be removed: they are
+                _uncount(union, name, had, touched)
             mine.names[name] = params
             counts = union.setdefault(name, {})
             if params in counts:
@@ -270,3 +265,18 @@ class InterestIndex:
                     affected.setdefault(subscriber, set()).add(name)
         return [*((s, frozenset(n)) for s, n in affected.items()),
                 *((s, names) for s in wildcard)]
+
+
+def _uncount(union: dict[str, dict[Params, int]], name: str, params: Params,
+             touched: list[str]) -> None:
+    """One subscriber fewer for ``name`` with ``params``; ``touched`` gets the
+    name if the union changed."""
+    counts = union[name]
+    left = counts[params] - 1
+    if left:
+        counts[params] = left
+        return
+    del counts[params]
+    touched.append(name)
+    if not counts:
+        del union[name]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from relay.cache import CacheChange
 from relay.constraints import EMPTY_PARAMS, Locator, params_of
-from relay.interest import Interest, InterestIndex
+from relay.interest import Interest, InterestChange, InterestIndex
 from relay.xds_types import CLUSTER, ENDPOINT
 
 
@@ -158,3 +158,13 @@ def test_a_subscriber_can_be_forgotten_a_slice_at_a_time() -> None:
     assert index.wanted_locators(ENDPOINT) == {"m": frozenset({EMPTY_PARAMS})}
     assert index.wanted_types() == [ENDPOINT]
     assert index.remove(leaving)  # nothing left: done at once
+
+
+def test_new_parameters_for_a_name_replace_the_old_even_if_not_said_removed() -> None:
+    index = InterestIndex()
+    sub = Sub()
+    canary, prod = params_of({"env": "canary"}), params_of({"env": "prod"})
+    index.apply(sub, CLUSTER, InterestChange(added={"c": canary}))
+    index.apply(sub, CLUSTER, InterestChange(added={"c": prod}))
+    assert index.wanted_locators(CLUSTER) == {"c": frozenset({prod})}
+    assert index.remove(sub) and index.wanted_types() == []
