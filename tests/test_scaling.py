@@ -63,6 +63,14 @@ class Relay:
     def client(self, protocol: str = "delta") -> DownstreamStream:
         return DownstreamStream(self.core.serving, protocol, "peer")  # type: ignore[arg-type]
 
+    def client_holding(self, names: list[str]) -> DownstreamStream:
+        """A delta client that subscribed to ``names`` (cached) and ACKed them all."""
+        self.warm(names)
+        client = self.client()
+        client.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=names))
+        delta_responses(client)
+        return client
+
 
 def responses(stream: DownstreamStream) -> list[bytes]:
     return list(stream.ready_responses())
@@ -124,11 +132,8 @@ def test_a_client_holding_n_names_leaves_in_linear_work() -> None:
     def setup(n: int) -> Callable[[], object]:
         relay = Relay()
         others = [f"other-{i}" for i in range(n)]
-        relay.warm([*names(n), *others])
-        client, staying = relay.client(), relay.client()
-        client.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=names(n)))
-        staying.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=others))
-        delta_responses(client)
+        client = relay.client_holding(names(n))
+        relay.client_holding(others)  # staying
 
         def leave() -> None:
             relay.core.serving.leave(client)
@@ -142,10 +147,7 @@ def test_a_client_holding_n_names_leaves_in_linear_work() -> None:
 def test_unsubscribing_n_names_in_one_request_costs_linear_work() -> None:
     def setup(n: int) -> Callable[[], object]:
         relay = Relay()
-        relay.warm(names(n))
-        client = relay.client()
-        client.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=names(n)))
-        delta_responses(client)
+        client = relay.client_holding(names(n))
 
         def unsubscribe() -> None:
             client.handle_request(Delta(type_url=ENDPOINT, resource_names_unsubscribe=names(n)))
@@ -158,10 +160,7 @@ def test_unsubscribing_n_names_in_one_request_costs_linear_work() -> None:
 def test_removing_n_names_a_client_holds_costs_linear_work() -> None:
     def setup(n: int) -> Callable[[], object]:
         relay = Relay()
-        relay.warm(names(n))
-        client = relay.client()
-        client.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=names(n)))
-        delta_responses(client)
+        client = relay.client_holding(names(n))
 
         def origin_removes() -> None:
             relay.core.cache.apply(ENDPOINT, Update(removed=names(n)))
@@ -174,10 +173,9 @@ def test_removing_n_names_a_client_holds_costs_linear_work() -> None:
 def test_one_more_name_costs_the_same_however_many_a_client_holds() -> None:
     def setup(n: int) -> Callable[[], object]:
         relay = Relay()
-        relay.warm([*names(n), *(f"extra-{i}" for i in range(200))])
-        client = relay.client()
-        client.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=names(n)))
-        nonce = delta_responses(client)[-1].nonce
+        relay.warm([f"extra-{i}" for i in range(200)])
+        client = relay.client_holding(names(n))
+        nonce = ""  # every response so far is ACKed
 
         def add_one_at_a_time() -> None:
             nonlocal nonce
