@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from relay.cache import CacheChange
-from relay.constraints import EMPTY_PARAMS, Locator, Params
+from relay.constraints import EMPTY_PARAMS, Params
 
 
 class Subscriber(Hashable, Protocol):
@@ -50,10 +50,6 @@ class Interest:
         """Each name with the parameters it is subscribed with."""
         with_params = dict(self.params)
         return {name: with_params.get(name, EMPTY_PARAMS) for name in self.names}
-
-    def locators(self) -> frozenset[Locator]:
-        """Each name with the parameters it is subscribed with."""
-        return frozenset(Locator(name, params) for name, params in self.by_name().items())
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from relay.cache import CacheChange
-from relay.constraints import EMPTY_PARAMS, Locator, params_of
+from relay.constraints import EMPTY_PARAMS, params_of
 from relay.interest import Interest, InterestChange, InterestIndex
 from relay.xds_types import CLUSTER, ENDPOINT
 
@@ -137,8 +137,8 @@ def test_locators_and_the_union_of_parameters() -> None:
     canary, prod = params_of({"env": "canary"}), params_of({"env": "prod"})
     index.update(a, CLUSTER, Interest(frozenset({"c", "d"}), params=frozenset({("c", canary)})))
     index.update(b, CLUSTER, Interest(frozenset({"c"}), params=frozenset({("c", prod)})))
-    assert Interest(frozenset({"c", "d"}), params=frozenset({("c", canary)})).locators() == \
-        {Locator("c", canary), Locator("d")}
+    assert Interest(frozenset({"c", "d"}), params=frozenset({("c", canary)})).by_name() == \
+        {"c": canary, "d": EMPTY_PARAMS}
     assert index.wanted_locators(CLUSTER) == {"c": frozenset({canary, prod}),
                                               "d": frozenset({EMPTY_PARAMS})}
     assert not index.wants_wildcard(CLUSTER)

@@ -68,7 +68,12 @@ def state_version(held: Mapping[str, Held]) -> str:
     of one term per resource, so a state keeps it up to date as resources
     come and go, in what changed rather than in all it holds.
     """
-    return _version_text(sum(held_term(name, entry) for name, entry in held.items()))
+    return _version_text(held_sum(held))
+
+
+def held_sum(held: Mapping[str, Held]) -> int:
+    """The sum of :func:`held_term` over what a client holds (before the modulus)."""
+    return sum(held_term(name, entry) for name, entry in held.items())
 
 
 def _version_text(total: int) -> str:
@@ -255,7 +260,7 @@ class SotwSubscription(SubscriptionState):
             # Unchanged state: a heartbeat response, all others in full.
             return self._emit(resources, nonces, errors, beats)
         self._held = dict(new_held)
-        self._held_sum = sum(held_term(name, r) for name, r in new_held.items())
+        self._held_sum = held_sum(new_held)
         return self._emit(resources, nonces, errors)
 
     def _changes_response(self, view: ResourceView,

@@ -22,7 +22,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import Missing
 from relay.constraints import EMPTY_PARAMS, Params
-from relay.interest import Interest, InterestChange
+from relay.interest import InterestChange
 from relay.protocol.held import Held
 from relay.protocol.outcome import Nack
 from relay.protocol.snapshot import ResourceState, ResourceStatus, TypeSnapshot
@@ -80,11 +80,6 @@ class SubscriptionState:
         self._wildcard_told = False
 
     # -- what others may read ---------------------------------------------------
-
-    def interest(self) -> Interest:
-        """Everything this stream wants of the type (costs every name)."""
-        params = frozenset((name, p) for name in self._names if (p := self.params_for(name)))
-        return Interest(frozenset(self._names), self._wildcard, params)
 
     def take_interest_change(self) -> InterestChange | None:
         """How the subscription changed since this was last called, if it did:
