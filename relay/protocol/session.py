@@ -108,6 +108,17 @@ class Session:
 
     # -- input -----------------------------------------------------------------
 
+    def check(self, request: Request) -> None:
+        """Raise the :class:`ProtocolError` :meth:`receive` would, changing nothing.
+
+        A request the stream applies in pieces is checked whole first: refused,
+        none of it reaches the interest index (or the origin).
+        """
+        type_url = self._type_url_of(request)
+        node_params = _node_params_of(request.node) if request.HasField("node") else \
+            self._node_params
+        self._check_locator_sizes(request, node_params.get(type_url, EMPTY_PARAMS))
+
     def receive(self, request: Request) -> Received:
         """Apply one request; raises :class:`ProtocolError` for one that breaks the protocol."""
         type_url = self._type_url_of(request)
@@ -161,8 +172,7 @@ class Session:
 
     def _update_node_params(self, node: base_pb2.Node) -> bool:
         """Take the node's dynamic parameters; whether they changed."""
-        params = {type_url: params_of(context.params)
-                  for type_url, context in node.dynamic_parameters.items()}
+        params = _node_params_of(node)
         if params == self._node_params:
             return False
         self._node_params = params
@@ -251,3 +261,9 @@ class Session:
         return SessionSnapshot(self._node, self.protocol,
                                tuple(state.snapshot() for _, state in
                                      sorted(self._states.items())))
+
+
+def _node_params_of(node: base_pb2.Node) -> dict[str, Params]:
+    """A node's dynamic parameters, per type URL."""
+    return {type_url: params_of(context.params)
+            for type_url, context in node.dynamic_parameters.items()}

@@ -298,6 +298,8 @@ class DownstreamStream:
         try:
             async for request in requests:
                 pieces = split_request(request) if self.protocol == "delta" else [request]
+                if len(pieces) > 1:
+                    self.session.check(request)  # refused whole, or applied in pieces
                 for number, piece in enumerate(pieces):
                     if number:
                         await asyncio.sleep(0)  # a huge request: let others run

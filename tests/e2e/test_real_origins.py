@@ -21,6 +21,7 @@ from google.protobuf import json_format, struct_pb2
 
 from relay.app import Relay
 from relay.config import parse_config
+from relay.protocol.delta import MAX_NAMES_PER_PIECE
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.clock import ManualClock
 from tests.harness import (
@@ -352,9 +353,19 @@ async def test_a_name_too_large_to_forward_ends_only_that_clients_stream() -> No
             await heavy.recv()
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "with the node's dynamic parameters" in (refused.value.details() or "")
+        # A request the relay applies in pieces is refused whole: none of it
+        # reaches the origin, however early in the request the names were.
+        many = stack.client()
+        await many.send(node=node("many"), type_url=ENDPOINT, resource_names_subscribe=[
+            *(f"many-{i}" for i in range(MAX_NAMES_PER_PIECE)), "x" * 20_000])
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await many.recv()
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         origin.set(endpoints("e", 2))
         assert first_port(await good.recv()) == 2
         assert len(origin.streams) == 1 and not origin.stream.nacks
+        assert not [name for request in origin.stream.log
+                    for name in request.resource_names_subscribe if name.startswith("many-")]
 
 
 # -- 6. upstream security ----------------------------------------------------------
