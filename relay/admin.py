@@ -40,8 +40,10 @@ class AdminServer:
 
     def __init__(self, cache: ResourceCache, registry: CollectorRegistry | None,
                  not_ready_reason: Callable[[], str | None],
-                 clients: Callable[[], list[dict[str, Any]]] = list) -> None:
+                 clients: Callable[[], list[dict[str, Any]]] = list,
+                 ready_detail: Callable[[], str] | None = None) -> None:
         self.cache = cache
+        self.ready_detail = ready_detail
         self.registry = registry
         self.not_ready_reason = not_ready_reason
         self.clients = clients
@@ -72,8 +74,10 @@ class AdminServer:
             return Reply(200, b"ok\n")
         if url.path == "/ready":
             reason = self.not_ready_reason()
-            return Reply(200, b"ready\n") if reason is None else \
-                Reply(503, f"not ready: {reason}\n".encode())
+            if reason is not None:
+                return Reply(503, f"not ready: {reason}\n".encode())
+            detail = f": {self.ready_detail()}" if self.ready_detail is not None else ""
+            return Reply(200, f"ready{detail}\n".encode())
         if url.path == "/clients":
             return Reply(200, json.dumps({"clients": self.clients()}, indent=2).encode() + b"\n",
                          "application/json")

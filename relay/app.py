@@ -8,6 +8,7 @@ import contextlib
 import logging
 import random
 import signal
+import time
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -16,6 +17,9 @@ from relay.admin import AdminServer
 from relay.clock import Clock, MonotonicClock
 from relay.config import RelayConfig, node_proto
 from relay.core import Core
+from relay.persistence.restore import Restored, restore
+from relay.persistence.stores import DirectoryStore, RedisStore, SnapshotStore, StoreError
+from relay.persistence.writer import SnapshotWriter
 from relay.server.ecosystem import Health, add_ecosystem_services
 from relay.server.services import DRAINING, discovery_handlers
 from relay.telemetry import new_metrics, prometheus_provider
@@ -68,6 +72,20 @@ def dialer(config: RelayConfig) -> Dialer:
         keepalive_time=upstream.keepalive.time, keepalive_timeout=upstream.keepalive.timeout,
         max_response_size=upstream.max_response_size,
         connect_timeout=upstream.connect_timeout)
+
+
+def snapshot_store(config: RelayConfig) -> SnapshotStore | None:
+    """Where ``config`` keeps its snapshot, if it keeps one."""
+    persistence = config.persistence
+    if persistence is None:
+        return None
+    if persistence.directory is not None:
+        return DirectoryStore(persistence.directory)
+    redis = persistence.redis
+    assert redis is not None  # the config has exactly one store
+    password = None if redis.password_file is None else \
+        redis.password_file.read_text().strip()
+    return RedisStore(redis.url, config.snapshot_prefix(), redis.timeout, password)
 
 
 def drain_schedule(count: int, period: float) -> list[float]:
@@ -126,12 +144,17 @@ class Relay:
                                   upstream.initial_versions)
             self.upstream = self.core.follow(
                 origin, state, Backoff(upstream.backoff.initial, upstream.backoff.max))
+        # The snapshot: only of what an origin sent (files are their own), and
+        # only where the origin is a real one (not a --workers hub).
+        self.snapshot = snapshot_store(config) if self.upstream is not None else None
+        self.snapshot_writer: SnapshotWriter | None = None
+        self.restored: Restored | None = None
         self._observe_state()
         self.health = Health()
         self.admin: AdminServer | None = None
         if admin:
             self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
-                                     self.serving.client_statuses)
+                                     self.serving.client_statuses, self.ready_detail)
         self._listen = listen or str(config.server.address)
         self._reuse_port = reuse_port
         self._server: grpc.aio.Server | None = None
@@ -159,11 +182,60 @@ class Relay:
         if self.files is not None:
             return None
         # Once synced, the relay stays ready while the origin is away: it
-        # serves what it has cached, to new clients too.
+        # serves what it has cached, to new clients too. So does one that
+        # restored a snapshot: it serves the zone's last-known-good config.
         if self.upstream is not None and self.upstream.synced_event.is_set():
+            return None
+        if self.serves_snapshot():
             return None
         return "not yet synced with the origin"
 
+    def serves_snapshot(self) -> bool:
+        """Whether a restored snapshot is what the relay serves, until the origin answers."""
+        return self.restored is not None and self.restored.types > 0
+
+    def ready_detail(self) -> str:
+        """What a ready relay serves, for ``/ready``'s 200 body."""
+        if self.files is not None:
+            return "serving files"
+        if self.upstream is not None and self.upstream.synced_event.is_set():
+            return "synced with the origin"
+        if self.restored is not None:
+            age = "" if self.restored.written_at is None else \
+                f", saved {max(0.0, time.time() - self.restored.written_at):.0f}s ago"
+            return (f"serving a snapshot ({self.restored.resources} resources of "
+                    f"{self.restored.types} types from {self.restored.where}{age}); "
+                    f"not yet synced with the origin")
+        return "not yet synced with the origin"
+
+    async def _restore(self) -> None:
+        """Load the snapshot into the cache, waiting ``persistence.load_timeout`` at most."""
+        assert self.snapshot is not None and self.config.persistence is not None
+        where = self.snapshot.description
+        timeout = self.config.persistence.load_timeout
+        try:
+            stored = await asyncio.wait_for(self.snapshot.load(), timeout)
+        except TimeoutError:
+            log.warning("snapshot not loaded: no answer from %s within %gs "
+                        "(persistence.load_timeout); serving without it", where, timeout)
+            return
+        except StoreError as error:
+            log.warning("snapshot not loaded: %s; serving without it", error)
+            return
+        if stored is None:
+            log.info("no snapshot at %s yet: starting empty", where)
+            return
+
+        def skipped(reason: str, count: int) -> None:
+            self.metrics.snapshot_skipped.add(count, {"reason": reason})
+
+        self.restored = restore(self.cache, stored, where, self.clock.now(), time.time(),
+                                skipped)
+        self.metrics.snapshot_restored.add(self.restored.resources)
+        if self.restored.types:
+            log.info("restored %d resources of %d types from the snapshot at %s; serving them "
+                     "until the origin answers", self.restored.resources, self.restored.types,
+                     where)
     async def drain(self, period: float | None = None) -> None:
         """Stop taking streams and close the open ones spread over ``period``.
 
@@ -188,7 +260,17 @@ class Relay:
         log.info("drained in %.1fs", self.clock.now() - started)
 
     async def start(self) -> None:
-        """Bind the servers and start following the origin."""
+        """Bind the servers and start following the origin.
+
+        With persistence, the snapshot is loaded first: the first client is
+        served from it. Then every change the cache takes is written back.
+        """
+        if self.snapshot is not None:
+            await self._restore()
+            writer = self.snapshot_writer = SnapshotWriter(
+                self.cache, self.snapshot, self.metrics, self.clock)
+            self.cache.add_listener(writer.on_cache_change)
+            self._tasks.append(asyncio.create_task(writer.run(), name="snapshot"))
         if self.files is not None:
             self.files.load()  # served before the first client can connect
             self._tasks.append(asyncio.create_task(self.files.run(), name="file-source"))
@@ -222,8 +304,9 @@ class Relay:
             log.info("serving xDS on %s, admin on %s:%d", serving, admin.host, self.admin_port)
 
     async def _report_ready(self) -> None:
-        """Turn the xDS services' gRPC health SERVING once synced (as ``/ready``)."""
-        if self.upstream is not None:
+        """Turn the xDS services' gRPC health SERVING once synced, or at once
+        when serving a snapshot (as ``/ready``)."""
+        if self.upstream is not None and not self.serves_snapshot():
             await self.upstream.synced_event.wait()
         await self.health.set_ready()
 
@@ -240,6 +323,7 @@ class Relay:
         self._tasks = []
         if self.admin is not None:
             await self.admin.stop()
+        await self._close_snapshot()
         if self._server is not None:
             # Streams never end on their own: close them with a status the
             # clients understand, rather than leaving gRPC to cancel them.
@@ -248,6 +332,15 @@ class Relay:
             self._server = None
         # Bounded: a collector that does not answer must not hold up the exit.
         self.meter_provider.shutdown(timeout_millis=1000)  # type: ignore[attr-defined]
+
+    async def _close_snapshot(self) -> None:
+        """Write what is left (a store that does not answer soon is given up
+        on: the next relay catches up from the origin) and close the store."""
+        if self.snapshot_writer is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.snapshot_writer.write_pending(), 2.0)
+        if self.snapshot is not None:
+            await self.snapshot.close()
 
     async def wait(self) -> None:
         """Run until the server stops."""

@@ -77,6 +77,8 @@ class Update:
     learns the name does not exist for it). ``complete`` says whether the
     cache now holds every resource of the type (a wildcard subscription or a
     file source), so that a missing name means the resource does not exist.
+    ``deadlines`` give, by (name, variant key), the clock time at which an
+    upsert's TTL lapses when it is not its TTL from now (a restored snapshot).
     """
 
     upserts: Sequence[CachedResource] = ()
@@ -86,6 +88,7 @@ class Update:
     heartbeats: Iterable[tuple[str, str, str]] = ()
     answered: Iterable[Locator] = ()
     complete: bool | None = None
+    deadlines: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass
@@ -234,10 +237,17 @@ class ResourceCache:
         """When the next TTL lapses (clock time), if any resource has one."""
         while self._deadlines:
             deadline, type_url, name, key = self._deadlines[0]
-            if self._deadline_of(type_url, name, key) == deadline:
+            if self.expiry(type_url, name, key) == deadline:
                 return deadline
             heapq.heappop(self._deadlines)  # refreshed or gone since
         return None
+
+    def expiry(self, type_url: str, name: str, key: str) -> float | None:
+        """When (clock time) a variant's TTL lapses without a heartbeat; None
+        when it has no TTL (or is not cached)."""
+        entry = self._types.get(type_url)
+        record = entry.records.get(name) if entry is not None else None
+        return record.expires.get(key) if record is not None else None
 
     # -- writing ---------------------------------------------------------
 
@@ -255,7 +265,7 @@ class ResourceCache:
         for error in update.errors:
             self._set_error(entry, error, changed)
         for resource in update.upserts:
-            self._upsert(type_url, entry, resource, now, changed, beats)
+            self._upsert(type_url, entry, resource, now, changed, beats, update.deadlines)
         for name in update.removed:
             self._remove_name(entry, name, changed)
         for name, variant_key in update.removed_variants:
@@ -308,7 +318,7 @@ class ResourceCache:
         lapsed: dict[str, list[tuple[str, str]]] = {}
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, type_url, name, key = heapq.heappop(self._deadlines)
-            if self._deadline_of(type_url, name, key) == deadline:
+            if self.expiry(type_url, name, key) == deadline:
                 lapsed.setdefault(type_url, []).append((name, key))
         for type_url, variants in lapsed.items():
             self.apply(type_url, Update(removed_variants=variants))
@@ -376,7 +386,8 @@ class ResourceCache:
             changed.add(name)
 
     def _upsert(self, type_url: str, entry: _TypeEntry, resource: CachedResource,
-                now: float, changed: set[str], beats: set[str]) -> None:
+                now: float, changed: set[str], beats: set[str],
+                deadlines: Mapping[tuple[str, str], float]) -> None:
         name, key = resource.name, resource.variant_key
         record = entry.record(name)
         # A variant that arrives clears its own error and the name's.
@@ -388,7 +399,9 @@ class ResourceCache:
         if ttl is None:
             record.expires.pop(key, None)
         else:
-            self._set_deadline(type_url, record, name, key, now + ttl)
+            deadline = deadlines.get((name, key)) if deadlines else None
+            self._set_deadline(type_url, record, name, key,
+                               now + ttl if deadline is None else deadline)
         old = record.variants.get(key)
         # Content decides, not the version string: an identical resend
         # (istiod resends everything on every new stream) is no news. A
@@ -451,11 +464,6 @@ class ResourceCache:
                       deadline: float) -> None:
         record.expires[key] = deadline
         heapq.heappush(self._deadlines, (deadline, type_url, name, key))
-
-    def _deadline_of(self, type_url: str, name: str, key: str) -> float | None:
-        entry = self._types.get(type_url)
-        record = entry.records.get(name) if entry is not None else None
-        return record.expires.get(key) if record is not None else None
 
     def _notify(self, change: CacheChange) -> None:
         for listener in self._listeners:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from envoy.service.discovery.v3 import discovery_pb2
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     if value < 0x80:
         return _SMALL_VARINTS[value]
     if value < 0x4000:
@@ -35,7 +35,7 @@ _SMALL_VARINTS = [bytes((value,)) for value in range(0x80)]
 
 def length_delimited_field(number: int, payload: bytes) -> bytes:
     """Encode ``payload`` as field ``number`` with wire type 2 (length-delimited)."""
-    return _varint((number << 3) | 2) + _varint(len(payload)) + payload
+    return varint((number << 3) | 2) + varint(len(payload)) + payload
 
 
 def encode_delta_response(head: discovery_pb2.DeltaDiscoveryResponse,

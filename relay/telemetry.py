@@ -126,6 +126,18 @@ class Metrics:
         self.worker_restarts = meter.create_counter(
             "xds_relay_worker_restarts",
             description="Worker processes restarted after they exited (run --workers)")
+        self.snapshot_writes = meter.create_counter(
+            "xds_relay_snapshot_writes",
+            description="Writes of the persisted snapshot, by outcome (ok, failed)")
+        self.snapshot_write_seconds = meter.create_histogram(
+            "xds_relay_snapshot_write_seconds", unit="s",
+            description="Time to write one batch of changes to the snapshot store")
+        self.snapshot_restored = meter.create_counter(
+            "xds_relay_snapshot_restored_resources",
+            description="Resource variants loaded from the snapshot at start")
+        self.snapshot_skipped = meter.create_counter(
+            "xds_relay_snapshot_skipped",
+            description="Snapshot entries not loaded, by reason (expired, corrupt, format)")
 
         self._meter = meter
 

@@ -258,7 +258,8 @@ def _leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInf
 def _config_setting(key: str, value: object) -> str:
     """A valid config that sets ``key`` (dotted) to ``value``, and otherwise only what it must."""
     document: dict[str, Any] = {"node": {"id": "a"}, "upstream": {"address": "origin:18000"},
-                                "metrics": {"otlp": {"endpoint": "http://collector:4318"}}}
+                                "metrics": {"otlp": {"endpoint": "http://collector:4318"}},
+                                "persistence": {"redis": {"url": "redis://cache:6379"}}}
     *sections, leaf = key.split(".")
     mapping = document
     for section in sections:

@@ -47,4 +47,11 @@ metrics:                        # always scraped at http://ADMIN/metrics (Promet
   # otlp:                       # and optionally pushed to an OpenTelemetry collector
   #   endpoint: http://otel-collector:4318/v1/metrics   # OTLP/HTTP, JSON encoding
   #   interval: 15s
+# persistence:                  # keep the last-known-good config across restarts (off by default)
+#   redis:                      # shared by the zone's replicas ...
+#     url: redis://redis:6379/0 # rediss:// for TLS; a password in the URL or in password_file
+#     key_prefix: xds-relay:zone-a   # default: xds-relay:<node.cluster>[:<node.locality.zone>]
+#     timeout: 1s               # each Redis operation; clients never wait for Redis
+#   # directory: /var/lib/xds-relay  # ... or a local directory (one relay)
+#   load_timeout: 1s            # at start, serve without the snapshot if it takes longer
 """

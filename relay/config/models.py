@@ -25,8 +25,10 @@ from relay.config.values import (
     KeyFileField,
     MetadataField,
     PositiveDurationField,
+    RedisUrlField,
     RequestSizeField,
     ResponseSizeField,
+    SnapshotDirectoryField,
     WorkerCountField,
     is_dns_name,
 )
@@ -41,6 +43,8 @@ __all__ = [
     "MetricsConfig",
     "NodeConfig",
     "OtlpConfig",
+    "PersistenceConfig",
+    "RedisConfig",
     "RelayConfig",
     "ServerConfig",
     "UpstreamConfig",
@@ -298,6 +302,46 @@ class MetricsConfig(_Section):
     otlp: OtlpConfig | None = None
 
 
+class RedisConfig(_Section):
+    """A Redis through which the relays of one zone share their snapshot."""
+
+    url: RedisUrlField = Field(
+        description="redis://host:port/db, or rediss:// for TLS; a password may be given in "
+                    "the URL (redis://:secret@host) or in password_file")
+    key_prefix: str | None = Field(
+        default=None, min_length=1,
+        description="every key starts with this; replicas of one zone share it, other zones "
+                    "use their own; unset: xds-relay:<node.cluster>, plus :<zone> when "
+                    "node.locality.zone is set")
+    password_file: FileField | None = Field(
+        default=None, description="a file holding the Redis password (AUTH)")
+    timeout: PositiveDurationField = Field(
+        default=1.0,
+        description="each Redis operation gives up after this long; clients never wait for "
+                    "Redis")
+
+
+class PersistenceConfig(_Section):
+    """The last-known-good snapshot: loaded at start, kept up to date as the origin
+    changes, so that a restarted relay serves while the origin is away."""
+
+    redis: RedisConfig | None = None
+    directory: SnapshotDirectoryField | None = Field(
+        default=None,
+        description="keep the snapshot in this local directory instead (one relay, or a "
+                    "volume it alone writes); created if missing")
+    load_timeout: PositiveDurationField = Field(
+        default=1.0,
+        description="how long a starting relay waits for its snapshot; after that it serves "
+                    "without one")
+
+    @model_validator(mode="after")
+    def _exactly_one_store(self) -> PersistenceConfig:
+        if (self.redis is None) == (self.directory is None):
+            raise ValueError("set exactly one of 'redis' or 'directory'")
+        return self
+
+
 class RelayConfig(_Section):
     """The whole relay configuration (the root of the YAML document)."""
 
@@ -307,3 +351,19 @@ class RelayConfig(_Section):
     admin: AdminConfig = AdminConfig()
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()
+    persistence: PersistenceConfig | None = None
+
+    @model_validator(mode="after")
+    def _persistence_needs_an_origin(self) -> RelayConfig:
+        if self.persistence is not None and self.upstream.files is not None:
+            raise ValueError("persistence keeps what an origin sent; with upstream.files the "
+                             "files are the snapshot: remove 'persistence'")
+        return self
+
+    def snapshot_prefix(self) -> str:
+        """The Redis key prefix of this relay's snapshot (see ``RedisConfig.key_prefix``)."""
+        redis = self.persistence.redis if self.persistence is not None else None
+        if redis is not None and redis.key_prefix is not None:
+            return redis.key_prefix
+        zone = self.node.locality.zone
+        return f"xds-relay:{self.node.cluster}" + (f":{zone}" if zone else "")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import PlainValidator
 
@@ -33,9 +34,11 @@ __all__ = [
     "KeyFileField",
     "MetadataField",
     "PositiveDurationField",
+    "RedisUrlField",
     "RequestSizeField",
     "ResponseSizeField",
     "Shown",
+    "SnapshotDirectoryField",
     "WorkerCountField",
     "format_duration",
     "format_size",
@@ -223,6 +226,38 @@ def _validate_directory(value: object) -> Path:
     return path
 
 
+def _validate_snapshot_directory(value: object) -> Path:
+    """A directory the relay may create: it, or its parent, must exist."""
+    raw = _path_of(value, "directory")
+    path = (Path.cwd() / raw).resolve()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"not a directory: {path}")
+    if not path.exists() and not path.parent.is_dir():
+        raise ValueError(f"neither the directory nor its parent exists: {path}")
+    return path
+
+
+def _validate_redis_url(value: object) -> str:
+    """``redis://[:password@]host[:port][/db]`` (``rediss://`` for TLS)."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a redis:// URL, got {yaml_kind(value)}")
+    url = urlsplit(value)
+    if url.scheme not in ("redis", "rediss"):
+        raise ValueError(f"expected a redis:// or rediss:// URL, got {value!r}")
+    try:
+        port = url.port
+    except ValueError:
+        raise ValueError(f"bad port in {value!r}") from None
+    if not url.hostname:
+        raise ValueError(f"no host in {value!r}")
+    db = url.path.strip("/")
+    if db and not db.isdigit():
+        raise ValueError(f"the path of {value!r} must be a database number, like /0")
+    if port == 0:
+        raise ValueError(f"port 0 in {value!r}")
+    return value
+
+
 def _validate_file(value: object) -> Path:
     """A readable, non-empty file (relative paths from the working directory)."""
     raw = _path_of(value, "file")
@@ -394,6 +429,8 @@ DurationField = Annotated[float, PlainValidator(_validate_duration), Shown(forma
 PositiveDurationField = Annotated[float, PlainValidator(_validate_positive_duration),
                                   Shown(format_duration)]
 DirectoryField = Annotated[Path, PlainValidator(_validate_directory)]
+SnapshotDirectoryField = Annotated[Path, PlainValidator(_validate_snapshot_directory)]
+RedisUrlField = Annotated[str, PlainValidator(_validate_redis_url)]
 FileField = Annotated[Path, PlainValidator(_validate_file)]
 CertificateFileField = Annotated[Path, PlainValidator(_pem_validator("CERTIFICATE",
                                                                      "certificate"))]

@@ -187,8 +187,10 @@ class UpstreamState:
         self._resync = {}
         requests = []
         types = {*demand.wanted_types(), *self._lingering, *self._lingering_wildcard}
-        for type_url in sorted(types):
-            target, wildcard = self._target(type_url, demand, now, None)
+        for type_url in sorted({*types, *self.cache.type_urls()}):
+            target, wildcard = self._target(type_url, demand, now, None) \
+                if type_url in types else ({}, False)
+            self._drop_unsubscribed(type_url, target, wildcard)
             if not target and not wildcard:
                 continue
             self._subscribed[type_url] = _TypeSubscription(
@@ -212,6 +214,19 @@ class UpstreamState:
                     {(r.name, r.variant_key) for r in cached}, split.declared,
                     frozenset(target))
         return requests
+
+    def _drop_unsubscribed(self, type_url: str, target: Locators, wildcard: bool) -> None:
+        """Forget what the new stream's subscription does not cover: the origin
+        will neither confirm nor remove it, so it would go stale (names a
+        restored snapshot holds that no client wants). A type the cache held
+        whole is no longer whole without a wildcard subscription."""
+        if wildcard:
+            return
+        names = self.cache.names(type_url)
+        keep = {name for name in names
+                if name in target or self.cache.aliases_of(type_url, name) & target.keys()}
+        if len(keep) < len(names) or self.cache.is_complete(type_url):
+            self.cache.end_wildcard(type_url, keep)
 
     def on_disconnect(self) -> None:
         self.connected = False

@@ -187,8 +187,9 @@ class HubAdmin(AdminServer):
 
     def __init__(self, cache: ResourceCache, not_ready_reason: Callable[[], str | None],
                  clients: Callable[[], Awaitable[dict[str, Any]]],
-                 metrics: Callable[[], Awaitable[bytes]]) -> None:
-        super().__init__(cache, None, not_ready_reason)
+                 metrics: Callable[[], Awaitable[bytes]],
+                 ready_detail: Callable[[], str] | None = None) -> None:
+        super().__init__(cache, None, not_ready_reason, ready_detail=ready_detail)
         self._gather_clients = clients
         self._gather_metrics = metrics
 
@@ -214,7 +215,7 @@ class Hub:
         self.relay = Relay(config, listen=self.socket, admin=False)
         self.workers = [WorkerProcess(i) for i in range(1, config.server.workers + 1)]
         self.admin = HubAdmin(self.relay.cache, self.not_ready_reason, self.clients,
-                              self.metrics)
+                              self.metrics, self.relay.ready_detail)
         self.draining = False
         self.port = 0  # where the workers serve clients
         self.admin_port = 0

@@ -53,7 +53,8 @@ def worker_config(config: RelayConfig, index: int, port: int) -> RelayConfig:
     Clients on ``port`` (the one the hub holds: ``server.address`` may say 0);
     a node id of its own; the hub as origin, which honours
     ``initial_resource_versions`` and is local, so a short backoff; no OTLP
-    push (the hub's ``/metrics`` is where its series go).
+    push (the hub's ``/metrics`` is where its series go); no snapshot (the
+    hub keeps it).
     """
     return config.model_copy(update={
         "node": config.node.model_copy(update={"id": worker_node_id(config.node.id, index)}),
@@ -62,6 +63,7 @@ def worker_config(config: RelayConfig, index: int, port: int) -> RelayConfig:
         "upstream": config.upstream.model_copy(update={
             "initial_versions": "honoured", "backoff": BackoffConfig(initial=0.05, max=1.0)}),
         "metrics": MetricsConfig(),
+        "persistence": None,
     })
 
 
