@@ -167,16 +167,19 @@ class RedisStore:
             await asyncio.wait_for(pipe.execute(), self.timeout)
 
     async def close(self) -> None:
+        # The client's own aclose: aiocache 0.12's close() calls the
+        # deprecated redis-py close().
         with contextlib.suppress(Exception):
-            await self._cache.close()
+            await self._client.aclose()
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Any:
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
         try:
             yield
-        except TimeoutError:
+        except (TimeoutError, RedisTimeout):
             raise StoreError(f"{what}: no answer from {self.description} within "
                              f"{self.timeout:g}s") from None
         except (RedisError, OSError) as error:

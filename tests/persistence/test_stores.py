@@ -1,0 +1,138 @@
+"""Both stores behind one interface: what is written is what loads, and a
+store that cannot be reached says so (it never hangs)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from relay.persistence.entries import FORMAT
+from relay.persistence.stores import (
+    DirectoryStore,
+    RedisStore,
+    SnapshotBatch,
+    SnapshotStore,
+    StoreError,
+    TypeState,
+)
+from relay.xds_types import CLUSTER, LISTENER
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture(params=["redis", "directory"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SnapshotStore]:
+    made: SnapshotStore
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis")
+        made = RedisStore(server.url, request.getfixturevalue("prefix"), timeout=2.0)
+    else:
+        made = DirectoryStore(tmp_path / "snapshot")
+    yield made
+    await made.close()
+
+
+def entries_by_content(snapshot_entries: dict[str, bytes]) -> list[bytes]:
+    """Entries regardless of where the store keeps them (a name, a file)."""
+    return sorted(snapshot_entries.values())
+
+
+async def test_nothing_stored_loads_as_none(store: SnapshotStore) -> None:
+    assert await store.load() is None
+
+
+async def test_what_is_written_loads_back_with_the_type_states(store: SnapshotStore) -> None:
+    await store.write(SnapshotBatch(
+        upserts={CLUSTER: {"a": b"entry-a", "b": b"entry-b"}, LISTENER: {"l": b"entry-l"}},
+        types={CLUSTER: TypeState(complete=True), LISTENER: TypeState()}, written_at=1000.5))
+    loaded = await store.load()
+    assert loaded is not None
+    assert (loaded.format, loaded.written_at) == (FORMAT, 1000.5)
+    assert loaded.types == {CLUSTER: TypeState(complete=True), LISTENER: TypeState()}
+    assert entries_by_content(loaded.entries[CLUSTER]) == [b"entry-a", b"entry-b"]
+    assert entries_by_content(loaded.entries[LISTENER]) == [b"entry-l"]
+
+
+async def test_a_write_touches_only_its_names_and_types(store: SnapshotStore) -> None:
+    await store.write(SnapshotBatch(
+        upserts={CLUSTER: {"a": b"a1", "b": b"b1"}, LISTENER: {"l": b"l1"}},
+        types={CLUSTER: TypeState(), LISTENER: TypeState()}, written_at=1.0))
+    await store.write(SnapshotBatch(upserts={CLUSTER: {"a": b"a2"}}, deletes={CLUSTER: ["b"]},
+                                    types={CLUSTER: TypeState(complete=True)}, written_at=2.0))
+    loaded = await store.load()
+    assert loaded is not None
+    assert entries_by_content(loaded.entries[CLUSTER]) == [b"a2"]
+    assert entries_by_content(loaded.entries[LISTENER]) == [b"l1"]
+    assert loaded.types == {CLUSTER: TypeState(complete=True), LISTENER: TypeState()}
+    assert loaded.written_at == 2.0
+
+
+async def test_deleting_a_name_never_written_is_harmless(store: SnapshotStore) -> None:
+    await store.write(SnapshotBatch(deletes={CLUSTER: ["never"]},
+                                    types={CLUSTER: TypeState()}, written_at=1.0))
+    loaded = await store.load()
+    assert loaded is not None and loaded.entries[CLUSTER] == {}
+
+
+async def test_redis_prefixes_keep_zones_apart(redis: RedisServer) -> None:
+    zone_a, zone_b = RedisStore(redis.url, "zone-a-x", 2.0), RedisStore(redis.url, "zone-b-x", 2.0)
+    try:
+        await zone_a.write(SnapshotBatch(upserts={CLUSTER: {"a": b"only-a"}},
+                                         types={CLUSTER: TypeState()}, written_at=1.0))
+        assert await zone_b.load() is None
+        loaded = await zone_a.load()
+        assert loaded is not None and list(loaded.entries[CLUSTER].values()) == [b"only-a"]
+    finally:
+        await zone_a.close()
+        await zone_b.close()
+
+
+async def test_an_unreachable_redis_is_a_store_error_naming_it() -> None:
+    gone = RedisServer()  # a free port nobody listens on
+    store = RedisStore(gone.url, "p", timeout=1.0)
+    try:
+        with pytest.raises(StoreError, match=f"127\\.0\\.0\\.1:{gone.port}"):
+            await store.load()
+        with pytest.raises(StoreError, match=f"127\\.0\\.0\\.1:{gone.port}"):
+            await store.write(SnapshotBatch(types={CLUSTER: TypeState()}))
+    finally:
+        await store.close()
+
+
+async def test_a_redis_that_never_answers_is_a_store_error_after_the_timeout() -> None:
+    frozen = RedisServer().start()
+    store = RedisStore(frozen.url, "p", timeout=0.3)
+    try:
+        frozen.freeze()
+        with pytest.raises(StoreError, match=r"no answer from redis .* within 0\.3s"):
+            await store.write(SnapshotBatch(types={CLUSTER: TypeState()}))
+        with pytest.raises(StoreError, match=r"no answer from redis .* within 0\.3s"):
+            await store.load()
+    finally:
+        frozen.stop()
+        await store.close()
+
+
+async def test_a_directory_ignores_half_written_files(tmp_path: Path) -> None:
+    store = DirectoryStore(tmp_path)
+    try:
+        await store.write(SnapshotBatch(upserts={CLUSTER: {"a": b"entry-a"}},
+                                        types={CLUSTER: TypeState()}, written_at=1.0))
+        folder = next(p for p in (tmp_path / f"v{FORMAT}").iterdir() if p.is_dir())
+        (folder / ".0123.entry.77.tmp").write_bytes(b"half")  # a writer killed mid-file
+        loaded = await store.load()
+        assert loaded is not None and list(loaded.entries[CLUSTER].values()) == [b"entry-a"]
+    finally:
+        await store.close()
+
+
+async def test_an_unreadable_directory_meta_is_a_store_error(tmp_path: Path) -> None:
+    (tmp_path / f"v{FORMAT}").mkdir()
+    (tmp_path / f"v{FORMAT}" / "meta.json").write_text("{not json")
+    store = DirectoryStore(tmp_path)
+    try:
+        with pytest.raises(StoreError, match="meta"):
+            await store.load()
+    finally:
+        await store.close()
