@@ -146,6 +146,8 @@ class UpstreamState:
         # whether a valid response has arrived on any stream: the relay is synced
         self.answered = False
         self._node_sent = False
+        # whether what the current stream does not subscribe to was forgotten
+        self._pruned = True
         self._subscribed: dict[str, _TypeSubscription] = {}
         # what nobody wants any more, until it may go: per type URL, name and
         # parameter set (or the wildcard), the time after which it may go
@@ -187,10 +189,9 @@ class UpstreamState:
         self._resync = {}
         requests = []
         types = {*demand.wanted_types(), *self._lingering, *self._lingering_wildcard}
-        for type_url in sorted({*types, *self.cache.type_urls()}):
-            target, wildcard = self._target(type_url, demand, now, None) \
-                if type_url in types else ({}, False)
-            self._drop_unsubscribed(type_url, target, wildcard)
+        self._pruned = False
+        for type_url in sorted(types):
+            target, wildcard = self._target(type_url, demand, now, None)
             if not target and not wildcard:
                 continue
             self._subscribed[type_url] = _TypeSubscription(
@@ -202,7 +203,10 @@ class UpstreamState:
                 found = self.cache.variants(type_url, name)
                 if isinstance(found, Mapping) and len(found) == 1:
                     initial[name] = next(iter(found.values())).version
-            cached = self.cache.resources(type_url)
+            # What the stream does not subscribe to is not the origin's to
+            # confirm (names a restored snapshot holds that nobody wants).
+            cached = [r for r in self.cache.resources(type_url)
+                      if wildcard or self._covers(type_url, r.name, target)]
             if wildcard:
                 initial.update({r.name: r.version for r in cached
                                 if r.name not in initial and r.name not in target})
@@ -215,18 +219,26 @@ class UpstreamState:
                     frozenset(target))
         return requests
 
-    def _drop_unsubscribed(self, type_url: str, target: Locators, wildcard: bool) -> None:
-        """Forget what the new stream's subscription does not cover: the origin
-        will neither confirm nor remove it, so it would go stale (names a
-        restored snapshot holds that no client wants). A type the cache held
-        whole is no longer whole without a wildcard subscription."""
-        if wildcard:
-            return
-        names = self.cache.names(type_url)
-        keep = {name for name in names
-                if name in target or self.cache.aliases_of(type_url, name) & target.keys()}
-        if len(keep) < len(names) or self.cache.is_complete(type_url):
-            self.cache.end_wildcard(type_url, keep)
+    def _covers(self, type_url: str, name: str, locators: Container[str]) -> bool:
+        """Whether a cached ``name`` is subscribed, by itself or by an alias."""
+        return name in locators or any(
+            alias in locators for alias in self.cache.aliases_of(type_url, name))
+
+    def _prune_unsubscribed(self) -> None:
+        """The origin answered a new stream: forget what its subscription does
+        not cover. The origin will neither confirm nor remove it, so it would
+        go stale (names a restored snapshot holds that no client wants). A
+        type the cache held whole is not whole without a wildcard subscription.
+        """
+        self._pruned = True
+        for type_url in self.cache.type_urls():
+            sub = self._subscribed.get(type_url, _TypeSubscription())
+            if sub.wildcard:
+                continue
+            names = self.cache.names(type_url)
+            keep = {name for name in names if self._covers(type_url, name, sub.locators)}
+            if len(keep) < len(names) or self.cache.is_complete(type_url):
+                self.cache.end_wildcard(type_url, keep)
 
     def on_disconnect(self) -> None:
         self.connected = False
@@ -495,6 +507,8 @@ class UpstreamState:
                         response.nonce, error)
             return [self._request(type_url, nonce=response.nonce, error=str(error))]
         self.answered = True
+        if not self._pruned:
+            self._prune_unsubscribed()
         ack = self._request(type_url, nonce=response.nonce)
         sub = self._subscribed.get(type_url)
         if sub is None:
