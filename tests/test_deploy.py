@@ -2,8 +2,9 @@
 
 Neither Docker nor Kubernetes runs here, so the Dockerfile, docker-compose.yml,
 deploy/compose/ and deploy/kubernetes/ are parsed and cross-checked instead:
-every relay config validates, and a port, address, path or grace period
-changed in one file only makes a test here fail, naming both places.
+every relay config validates, and a port, address, path, grace period, Redis
+service or secret changed in one file only makes a test here fail, naming both
+places.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -42,6 +44,8 @@ KUBERNETES = REPO / "deploy" / "kubernetes"
 RESOURCES = REPO / "config" / "resources"
 
 ZONE_RELAYS = ("relay-zone-a", "relay-zone-b")
+REDIS = "redis"
+REDIS_DEFAULT_PORT = 6379
 ENVOYS = {"envoy-zone-a": "relay-zone-a", "envoy-zone-b": "relay-zone-b"}
 ALL_INTERFACES = ("0.0.0.0", "::")
 
@@ -75,6 +79,33 @@ def _url_port_and_path(text: str, where: str) -> tuple[int, str]:
     match = re.search(r"http://127\.0\.0\.1:(\d+)(/[\w/]*)", text)
     assert match is not None, f"{where}: no http://127.0.0.1:PORT/PATH in {text!r}"
     return int(match.group(1)), match.group(2)
+
+
+def _redis_port(args: list[str]) -> int:
+    """The port a redis-server started with these arguments listens on."""
+    return int(args[args.index("--port") + 1]) if "--port" in args else REDIS_DEFAULT_PORT
+
+
+def _redis_target(config: RelayConfig, where: str) -> tuple[str, int]:
+    """The host and port of the Redis a relay config keeps its snapshot in."""
+    persistence = config.persistence
+    assert persistence is not None and persistence.redis is not None, (
+        f"{where}: expected persistence.redis")
+    url = urlsplit(persistence.redis.url)
+    assert url.hostname is not None, f"{where}: no host in {persistence.redis.url}"
+    return url.hostname, url.port or REDIS_DEFAULT_PORT
+
+
+def _zone_key_prefix(config: RelayConfig, where: str) -> str:
+    """The relay's snapshot key prefix: set explicitly, and naming its zone."""
+    assert config.persistence is not None and config.persistence.redis is not None
+    prefix = config.persistence.redis.key_prefix
+    zone = config.node.locality.zone
+    assert prefix is not None, f"{where}: set persistence.redis.key_prefix, one per zone"
+    assert zone and zone in prefix, (
+        f"{where}: key_prefix {prefix!r} should name the zone {zone!r}, which its replicas "
+        f"share and other zones do not")
+    return config.snapshot_prefix()
 
 
 def _binds_all_interfaces(config: RelayConfig, where: str) -> None:
@@ -369,7 +400,7 @@ def _sample_resources() -> list[dict[str, Any]]:
 
 
 def test_compose_has_an_origin_two_zone_relays_and_their_envoys() -> None:
-    expected = {"origin", *ZONE_RELAYS, *ENVOYS}
+    expected = {"origin", *ZONE_RELAYS, *ENVOYS, REDIS}
     assert set(_compose()) == expected, f"docker-compose.yml services: {sorted(_compose())}"
     assert sorted(_relay_services()) == sorted(["origin", *ZONE_RELAYS])
 
@@ -405,6 +436,51 @@ def test_compose_zone_relay_follows_the_origin_service(name: str) -> None:
         f"{_relative(path)}: upstream port {upstream.port} != {_relative(origin_path)} "
         f"server.address port {origin.server.address.port}")
     _depends_healthy(name, "origin")
+
+
+def test_compose_redis_is_the_official_image_with_a_ping_healthcheck() -> None:
+    redis = _service(REDIS)
+    assert str(redis.get("image", "")).startswith("redis:"), (
+        f"docker-compose.yml {REDIS}: expected the official redis image, got {redis.get('image')}")
+    test = redis.get("healthcheck", {}).get("test", [])
+    assert "redis-cli" in test and "ping" in test, (
+        f"docker-compose.yml {REDIS}: the healthcheck should run redis-cli ping, got {test}")
+
+
+def _compose_redis_args() -> list[str]:
+    command = _service(REDIS).get("command", [])
+    return shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+
+
+@pytest.mark.parametrize("name", ZONE_RELAYS)
+def test_compose_zone_relay_keeps_its_snapshot_in_the_redis_service(name: str) -> None:
+    config, path = _compose_relay_config(name)
+    where = _relative(path)
+    host, port = _redis_target(config, where)
+    assert host == REDIS, (
+        f"{where}: persistence.redis.url names host {host!r}, not the compose service {REDIS}")
+    assert port == _redis_port(_compose_redis_args()), (
+        f"{where}: persistence.redis.url port {port} != the port docker-compose.yml {REDIS} "
+        f"listens on ({_redis_port(_compose_redis_args())})")
+    assert config.persistence is not None and config.persistence.redis is not None
+    redis = config.persistence.redis
+    has_password = redis.password_file is not None or urlsplit(redis.url).password is not None
+    needs_password = "--requirepass" in _compose_redis_args()
+    assert has_password == needs_password, (
+        f"{where}: {'a' if has_password else 'no'} Redis password, but docker-compose.yml "
+        f"{REDIS} {'requires' if needs_password else 'does not require'} one")
+    _depends_healthy(name, REDIS)
+
+
+def test_compose_zones_keep_their_snapshots_apart() -> None:
+    prefixes: dict[str, str] = {}
+    for name in ZONE_RELAYS:
+        config, path = _compose_relay_config(name)
+        prefix = _zone_key_prefix(config, _relative(path))
+        assert prefix not in prefixes, (
+            f"{name} and {prefixes[prefix]} share the key prefix {prefix!r} in one Redis: "
+            f"each zone needs its own")
+        prefixes[prefix] = name
 
 
 @pytest.mark.parametrize(("envoy", "relay"), ENVOYS.items())
@@ -560,6 +636,30 @@ def _configmap_text() -> str:
     return text
 
 
+def _redis_deployment() -> dict[str, Any]:
+    return _manifest("redis.yaml", "Deployment")
+
+
+def _redis_container() -> dict[str, Any]:
+    containers = _redis_deployment()["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, f"redis.yaml: expected one container: {containers}"
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _redis_secret_key() -> tuple[str, str]:
+    """The Secret of redis-secret.yaml and its one key: the Redis password."""
+    secret = _manifest("redis-secret.yaml", "Secret")
+    keys = {**secret.get("data", {}), **secret.get("stringData", {})}
+    assert len(keys) == 1, f"redis-secret.yaml: expected one key, the password, got {sorted(keys)}"
+    return secret["metadata"]["name"], next(iter(keys))
+
+
+def _kubernetes_namespace() -> str:
+    namespace: str = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())["namespace"]
+    return namespace
+
+
 @functools.cache
 def _configmap_files() -> dict[str, str]:
     """The files the ConfigMap's config reads, by config key, as the pod sees them."""
@@ -568,6 +668,9 @@ def _configmap_files() -> dict[str, str]:
              if key.endswith("_file")}
     if "token_file" in upstream:
         files["upstream.token_file"] = upstream["token_file"]
+    redis = (yaml.safe_load(_configmap_text()).get("persistence") or {}).get("redis") or {}
+    if "password_file" in redis:
+        files["persistence.redis.password_file"] = redis["password_file"]
     return files
 
 
@@ -588,7 +691,8 @@ def _configmap_config() -> RelayConfig:
     ca = trustme.CA()
     client = ca.issue_cert("xds-relay.xds-relay.svc")
     stand_ins = {"ca_file": ca.cert_pem.bytes(), "cert_file": client.cert_chain_pems[0].bytes(),
-                 "key_file": client.private_key_pem.bytes(), "token_file": b"a.jwt.token\n"}
+                 "key_file": client.private_key_pem.bytes(), "token_file": b"a.jwt.token\n",
+                 "password_file": b"a-redis-password\n"}
     text = _configmap_text()
     for key, path in _configmap_files().items():
         stand_in = directory / key
@@ -660,7 +764,8 @@ def test_kubernetes_files_the_relay_reads_are_mounted_from_their_sources() -> No
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in _deployment()["spec"]["template"]["spec"]["volumes"]}
     files = _configmap_files()
-    assert set(files) == {"upstream.tls.ca_file", "upstream.token_file"}
+    assert set(files) == {"upstream.tls.ca_file", "upstream.token_file",
+                          "persistence.redis.password_file"}
     for key, path in files.items():
         where = PurePosixPath(path)
         mount = mounts.get(str(where.parent))
@@ -672,10 +777,90 @@ def test_kubernetes_files_the_relay_reads_are_mounted_from_their_sources() -> No
             assert volume["configMap"]["name"] == "istio-ca-root-cert"
             items = {i["path"]: i["key"] for i in volume["configMap"]["items"]}
             assert items.get(where.name) == "root-cert.pem", f"{key}: {items}"
+        elif key == "persistence.redis.password_file":
+            name, secret_key = _redis_secret_key()
+            assert volume.get("secret", {}).get("secretName") == name, (
+                f"{key}: volume {mount['name']} should mount Secret {name} (redis-secret.yaml), "
+                f"got {volume}")
+            # Without items, every key of the Secret is a file of its own name.
+            items = {i["path"]: i["key"] for i in volume["secret"].get("items", [])} or \
+                {secret_key: secret_key}
+            assert items.get(where.name) == secret_key, (
+                f"{key}: {path} should be the Secret's key {secret_key!r} ({items})")
         else:
             [source] = volume["projected"]["sources"]
             token = source["serviceAccountToken"]
             assert token["path"] == where.name and token["audience"] == "istio-ca", token
+
+
+def test_kubernetes_relays_share_the_redis_service_beside_them() -> None:
+    where = "relay-configmap.yaml"
+    config = _configmap_config()
+    host, port = _redis_target(config, where)
+    service = _manifest("redis.yaml", "Service")
+    name, namespace = service["metadata"]["name"], _kubernetes_namespace()
+    names = {name, f"{name}.{namespace}", f"{name}.{namespace}.svc",
+             f"{name}.{namespace}.svc.cluster.local"}
+    assert host in names, (
+        f"{where}: persistence.redis.url names host {host!r}, not the Service of redis.yaml "
+        f"in namespace {namespace} ({' or '.join(sorted(names))})")
+    ports = {p["port"]: p for p in service["spec"]["ports"]}
+    assert port in ports, (
+        f"{where}: persistence.redis.url port {port} is not a port of Service {name} "
+        f"({sorted(ports)})")
+    container = _redis_container()
+    target = ports[port].get("targetPort", port)
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    container_port = named.get(target, target)
+    assert container_port in named.values(), (
+        f"redis.yaml: Service port {port} targets {target}, not a container port ({named})")
+    listens = _redis_port([*container.get("command", []), *container.get("args", [])])
+    assert container_port == listens, (
+        f"redis.yaml: Service port {port} targets container port {container_port}, "
+        f"redis-server listens on {listens}")
+    _zone_key_prefix(config, where)
+
+
+def test_kubernetes_redis_requires_the_password_the_relays_read() -> None:
+    secret_name, secret_key = _redis_secret_key()
+    container = _redis_container()
+    args = [*container.get("command", []), *container.get("args", [])]
+    assert "--requirepass" in args, f"redis.yaml: redis-server without --requirepass: {args}"
+    variable = re.fullmatch(r"\$\((\w+)\)", args[args.index("--requirepass") + 1])
+    assert variable, f"redis.yaml: --requirepass should be $(VAR) from the Secret: {args}"
+    env = {e["name"]: e.get("valueFrom", {}) for e in container.get("env", [])}
+    source = env.get(variable.group(1), {}).get("secretKeyRef")
+    assert source == {"name": secret_name, "key": secret_key}, (
+        f"redis.yaml: env {variable.group(1)} should come from Secret {secret_name} key "
+        f"{secret_key} (redis-secret.yaml), got {source}")
+    redis = _configmap_config().persistence
+    assert redis is not None and redis.redis is not None and redis.redis.password_file, (
+        "relay-configmap.yaml: the Redis requires a password: set persistence.redis."
+        "password_file (test_kubernetes_files_the_relay_reads_are_mounted_from_their_sources "
+        "checks it is the Secret's)")
+
+
+def test_kubernetes_redis_service_selects_redis_only() -> None:
+    redis_labels = _redis_deployment()["spec"]["template"]["metadata"]["labels"]
+    relay_labels = _pod_labels()
+    redis_selectors = {
+        "redis.yaml Deployment spec.selector":
+            _redis_deployment()["spec"]["selector"]["matchLabels"],
+        "redis.yaml Service spec.selector": _manifest("redis.yaml", "Service")["spec"]["selector"],
+    }
+    for where, selector in redis_selectors.items():
+        assert selector and selector.items() <= redis_labels.items(), (
+            f"{where} {selector} does not select the Redis pod labels {redis_labels}")
+        assert not selector.items() <= relay_labels.items(), (
+            f"{where} {selector} also selects the relay pods {relay_labels}")
+    relay_selectors = {
+        "relay-service.yaml": _manifest("relay-service.yaml", "Service")["spec"]["selector"],
+        "relay-pdb.yaml":
+            _manifest("relay-pdb.yaml", "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+    }
+    for where, selector in relay_selectors.items():
+        assert not selector.items() <= redis_labels.items(), (
+            f"{where} {selector} also selects the Redis pod {redis_labels}")
 
 
 def test_kubernetes_service_account_matches_the_namespace_istiod_checks() -> None:
@@ -684,7 +869,7 @@ def test_kubernetes_service_account_matches_the_namespace_istiod_checks() -> Non
     assert spec["serviceAccountName"] == account["metadata"]["name"]
     assert spec["automountServiceAccountToken"] is False  # only the projected istio-ca token
     metadata = _configmap_config().node.metadata
-    namespace = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())["namespace"]
+    namespace = _kubernetes_namespace()
     assert metadata["NAMESPACE"] == namespace, (
         f"relay-configmap.yaml node.metadata.NAMESPACE {metadata['NAMESPACE']!r} should be "
         f"the namespace kustomization.yaml deploys to ({namespace!r})")
