@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import signal
 import sys
 import urllib.error
 import urllib.request
@@ -22,7 +21,7 @@ import grpc
 from relay.persistence.stores import RedisStore
 from relay.xds_types import CLUSTER
 from tests.e2e.test_persistence import received, subscribed
-from tests.e2e.test_workers import REPO, until
+from tests.e2e.test_workers import REPO, interrupted, until
 from tests.harness import ScriptedOrigin, cluster, version_of
 from tests.redis_server import redis_server
 
@@ -48,6 +47,10 @@ class RelayProcess:
         return await asyncio.to_thread(fetch)
 
 
+def text_of(log: Path) -> str:
+    return log.read_text()  # small, local: not worth a thread
+
+
 @contextlib.asynccontextmanager
 async def relay_process(config: Path, log: Path) -> AsyncIterator[RelayProcess]:
     with log.open("wb") as stderr:
@@ -57,8 +60,8 @@ async def relay_process(config: Path, log: Path) -> AsyncIterator[RelayProcess]:
     relay = RelayProcess(process, log)
     try:
         async def started() -> bool:
-            match = STARTED.search(log.read_text())
-            assert process.returncode is None, log.read_text()
+            match = STARTED.search(text_of(log))
+            assert process.returncode is None, text_of(log)
             if match is not None:
                 relay.xds_port, relay.admin_port = int(match[1]), int(match[2])
             return match is not None
@@ -66,14 +69,8 @@ async def relay_process(config: Path, log: Path) -> AsyncIterator[RelayProcess]:
         await until(started)
         yield relay
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                await asyncio.wait_for(process.wait(), 15)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-        print(log.name, log.read_text())  # shown when the test fails
+        await interrupted(process)
+        print(log.name, text_of(log))  # shown when the test fails
 
 
 async def test_sigkilled_relay_and_a_new_replica_serve_the_snapshot_then_only_the_changes(

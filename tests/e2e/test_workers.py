@@ -110,14 +110,19 @@ upstream: {{address: "127.0.0.1:{origin_port}", backoff: {{initial: 0.05s, max: 
         await until(tree.ready)
         yield tree
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                await asyncio.wait_for(process.wait(), 15)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await interrupted(process)
         print(log.read_text())  # shown when the test fails
+
+
+async def interrupted(process: asyncio.subprocess.Process) -> None:
+    """Stop ``process`` with SIGINT (SIGKILL if it takes over 15 s), unless it has ended."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(process.wait(), 15)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
 
 
 @dataclass
