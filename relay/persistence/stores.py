@@ -37,6 +37,11 @@ from urllib.parse import quote, urlsplit
 
 from relay.persistence.entries import FORMAT
 
+#: Entries a Redis store reads per round trip when it loads a snapshot.
+ENTRIES_PER_READ = 2_000
+#: Names a Redis store writes (or deletes) per round trip.
+ENTRIES_PER_WRITE = 2_000
+
 
 class StoreError(Exception):
     """The store cannot be reached or refused the operation; the message says why."""
@@ -145,26 +150,51 @@ class RedisStore:
                                       else None, types)
             if snapshot.format != FORMAT:
                 return snapshot
-            pipe = self._client.pipeline(transaction=False)
             for type_url in types:
-                pipe.hgetall(self._key(f"type:{type_url}"))
-            found = await asyncio.wait_for(pipe.execute(), self.timeout * (1 + len(types)))
-            for type_url, entries in zip(types, found, strict=True):
-                snapshot.entries[type_url] = {
-                    name.decode(errors="replace"): entry for name, entry in entries.items()}
+                snapshot.entries[type_url] = await self._read_hash(f"type:{type_url}")
             return snapshot
 
+    async def _read_hash(self, name: str) -> dict[str, bytes]:
+        """A whole hash, :data:`ENTRIES_PER_READ` fields per round trip: each
+        read's time (and so ``timeout``) follows Redis's latency, not the
+        snapshot's size (one HGETALL of 100,000 entries took over a second)."""
+        key, cursor = self._key(name), 0
+        found: dict[str, bytes] = {}
+        while True:
+            cursor, fields = await asyncio.wait_for(
+                self._client.hscan(key, cursor, count=ENTRIES_PER_READ), self.timeout)
+            for field_name, entry in fields.items():
+                found[field_name.decode(errors="replace")] = entry
+            if cursor == 0:
+                return found
+
     async def write(self, batch: SnapshotBatch) -> None:
+        """One ``MULTI``/``EXEC`` round trip per :data:`ENTRIES_PER_WRITE` names
+        (a usual response is one), the meta last: each round trip's time, and
+        so ``timeout``, stays that of Redis, whatever the batch's size."""
+        commands: list[tuple[str, str, Any]] = []
+        for type_url, entries in batch.upserts.items():
+            items = list(entries.items())
+            for start in range(0, len(items), ENTRIES_PER_WRITE):
+                chunk = dict(items[start:start + ENTRIES_PER_WRITE])
+                commands.append(("hset", f"type:{type_url}", chunk))
+        for type_url, names in batch.deletes.items():
+            for start in range(0, len(names), ENTRIES_PER_WRITE):
+                commands.append(("hdel", f"type:{type_url}",
+                                 names[start:start + ENTRIES_PER_WRITE]))
+        commands.append(("hset", "meta", _meta_fields(batch)))
         with self._errors("write"):
             pipe = self._client.pipeline(transaction=True)
-            for type_url, entries in batch.upserts.items():
-                if entries:
-                    pipe.hset(self._key(f"type:{type_url}"), mapping=entries)
-            for type_url, names in batch.deletes.items():
-                if names:
-                    pipe.hdel(self._key(f"type:{type_url}"), *names)
-            pipe.hset(self._key("meta"), mapping=_meta_fields(batch))
-            await asyncio.wait_for(pipe.execute(), self.timeout)
+            size = 0
+            for number, (command, name, argument) in enumerate(commands, 1):
+                if command == "hset":
+                    pipe.hset(self._key(name), mapping=argument)
+                else:
+                    pipe.hdel(self._key(name), *argument)
+                size += len(argument)
+                if size >= ENTRIES_PER_WRITE or number == len(commands):
+                    await asyncio.wait_for(pipe.execute(), self.timeout)
+                    size = 0
 
     async def close(self) -> None:
         # The client's own aclose: aiocache 0.12's close() calls the

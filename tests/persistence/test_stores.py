@@ -10,6 +10,7 @@ import pytest
 
 from relay.persistence.entries import FORMAT
 from relay.persistence.stores import (
+    ENTRIES_PER_WRITE,
     DirectoryStore,
     RedisStore,
     SnapshotBatch,
@@ -136,3 +137,18 @@ async def test_an_unreadable_directory_meta_is_a_store_error(tmp_path: Path) -> 
             await store.load()
     finally:
         await store.close()
+
+
+async def test_a_batch_larger_than_one_round_trip_is_written_and_deleted_whole(
+        store: SnapshotStore) -> None:
+    count = 2 * ENTRIES_PER_WRITE + 500  # three round trips to Redis
+    entries = {f"n{i}": f"entry-{i}".encode() for i in range(count)}
+    await store.write(SnapshotBatch(upserts={CLUSTER: entries},
+                                    types={CLUSTER: TypeState()}, written_at=1.0))
+    loaded = await store.load()
+    assert loaded is not None
+    assert entries_by_content(loaded.entries[CLUSTER]) == sorted(entries.values())
+    await store.write(SnapshotBatch(deletes={CLUSTER: list(entries)[1:]},
+                                    types={CLUSTER: TypeState()}, written_at=2.0))
+    loaded = await store.load()
+    assert loaded is not None and list(loaded.entries[CLUSTER].values()) == [b"entry-0"]
