@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.xds_types import ENDPOINT
+from tests.ports import free_port
 
 DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 # the one ClusterLoadAssignment every benchmark stream subscribes to
@@ -59,10 +59,15 @@ def demand_seconds(pid: int) -> float:
     return sum(_schedstat(pid)) / 1e9
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @dataclass
@@ -106,13 +111,7 @@ logging: {{level: {log_level}}}
         await wait_ready(admin_port)
         yield RelayProcess(process, xds_port, admin_port)
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
         os.unlink(config.name)
 
 

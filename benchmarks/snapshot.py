@@ -82,7 +82,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
 from benchmarks.bare import BareServer, Catalog
-from benchmarks.processes import DELTA_ADS, Workers, cpu_seconds, free_port, workers
+from benchmarks.processes import DELTA_ADS, Workers, cpu_seconds, stop_process, workers
 from benchmarks.report import Comparison, compare, table, values
 from relay.cache import ResourceCache, Update
 from relay.persistence.entries import FORMAT, encode_entry
@@ -91,6 +91,7 @@ from relay.persistence.writer import SnapshotWriter
 from relay.resource import CachedResource
 from relay.telemetry import new_metrics, prometheus_provider
 from relay.xds_types import CLUSTER, WILDCARD
+from tests.ports import free_port
 from tests.redis_server import RedisServer
 
 # how often the client tries a stream while the server is not listening yet
@@ -405,12 +406,7 @@ async def measure_start(kind: str, client: Workers, redis_url: str, prefix: str,
                 (reply,) = await client.next_messages()
                 cpu, rss = cpu_seconds(process.pid), rss_mib(process.pid)
             finally:
-                process.terminate()
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                stop_process(process)
         if "error" in reply:
             # its first lines: what went wrong comes before the origin's retries
             head = log.read_text(errors="replace")[:2000]

@@ -236,6 +236,7 @@ class Relay:
             log.info("restored %d resources of %d types from the snapshot at %s; serving them "
                      "until the origin answers", self.restored.resources, self.restored.types,
                      where)
+
     async def drain(self, period: float | None = None) -> None:
         """Stop taking streams and close the open ones spread over ``period``.
 

