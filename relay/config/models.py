@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from relay.authorization import NodeBinding
+from relay.certificates import CertificateError, load_key_pair
 from relay.config.values import (
     MAX_MESSAGE_SIZE,
     Address,
@@ -22,6 +24,7 @@ from relay.config.values import (
     DurationField,
     FileField,
     HeadersField,
+    IdentityPatternField,
     KeyFileField,
     MetadataField,
     PositiveDurationField,
@@ -36,6 +39,8 @@ from relay.config.values import (
 __all__ = [
     "LOG_LEVELS",
     "AdminConfig",
+    "AdminTLSConfig",
+    "AuthorizationConfig",
     "BackoffConfig",
     "KeepaliveConfig",
     "Locality",
@@ -47,6 +52,7 @@ __all__ = [
     "RedisConfig",
     "RelayConfig",
     "ServerConfig",
+    "ServerTLSConfig",
     "UpstreamConfig",
     "UpstreamTLSConfig",
     "section_model",
@@ -102,6 +108,52 @@ class NodeConfig(_Section):
         description="free-form node metadata, sent to the origin as a protobuf Struct")
 
 
+class ServerTLSConfig(_Section):
+    """TLS on the xDS port; with ``client_ca_file``, mutual TLS. The files are
+    re-read when they change: new connections get the new certificate."""
+
+    cert_file: CertificateFileField = Field(
+        description="the relay's PEM certificate chain (cert-manager: tls.crt)")
+    key_file: KeyFileField = Field(
+        description="the PEM private key of cert_file (cert-manager: tls.key)")
+    client_ca_file: CertificateFileField | None = Field(
+        default=None,
+        description="PEM roots that client certificates must chain to (cert-manager: "
+                    "ca.crt); set: mutual TLS, and every client must present a certificate "
+                    "(gRPC's Python server cannot ask for an optional one)")
+
+    @model_validator(mode="after")
+    def _usable(self) -> ServerTLSConfig:
+        try:
+            load_key_pair(self.cert_file, self.key_file, self.client_ca_file)
+        except CertificateError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+
+class AuthorizationConfig(_Section):
+    """Which client identities (from their certificates) may connect and debug."""
+
+    allow: list[IdentityPatternField] = Field(
+        default_factory=list,
+        description="identities (SPIFFE ID or DNS SAN) that may open xDS streams: exact, "
+                    "a glob (* is any run of characters but /) or {prefix: ...}; empty: any "
+                    "certificate client_ca_file signed")
+    node_binding: NodeBinding = Field(
+        default="none",
+        description="namespace: a Node's namespace (and service account) must be those of "
+                    "its SPIFFE ID, as istiod checks; id: the Node id must be an identity of "
+                    "its certificate; none: not checked")
+    debug: list[IdentityPatternField] = Field(
+        default_factory=list,
+        description="identities that may use CSDS and server reflection on the xDS port "
+                    "(patterns as in allow)")
+    debug_loopback: bool = Field(
+        default=True,
+        description="processes on the relay's own host (loopback, unix socket) may use CSDS "
+                    "and reflection too")
+
+
 class ServerConfig(_Section):
     """The downstream xDS gRPC server."""
 
@@ -122,6 +174,21 @@ class ServerConfig(_Section):
         description="processes serving clients on address (SO_REUSEPORT), fed over a local "
                     "socket by one more that holds the origin stream and serves admin; "
                     "1: one process does everything (run --workers overrides it)")
+    tls: ServerTLSConfig | None = None
+    authorization: AuthorizationConfig = AuthorizationConfig()
+
+    @model_validator(mode="after")
+    def _identities_need_client_certificates(self) -> ServerConfig:
+        rules = self.authorization
+        if self.tls is not None and self.tls.client_ca_file is not None:
+            return self
+        if rules.allow or rules.debug or rules.node_binding != "none":
+            used = [key for key, used in (("allow", rules.allow), ("debug", rules.debug),
+                                          ("node_binding", rules.node_binding != "none"))
+                    if used]
+            raise ValueError(f"authorization.{used[0]} matches client certificates: set "
+                             f"tls.client_ca_file (mutual TLS) so that clients present one")
+        return self
 
 
 class BackoffConfig(_Section):
@@ -248,13 +315,33 @@ class UpstreamConfig(_Section):
         return self
 
 
+class AdminTLSConfig(_Section):
+    """HTTPS for the admin server; the files are re-read when they change."""
+
+    cert_file: CertificateFileField = Field(description="the admin server's PEM certificate")
+    key_file: KeyFileField = Field(description="the PEM private key of cert_file")
+
+    @model_validator(mode="after")
+    def _usable(self) -> AdminTLSConfig:
+        try:
+            load_key_pair(self.cert_file, self.key_file)
+        except CertificateError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+
 class AdminConfig(_Section):
-    """The admin HTTP server (/ready, /healthz, /config_dump, /metrics)."""
+    """The admin HTTP server (/ready, /healthz, /config_dump, /clients, /metrics)."""
 
     address: AddressField = Field(
         default=Address("127.0.0.1", 19000),
         description="where the admin HTTP server listens: /ready, /healthz, /config_dump, "
-                    "/clients, /metrics")
+                    "/clients, /metrics; off loopback, set token_file (and tls)")
+    tls: AdminTLSConfig | None = None
+    token_file: FileField | None = Field(
+        default=None,
+        description="a file holding a bearer token, re-read when it changes: every path but "
+                    "/healthz and /ready then needs `Authorization: Bearer <token>`")
 
 
 class LoggingConfig(_Section):

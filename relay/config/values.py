@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from pydantic import PlainValidator
 
+from relay.authorization import IdentityPattern, parse_pattern
 from relay.encoding import MAX_MESSAGE_SIZE
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "DurationField",
     "FileField",
     "HeadersField",
+    "IdentityPatternField",
     "KeyFileField",
     "MetadataField",
     "PositiveDurationField",
@@ -442,3 +444,4 @@ ResponseSizeField = Annotated[int, PlainValidator(_message_size_validator(64 * 1
 HeadersField = Annotated[dict[str, str], PlainValidator(_validate_initial_metadata)]
 MetadataField = Annotated[dict[str, Any], PlainValidator(_validate_metadata)]
 WorkerCountField = Annotated[int, PlainValidator(_validate_worker_count)]
+IdentityPatternField = Annotated[IdentityPattern, PlainValidator(parse_pattern)]

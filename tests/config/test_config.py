@@ -182,7 +182,7 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      server:
        addr: "0.0.0.0:1"
      upstream: {address: "a:1"}
-     """, 3, "server.addr", "address, batch_window, drain_period, workers"),
+     """, 3, "server.addr", "address, batch_window, drain_period, workers, tls, authorization"),
     ("""
      node: {id: a}
      upstream:
@@ -195,7 +195,7 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      node: {id: a}
      upstream: {address: "a:1"}
      admin: {address: "127.0.0.1:0", port: 9}
-     """, 3, "admin.port", "address"),
+     """, 3, "admin.port", "address, tls, token_file"),
     ("""
      node: {id: a}
      upstream: {address: "a:1"}
