@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from relay.cache import ResourceCache
+from relay.config import AdminConfig
 from relay.xds_types import message_class, short_name
 
 log = logging.getLogger("relay.admin")
@@ -49,9 +50,10 @@ class AdminServer:
         self.clients = clients
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen; returns the bound port."""
-        self._server = await asyncio.start_server(self._handle, host, port)
+    async def start(self, config: AdminConfig) -> int:
+        """Listen where ``config`` says; returns the bound port."""
+        self._server = await asyncio.start_server(self._handle, config.address.host,
+                                                  config.address.port)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:

@@ -292,7 +292,7 @@ class Relay:
         self._server = server
         admin = self.config.admin.address
         if self.admin is not None:
-            self.admin_port = await self.admin.start(admin.host, admin.port)
+            self.admin_port = await self.admin.start(self.config.admin)
         if self.upstream is not None:
             self._tasks.append(asyncio.create_task(self.upstream.run(), name="upstream"))
         self._tasks.append(asyncio.create_task(self._report_ready(), name="ready"))

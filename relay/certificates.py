@@ -22,7 +22,8 @@ from cryptography.hazmat.primitives import serialization
 
 log = logging.getLogger("relay.tls")
 
-__all__ = ["CertificateError", "KeyPair", "WatchedKeyPair", "load_ca", "load_key_pair"]
+__all__ = ["CertificateError", "KeyPair", "WatchedKeyPair", "file_signature", "load_ca",
+           "load_key_pair"]
 
 
 class CertificateError(ValueError):
@@ -88,8 +89,9 @@ def load_key_pair(cert_file: Path, key_file: Path, client_ca_file: Path | None =
     return KeyPair(cert_pem, key_pem, client_ca, leaf.not_valid_after_utc)
 
 
-def _signature(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...] | None:
-    """What changes when a file is replaced or rewritten; None while one is missing."""
+def file_signature(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """What changes when one of ``paths`` is replaced or rewritten (compare two
+    calls); None while one is missing."""
     try:
         stats = [os.stat(path) for path in paths]  # follows Kubernetes' symlinks
     except OSError:
@@ -110,12 +112,12 @@ class WatchedKeyPair:
                  client_ca_file: Path | None = None) -> None:
         self._files = (cert_file, key_file, client_ca_file)
         self._paths = tuple(p for p in self._files if p is not None)
-        self._seen = _signature(self._paths)
+        self._seen = file_signature(self._paths)
         self.current = load_key_pair(cert_file, key_file, client_ca_file)
 
     def refresh(self) -> KeyPair | None:
         """The new pair if the files changed into a valid one since the last call."""
-        seen = _signature(self._paths)
+        seen = file_signature(self._paths)
         if seen is None or seen == self._seen:
             return None
         self._seen = seen

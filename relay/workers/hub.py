@@ -228,7 +228,7 @@ class Hub:
         self.port = int(self._reserved.getsockname()[1])
         await self.relay.start()
         admin = self.config.admin.address
-        self.admin_port = await self.admin.start(admin.host, admin.port)
+        self.admin_port = await self.admin.start(self.config.admin)
         self._supervisors = [asyncio.create_task(self._supervise(worker), name="worker")
                              for worker in self.workers]
         log.info("serving xDS on %s:%d with %d workers, admin on %s:%d",
