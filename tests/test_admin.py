@@ -9,6 +9,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.admin import AdminServer
 from relay.cache import ResourceCache, Update
+from relay.config import AdminConfig
 from relay.resource import CachedResource
 from relay.telemetry import new_metrics, prometheus_provider
 from relay.xds_types import CLUSTER, ENDPOINT
@@ -61,7 +62,7 @@ def test_unknown_path_and_method() -> None:
 
 async def test_real_http_round_trip() -> None:
     server, _ = admin()
-    port = await server.start("127.0.0.1", 0)
+    port = await server.start(AdminConfig(address="127.0.0.1:0"))
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
