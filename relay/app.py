@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from relay.admin import AdminServer
+from relay.authorization import Authorizer
 from relay.clock import Clock, MonotonicClock
 from relay.config import RelayConfig, node_proto
 from relay.core import Core
 from relay.persistence.restore import Restored, restore
 from relay.persistence.stores import DirectoryStore, RedisStore, SnapshotStore, StoreError
 from relay.persistence.writer import SnapshotWriter
+from relay.server.access import Access, server_credentials
 from relay.server.ecosystem import Health, add_ecosystem_services
 from relay.server.services import DRAINING, discovery_handlers
 from relay.telemetry import new_metrics, prometheus_provider
@@ -107,7 +109,8 @@ class Relay:
     drain); tests give one they advance themselves. The processes of
     ``--workers`` (:mod:`relay.workers`) set the rest: ``origin`` is followed
     instead of ``upstream.address`` or ``upstream.files``; xDS is served on
-    ``listen`` (a gRPC address such as ``unix:/path``) instead of
+    ``listen`` (a gRPC address such as ``unix:/path``, private to the relay's
+    processes: plaintext, and no ``server.authorization``) instead of
     ``server.address``; ``reuse_port`` lets other processes listen on the same
     port (SO_REUSEPORT); ``admin=False`` serves no admin endpoints.
     """
@@ -156,6 +159,14 @@ class Relay:
             self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
                                      self.serving.client_statuses, self.ready_detail)
         self._listen = listen or str(config.server.address)
+        # server.tls and server.authorization are for clients, not for the
+        # private socket between the processes of --workers
+        self._tls = config.server.tls if listen is None else None
+        if listen is None:
+            rules = config.server.authorization
+            self.serving.access = Access(
+                Authorizer(rules.allow, rules.node_binding, rules.debug, rules.debug_loopback),
+                self.metrics, self.clock.now)
         self._reuse_port = reuse_port
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -283,7 +294,11 @@ class Relay:
         server.add_generic_rpc_handlers(discovery_handlers(self.serving))
         await add_ecosystem_services(server, self.serving, self.health)
         try:
-            self.xds_port = server.add_insecure_port(self._listen)
+            if self._tls is not None:
+                self.xds_port = server.add_secure_port(self._listen,
+                                                       server_credentials(self._tls))
+            else:
+                self.xds_port = server.add_insecure_port(self._listen)
         except RuntimeError:  # what gRPC raises when it cannot bind
             self.xds_port = 0
         if self.xds_port == 0:
@@ -299,6 +314,8 @@ class Relay:
         self._tasks.append(asyncio.create_task(self.core.expire_ttls(), name="ttl"))
         serving = self._listen if self._listen.startswith("unix:") else \
             f"{self.config.server.address.host}:{self.xds_port}"
+        if self._tls is not None:
+            serving += " (mutual TLS)" if self._tls.client_ca_file is not None else " (TLS)"
         if self.admin is None:
             log.info("serving xDS on %s", serving)
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -60,3 +61,35 @@ def configure_logging(level: str, style: Literal["text", "json"] = "text",
     root.setLevel(getattr(logging, level.upper()))
     # gRPC's own logger is chatty about cancelled streams at INFO.
     logging.getLogger("grpc").setLevel(logging.WARNING)
+
+
+class RateLimitedLog:
+    """Warnings of one kind (``key``) logged at most once per ``interval``.
+
+    For lines that clients can cause at will (refusals, bad requests): the
+    first is logged, the rest of the interval only counted, and the count is
+    told with the next line logged. At most ``max_keys`` kinds are tracked;
+    past that, tracking starts afresh (a line more, never a memory leak).
+    """
+
+    def __init__(self, logger: logging.Logger, interval: float, now: Callable[[], float],
+                 max_keys: int = 10_000) -> None:
+        self.logger = logger
+        self.interval = interval
+        self.now = now
+        self.max_keys = max_keys
+        self._seen: dict[str, tuple[float, int]] = {}  # key -> (last logged, not logged since)
+
+    def warning(self, key: str, message: str, *args: object) -> None:
+        now = self.now()
+        seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < self.interval:
+            self._seen[key] = (seen[0], seen[1] + 1)
+            return
+        if seen is None and len(self._seen) >= self.max_keys:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        if seen is not None and seen[1]:
+            message += " (%d more like it in the %.0fs since the last one logged)"
+            args = (*args, seen[1], now - seen[0])
+        self.logger.warning(message, *args)

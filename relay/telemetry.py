@@ -102,6 +102,10 @@ class Metrics:
         self.downstream_rejected = meter.create_counter(
             "xds_relay_downstream_rejected_streams",
             description="Downstream streams ended for a protocol error")
+        self.downstream_refused = meter.create_counter(
+            "xds_relay_downstream_refused_streams",
+            description="Downstream calls refused by server.authorization, by reason "
+                        "(identity, node_binding, debug)")
         self.upstream_connected = meter.create_up_down_counter(
             "xds_relay_upstream_connected", description="1 while the origin stream is up")
         self.upstream_reconnects = meter.create_counter(

@@ -398,14 +398,17 @@ class Stack:
 
 
 def relay_config(upstream_port: int, linger: str = "0s", backoff: str = "0.05s",
-                 answer_grace: str = "0.5s", upstream: str = "", node: str = "") -> str:
+                 answer_grace: str = "0.5s", upstream: str = "", node: str = "",
+                 server: str = "") -> str:
     """A relay following the origin on ``upstream_port``; ``upstream`` adds
-    lines to the upstream section and ``node`` keys to the node (YAML flow)."""
+    lines to the upstream section, ``node`` and ``server`` keys to the node
+    and the server (YAML flow)."""
     upstream_lines = "".join(f"\n  {line}" for line in upstream.strip().splitlines())
     node_keys = f", {node}" if node else ""
+    server_keys = f", {server}" if server else ""
     return f"""
 node: {{id: relay-test, cluster: xds-relay{node_keys}}}
-server: {{address: "127.0.0.1:0"}}
+server: {{address: "127.0.0.1:0"{server_keys}}}
 admin: {{address: "127.0.0.1:0"}}
 upstream:
   address: "127.0.0.1:{upstream_port}"

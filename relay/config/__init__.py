@@ -24,6 +24,8 @@ from relay.config.keys import ConfigKey, config_keys
 from relay.config.loading import load_config, parse_config
 from relay.config.models import (
     AdminConfig,
+    AdminTLSConfig,
+    AuthorizationConfig,
     BackoffConfig,
     KeepaliveConfig,
     Locality,
@@ -35,6 +37,7 @@ from relay.config.models import (
     RedisConfig,
     RelayConfig,
     ServerConfig,
+    ServerTLSConfig,
     UpstreamConfig,
     UpstreamTLSConfig,
 )
@@ -45,6 +48,8 @@ __all__ = [
     "EXAMPLE_CONFIG",
     "Address",
     "AdminConfig",
+    "AdminTLSConfig",
+    "AuthorizationConfig",
     "BackoffConfig",
     "ConfigError",
     "ConfigKey",
@@ -58,6 +63,7 @@ __all__ = [
     "RedisConfig",
     "RelayConfig",
     "ServerConfig",
+    "ServerTLSConfig",
     "UpstreamConfig",
     "UpstreamTLSConfig",
     "config_keys",

@@ -6,16 +6,20 @@
 * server reflection, so that ``grpcurl`` and friends can list and call them;
 * CSDS (``envoy.service.status.v3.ClientStatusDiscoveryService``): what each
   connected client holds, computed by :mod:`relay.server.status`.
+
+CSDS and reflection tell a caller about every client, so they answer only
+peers allowed to debug (``server.authorization.debug``, and processes on the
+relay's host): see :meth:`relay.server.access.Access.admit_debug`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 
 import grpc
 from envoy.service.status.v3 import csds_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from relay.server.status import UnsupportedMatcher, client_status
 from relay.server.streams import ServingContext
@@ -61,9 +65,26 @@ class Health:
         await self.servicer.enter_graceful_shutdown()
 
 
+class _Reflection(reflection.aio.ReflectionServicer):  # type: ignore[misc]
+    """Server reflection for peers allowed to debug."""
+
+    def __init__(self, serving: ServingContext) -> None:
+        super().__init__(served_services())
+        self._serving = serving
+
+    async def ServerReflectionInfo(
+            self, request_iterator: AsyncIterable[reflection_pb2.ServerReflectionRequest],
+            context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[reflection_pb2.ServerReflectionResponse]:
+        if self._serving.access is not None:
+            await self._serving.access.admit_debug(context)
+        async for response in super().ServerReflectionInfo(request_iterator, context):
+            yield response
+
+
 def _csds_handlers(serving: ServingContext) -> grpc.GenericRpcHandler:
-    async def fetch(request: csds_pb2.ClientStatusRequest,
-                    context: grpc.aio.ServicerContext) -> csds_pb2.ClientStatusResponse:
+    async def answer(request: csds_pb2.ClientStatusRequest,
+                     context: grpc.aio.ServicerContext) -> csds_pb2.ClientStatusResponse:
         try:
             return client_status(request, serving.snapshots(), serving.cache)
         except UnsupportedMatcher as error:
@@ -72,8 +93,16 @@ def _csds_handlers(serving: ServingContext) -> grpc.GenericRpcHandler:
 
     async def stream(requests: AsyncIterator[csds_pb2.ClientStatusRequest],
                      context: grpc.aio.ServicerContext) -> None:
+        if serving.access is not None:
+            await serving.access.admit_debug(context)
         async for request in requests:
-            await context.write(await fetch(request, context))
+            await context.write(await answer(request, context))
+
+    async def fetch(request: csds_pb2.ClientStatusRequest,
+                    context: grpc.aio.ServicerContext) -> csds_pb2.ClientStatusResponse:
+        if serving.access is not None:
+            await serving.access.admit_debug(context)
+        return await answer(request, context)
 
     serialize = csds_pb2.ClientStatusResponse.SerializeToString
     deserialize = csds_pb2.ClientStatusRequest.FromString
@@ -103,5 +132,5 @@ async def add_ecosystem_services(server: grpc.aio.Server, serving: ServingContex
     health_pb2_grpc.add_HealthServicer_to_server(health_status.servicer, server)
     server.add_generic_rpc_handlers([_csds_handlers(serving)])
     _import_service_descriptors()
-    reflection.enable_server_reflection(served_services(), server)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(_Reflection(serving), server)
     await health_status.set_started()

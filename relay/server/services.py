@@ -34,7 +34,8 @@ def _stream_handler(serving: ServingContext, protocol: XdsProtocol,
     async def behaviour(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         if serving.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
-        stream = DownstreamStream(serving, protocol, context.peer(), fixed_type_url)
+        identity = await serving.access.admit(context) if serving.access is not None else None
+        stream = DownstreamStream(serving, protocol, context.peer(), fixed_type_url, identity)
         await stream.serve(requests, context)
 
     return grpc.stream_stream_rpc_method_handler(
@@ -47,6 +48,13 @@ def _fetch_handler(serving: ServingContext, type_url: str) -> grpc.RpcMethodHand
 
     async def behaviour(request: discovery_pb2.DiscoveryRequest,
                         context: grpc.aio.ServicerContext) -> bytes:
+        if serving.access is not None:
+            identity = await serving.access.admit(context)
+            error = serving.access.node_error(
+                identity, request.node if request.HasField("node") else None)
+            if error is not None:
+                serving.access.refused("node_binding", context.peer(), error)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, error)
         if request.type_url and request.type_url != type_url:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"type_url {request.type_url!r} sent to the fetch method "

@@ -33,6 +33,7 @@ from relay.protocol.snapshot import (
     SessionSnapshot,
     TypeSnapshot,
 )
+from relay.redaction import redacted
 
 GenericXdsConfig = csds_pb2.ClientConfig.GenericXdsConfig
 ClientStatus = config_dump_shared_pb2.ClientResourceStatus
@@ -114,7 +115,8 @@ def resource_configs(state: TypeSnapshot, cache: ResourceCache,
 
 
 def _body(cache: ResourceCache, type_url: str, held: ResourceState) -> any_pb2.Any | None:
-    """The cached body of the exact version and variant the client holds, if still cached."""
+    """The cached body of the exact version and variant the client holds, if still
+    cached, its secrets redacted."""
     variants = cache.variants(type_url, held.subscribed_as)
     if isinstance(variants, Missing):
         return None
@@ -124,7 +126,7 @@ def _body(cache: ResourceCache, type_url: str, held: ResourceState) -> any_pb2.A
         candidates = list(variants.values())
     for resource in candidates:
         if resource.version == held.version and resource.resource.HasField("resource"):
-            return resource.body
+            return redacted(resource.body)
     return None
 
 

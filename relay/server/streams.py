@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 from envoy.config.core.v3 import base_pb2
 
+from relay.authorization import PeerIdentity
 from relay.cache import ResourceCache
 from relay.interest import InterestIndex
 from relay.protocol.delta import split_request
@@ -28,6 +29,7 @@ from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.session import Plan, Request, Session, XdsProtocol
 from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.view import CacheView
+from relay.server.access import Access, Refused
 from relay.server.plans import PlanEncoder, encode_plan
 from relay.server.status import client_summary
 from relay.telemetry import Metrics
@@ -55,6 +57,9 @@ class ServingContext:
     # the largest resource locator (name and parameters, encoded) a client may
     # subscribe to: what the relay can forward to its origin (None: no origin)
     max_locator_size: int | None = None
+    # the authorization rules (None: everyone may do everything, as on the
+    # private socket between the processes of --workers)
+    access: Access | None = None
     streams: set[DownstreamStream] = field(default_factory=set)
     # set when the relay drains: new streams are refused
     draining: bool = False
@@ -153,9 +158,13 @@ class DownstreamStream:
     """One downstream xDS stream, ADS (any type) or per-type (``fixed_type_url``)."""
 
     def __init__(self, serving: ServingContext, protocol: XdsProtocol, peer: str,
-                 fixed_type_url: str | None = None) -> None:
+                 fixed_type_url: str | None = None, identity: PeerIdentity | None = None
+                 ) -> None:
         self.serving = serving
         self.peer = peer
+        # the client's certificate identity, while its first Node awaits the
+        # node binding check (None: no check)
+        self._unbound = identity
         self.session = Session(protocol, fixed_type_url, serving.max_locator_size)
         # whether something may be due, and the writer's wait for it (an
         # asyncio.Event would do, with a deque per stream that is never used)
@@ -273,6 +282,10 @@ class DownstreamStream:
                     await context.write(response)
                 if reader.done():
                     error = reader.exception()
+                    if isinstance(error, Refused):
+                        assert self.serving.access is not None
+                        self.serving.access.refused("node_binding", self.peer, str(error))
+                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
                     if isinstance(error, ProtocolError):
                         metrics.downstream_rejected.add(1, {"protocol": self.protocol})
                         log.warning("rejecting stream from %s: %s", self.peer, error)
@@ -294,9 +307,21 @@ class DownstreamStream:
                 self._waiting = None
         self._woken = False
 
+    def _bind_node(self, first: Request) -> None:
+        """Check the first request's Node against the client's certificate
+        before it subscribes to anything: raises :class:`Refused`."""
+        assert self._unbound is not None and self.serving.access is not None
+        error = self.serving.access.node_error(self._unbound, first.node if first.HasField(
+            "node") else None)
+        if error is not None:
+            raise Refused(error)
+        self._unbound = None
+
     async def _read(self, requests: AsyncIterator[Request]) -> None:
         try:
             async for request in requests:
+                if self._unbound is not None:
+                    self._bind_node(request)
                 pieces = split_request(request) if self.protocol == "delta" else [request]
                 if len(pieces) > 1:
                     self.session.check(request)  # refused whole, or applied in pieces

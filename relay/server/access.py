@@ -1,0 +1,108 @@
+"""Who may use the xDS port: TLS credentials, and :class:`Access`, the gRPC
+side of :class:`~relay.authorization.Authorizer`.
+
+A client refused gets ``PERMISSION_DENIED`` with the rule's reason; each
+refusal is counted (``xds_relay_downstream_refused_streams{reason}``) and
+logged, at most once per reason per interval with a count of the rest, so
+that a misconfigured fleet retrying in a loop cannot flood the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+
+from relay.authorization import Authorizer, PeerIdentity
+from relay.certificates import KeyPair, WatchedKeyPair
+from relay.config import ServerTLSConfig
+from relay.logs import RateLimitedLog
+from relay.telemetry import Metrics
+
+log = logging.getLogger("relay.access")
+
+__all__ = ["Access", "Refused", "server_credentials"]
+
+# How often one kind of refusal is logged at most.
+REFUSAL_LOG_INTERVAL = 10.0
+
+
+class Refused(Exception):
+    """A stream's Node broke ``server.authorization.node_binding``; the message says how."""
+
+
+def server_credentials(tls: ServerTLSConfig) -> grpc.ServerCredentials:
+    """Credentials for ``server.tls`` that re-read its files when they change.
+
+    gRPC asks before every TLS handshake whether the certificate changed: new
+    connections get the new one, open ones keep theirs (and their streams).
+    """
+    watched = WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file)
+
+    def configuration(pair: KeyPair) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration(
+            [(pair.key_pem, pair.cert_pem)], root_certificates=pair.client_ca_pem)
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        # Called by gRPC on its own thread; an exception here would fail the
+        # handshake, so anything unexpected keeps the current certificate.
+        try:
+            pair = watched.refresh()
+        except Exception:
+            log.exception("re-reading the TLS files failed; keeping the current certificate")
+            return None
+        return configuration(pair) if pair is not None else None
+
+    return grpc.dynamic_ssl_server_credentials(
+        configuration(watched.current), fetch,
+        require_client_authentication=tls.client_ca_file is not None)
+
+
+class Access:
+    """The authorization rules applied to gRPC calls (see :class:`Authorizer`)."""
+
+    def __init__(self, authorizer: Authorizer, metrics: Metrics,
+                 now: Callable[[], float]) -> None:
+        self.authorizer = authorizer
+        self.metrics = metrics
+        self._log = RateLimitedLog(log, REFUSAL_LOG_INTERVAL, now)
+        # whether streams need their client's identity at all
+        self.checks_identity = bool(authorizer.allow) or authorizer.node_binding != "none"
+
+    async def admit(self, context: grpc.aio.ServicerContext) -> PeerIdentity | None:
+        """The identity of a client opening an xDS call, or abort the call.
+
+        None when no rule needs it (the common case costs nothing).
+        """
+        if not self.checks_identity:
+            return None
+        identity = PeerIdentity.from_auth_context(context.auth_context())
+        error = self.authorizer.connect_error(identity)
+        if error is not None:
+            await self._refuse(context, "identity", error)
+        return identity
+
+    def node_error(self, identity: PeerIdentity | None, node: base_pb2.Node | None) -> str | None:
+        """Why a stream's first Node is refused, or None (see :meth:`Authorizer.node_error`)."""
+        if identity is None:
+            return None
+        return self.authorizer.node_error(identity, node)
+
+    async def admit_debug(self, context: grpc.aio.ServicerContext) -> None:
+        """Abort a CSDS or reflection call from a peer not allowed to debug."""
+        peer = context.peer()
+        identity = PeerIdentity.from_auth_context(context.auth_context())
+        error = self.authorizer.debug_error(identity, peer)
+        if error is not None:
+            await self._refuse(context, "debug", error)
+
+    def refused(self, reason: str, peer: str, error: str) -> None:
+        """Count and (rate-limited) log one refusal."""
+        self.metrics.downstream_refused.add(1, {"reason": reason})
+        self._log.warning(reason, "refused %s (%s): %s", peer, reason, error)
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, reason: str, error: str) -> None:
+        self.refused(reason, context.peer(), error)
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, error)
