@@ -15,6 +15,7 @@ import grpc
 
 from relay.admin import AdminServer
 from relay.authorization import Authorizer
+from relay.certificates import WatchedKeyPair
 from relay.clock import Clock, MonotonicClock
 from relay.config import RelayConfig, node_proto
 from relay.core import Core
@@ -152,6 +153,11 @@ class Relay:
         self.snapshot = snapshot_store(config) if self.upstream is not None else None
         self.snapshot_writer: SnapshotWriter | None = None
         self.restored: Restored | None = None
+        # server.tls and server.authorization are for clients, not for the
+        # private socket between the processes of --workers
+        tls = config.server.tls if listen is None else None
+        self.certificates = None if tls is None else \
+            WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file)
         self._observe_state()
         self.health = Health()
         self.admin: AdminServer | None = None
@@ -159,9 +165,6 @@ class Relay:
             self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
                                      self.serving.client_statuses, self.ready_detail)
         self._listen = listen or str(config.server.address)
-        # server.tls and server.authorization are for clients, not for the
-        # private socket between the processes of --workers
-        self._tls = config.server.tls if listen is None else None
         if listen is None:
             rules = config.server.authorization
             self.serving.access = Access(
@@ -179,6 +182,13 @@ class Relay:
         self.metrics.observe_state(
             self.cache.counts, self.serving.subscription_counts,
             self.upstream.state.subscription_counts if self.upstream is not None else None)
+        certificates = self.certificates
+        if certificates is not None:
+            # what alerts on a certificate that rotation failed to renew watch
+            self.metrics.observe(
+                "xds_relay_tls_certificate_expiry_timestamp_seconds",
+                "When the certificate the xDS port serves expires (Unix time)", (),
+                lambda: {(): int(certificates.current.not_after.timestamp())})
 
     async def set_not_serving(self) -> None:
         """Turn every gRPC health status NOT_SERVING, for good (when draining starts)."""
@@ -294,9 +304,9 @@ class Relay:
         server.add_generic_rpc_handlers(discovery_handlers(self.serving))
         await add_ecosystem_services(server, self.serving, self.health)
         try:
-            if self._tls is not None:
+            if self.certificates is not None:
                 self.xds_port = server.add_secure_port(self._listen,
-                                                       server_credentials(self._tls))
+                                                       server_credentials(self.certificates))
             else:
                 self.xds_port = server.add_insecure_port(self._listen)
         except RuntimeError:  # what gRPC raises when it cannot bind
@@ -314,8 +324,9 @@ class Relay:
         self._tasks.append(asyncio.create_task(self.core.expire_ttls(), name="ttl"))
         serving = self._listen if self._listen.startswith("unix:") else \
             f"{self.config.server.address.host}:{self.xds_port}"
-        if self._tls is not None:
-            serving += " (mutual TLS)" if self._tls.client_ca_file is not None else " (TLS)"
+        if self.certificates is not None:
+            mutual = self.certificates.current.client_ca_pem is not None
+            serving += " (mutual TLS)" if mutual else " (TLS)"
         if self.admin is None:
             log.info("serving xDS on %s", serving)
         else:

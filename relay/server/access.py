@@ -17,7 +17,6 @@ from envoy.config.core.v3 import base_pb2
 
 from relay.authorization import Authorizer, PeerIdentity
 from relay.certificates import KeyPair, WatchedKeyPair
-from relay.config import ServerTLSConfig
 from relay.logs import RateLimitedLog
 from relay.telemetry import Metrics
 
@@ -33,13 +32,13 @@ class Refused(Exception):
     """A stream's Node broke ``server.authorization.node_binding``; the message says how."""
 
 
-def server_credentials(tls: ServerTLSConfig) -> grpc.ServerCredentials:
-    """Credentials for ``server.tls`` that re-read its files when they change.
+def server_credentials(watched: WatchedKeyPair) -> grpc.ServerCredentials:
+    """Credentials serving ``watched``, re-read when its files change; with a
+    client CA, mutual TLS.
 
     gRPC asks before every TLS handshake whether the certificate changed: new
     connections get the new one, open ones keep theirs (and their streams).
     """
-    watched = WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file)
 
     def configuration(pair: KeyPair) -> grpc.ServerCertificateConfiguration:
         return grpc.ssl_server_certificate_configuration(
@@ -57,7 +56,7 @@ def server_credentials(tls: ServerTLSConfig) -> grpc.ServerCredentials:
 
     return grpc.dynamic_ssl_server_credentials(
         configuration(watched.current), fetch,
-        require_client_authentication=tls.client_ca_file is not None)
+        require_client_authentication=watched.current.client_ca_pem is not None)
 
 
 class Access:

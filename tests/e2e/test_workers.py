@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay.server.services import DRAINING
 from relay.xds_types import CLUSTER
-from tests.harness import DELTA, ScriptedOrigin, cluster, eventually, node
+from tests.certs import Authority, tls_channel
+from tests.harness import DELTA, ScriptedOrigin, XdsClient, cluster, eventually, names_of, node
 
 REPO = Path(__file__).resolve().parents[2]
 DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
@@ -81,14 +83,16 @@ class RelayTree:
 
 
 @contextlib.asynccontextmanager
-async def relay_tree(origin_port: int, tmp_path: Path, drain_period: str = "10s"
-                     ) -> AsyncIterator[RelayTree]:
+async def relay_tree(origin_port: int, tmp_path: Path, drain_period: str = "10s",
+                     server: str = "") -> AsyncIterator[RelayTree]:
     """``xds-relay run --workers 2`` following the origin, once ready; ports
-    chosen by the relay (0), read from its log. Stopped at the end (SIGINT)."""
+    chosen by the relay (0), read from its log. Stopped at the end (SIGINT).
+    ``server`` adds keys to the server section (YAML flow)."""
     config = tmp_path / "relay.yaml"
+    server_keys = f", {server}" if server else ""
     config.write_text(f"""
 node: {{id: relay-test, cluster: xds-relay}}
-server: {{address: "127.0.0.1:0", drain_period: {drain_period}}}
+server: {{address: "127.0.0.1:0", drain_period: {drain_period}{server_keys}}}
 admin: {{address: "127.0.0.1:0"}}
 upstream: {{address: "127.0.0.1:{origin_port}", backoff: {{initial: 0.05s, max: 0.5s}}}}
 """)
@@ -278,4 +282,39 @@ async def test_sigterm_drains_every_worker_and_the_whole_tree_exits_0(tmp_path: 
     finally:
         for follower in followers:
             await follower.close()
+        await origin.stop()
+
+
+async def test_workers_serve_mutual_tls_and_authorize_each_client(tmp_path: Path) -> None:
+    """Every worker serves the TLS port with the configured rules; the hub's
+    private socket between them stays plaintext."""
+    ca = Authority(tmp_path)
+    relay_leaf = ca.relay_leaf()
+    origin = await ScriptedOrigin().start()
+    origin.set(cluster("a"), version="v1")
+    tls = (f"tls: {{cert_file: '{relay_leaf.cert_file}', key_file: '{relay_leaf.key_file}', "
+           f"client_ca_file: '{ca.cert_file}'}}, "
+           "authorization: {allow: ['spiffe://mesh.test/ns/app/sa/*']}")
+    try:
+        async with relay_tree(origin.port, tmp_path, server=tls) as tree:
+            allowed = ca.issue("frontend", spiffe_id="spiffe://mesh.test/ns/app/sa/frontend")
+            stranger = ca.issue("stranger", spiffe_id="spiffe://mesh.test/ns/db/sa/x")
+            # A connection each: the kernel spreads them over both workers.
+            for number in range(6):
+                channel = tls_channel(tree.xds_port, ca, allowed if number % 2 else stranger)
+                client = XdsClient(channel, DELTA_ADS, delta=True)
+                try:
+                    await client.send(node=node(f"client-{number}"), type_url=CLUSTER,
+                                      resource_names_subscribe=["a"])
+                    if number % 2:
+                        assert names_of(await client.recv(TIMEOUT)) == ["a"]
+                    else:
+                        with pytest.raises(grpc.aio.AioRpcError) as error:
+                            await client.recv(TIMEOUT)
+                        assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                finally:
+                    client.close()
+                    await channel.close()
+            assert len(origin.streams) == 1
+    finally:
         await origin.stop()
