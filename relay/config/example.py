@@ -18,6 +18,16 @@ server:
   drain_period: 10s             # on SIGTERM, close client streams spread over this long
   workers: 1                    # >1: that many processes serve clients on address, fed by one
                                 # that follows the origin (see README, "Beyond one core")
+  # tls:                        # TLS for clients; files re-read when they change
+  #   cert_file: /etc/xds-relay/tls/tls.crt
+  #   key_file: /etc/xds-relay/tls/tls.key
+  #   client_ca_file: /etc/xds-relay/tls/ca.crt   # set: mutual TLS (a client certificate required)
+  authorization:                # identities from client certificates (needs client_ca_file)
+    allow: []                   # who may connect, e.g. ["spiffe://cluster.local/ns/*/sa/*",
+                                # {prefix: "spiffe://cluster.local/ns/prod/"}]; []: any
+    node_binding: none          # namespace (as istiod checks), id, or none
+    debug: []                   # who may use CSDS and reflection, besides this host
+    debug_loopback: true        # processes on this host may use CSDS and reflection
 upstream:                       # required: exactly one of address or files
   address: 127.0.0.1:18001      # origin control plane, followed over Delta ADS
   # files: config/resources     # or: serve a directory of YAML/JSON resource files
@@ -39,7 +49,9 @@ upstream:                       # required: exactly one of address or files
   initial_versions: auto        # does the origin honour initial_resource_versions? auto,
                                 # honoured or ignored (istiod ignores them)
 admin:
-  address: 127.0.0.1:19000      # /ready /healthz /config_dump /metrics
+  address: 127.0.0.1:19000      # /ready /healthz /config_dump /clients /metrics
+  # tls: {cert_file: /etc/xds-relay/tls/tls.crt, key_file: /etc/xds-relay/tls/tls.key}
+  # token_file: /etc/xds-relay/admin/token   # Bearer token for all but /healthz and /ready
 logging:
   level: info                   # debug, info, warning or error
   format: text                  # text (key=value) or json (one object per line)
