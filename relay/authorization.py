@@ -118,8 +118,9 @@ def node_namespace(node: base_pb2.Node) -> str | None:
         if value:
             return value
     parts = node.id.split("~")
-    if len(parts) == 4 and "." in parts[2]:
-        namespace: str = parts[2].split(".", 1)[1]
+    # istiod reads it from the DNS domain (a pod name may hold dots)
+    if len(parts) == 4 and "." in parts[3]:
+        namespace: str = parts[3].split(".", 1)[0]
         return namespace or None
     return None
 

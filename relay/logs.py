@@ -90,6 +90,8 @@ class RateLimitedLog:
             self._seen.clear()
         self._seen[key] = (now, 0)
         if seen is not None and seen[1]:
+            if not args:  # the message was not a format until now
+                message = message.replace("%", "%%")
             message += " (%d more like it in the %.0fs since the last one logged)"
             args = (*args, seen[1], now - seen[0])
         self.logger.warning(message, *args)

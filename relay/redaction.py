@@ -132,5 +132,17 @@ def _marker(value: object) -> object:
 
 
 def _blank_all(message: Message) -> None:
+    if message.DESCRIPTOR.full_name == _ANY:
+        # Keep the type: a reader must still be able to decode what is left.
+        holder: Any = message
+        try:
+            inner: Message = symbol_database.Default().GetSymbol(holder.TypeName())()
+        except KeyError:
+            holder.value = b""
+            return
+        inner.ParseFromString(holder.value)
+        _blank_all(inner)
+        holder.value = inner.SerializeToString(deterministic=True)
+        return
     for field, value in message.ListFields():
         _blank(message, field, value)

@@ -1,4 +1,5 @@
-"""Log styles: JSON records carry time, level, logger, message and exception."""
+"""Log styles: JSON records carry time, level, logger, message and exception;
+rate-limited warnings log the first of a kind and count the rest."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 import logging
 import sys
 
-from relay.logs import JsonFormatter
+import pytest
+
+from relay.logs import JsonFormatter, RateLimitedLog
 
 
 def test_json_record_has_fields_and_exception() -> None:
@@ -21,3 +24,157 @@ def test_json_record_has_fields_and_exception() -> None:
     assert (entry["level"], entry["logger"], entry["msg"]) == (
         "warning", "relay.upstream", "origin o:1 failed")
     assert entry["exc"].startswith("Traceback") and entry["exc"].endswith("ValueError: boom")
+
+
+# --------------------------------------------------------------------------- RateLimitedLog
+
+
+class FakeClock:
+    """A ``now`` the test moves."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.time = start
+
+    def __call__(self) -> float:
+        return self.time
+
+
+def rate_limited(caplog: pytest.LogCaptureFixture, interval: float = 60.0,
+                 max_keys: int = 10_000) -> tuple[RateLimitedLog, FakeClock]:
+    caplog.set_level(logging.WARNING, logger="relay.test.refusals")
+    clock = FakeClock()
+    log = RateLimitedLog(logging.getLogger("relay.test.refusals"), interval, clock, max_keys)
+    return log, clock
+
+
+def logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records]
+
+
+def test_the_first_line_of_a_kind_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    log, _ = rate_limited(caplog)
+    log.warning("not_allowed", "refused %s (%s)", "ipv4:10.0.0.1:5", "not_allowed")
+    assert logged(caplog) == ["refused ipv4:10.0.0.1:5 (not_allowed)"]
+    assert caplog.records[0].levelno == logging.WARNING
+    assert caplog.records[0].name == "relay.test.refusals"
+
+
+def test_lines_within_the_interval_are_only_counted(caplog: pytest.LogCaptureFixture) -> None:
+    log, clock = rate_limited(caplog)
+    log.warning("k", "refused %s", "a")
+    for n in range(5):
+        clock.time += 10
+        log.warning("k", "refused %s", f"b{n}")
+    assert logged(caplog) == ["refused a"]
+
+
+def test_the_next_line_after_the_interval_tells_the_count(
+        caplog: pytest.LogCaptureFixture) -> None:
+    log, clock = rate_limited(caplog, interval=60)
+    log.warning("k", "refused %s", "a")
+    clock.time += 10
+    log.warning("k", "refused %s", "b")
+    clock.time += 20
+    log.warning("k", "refused %s", "c")
+    clock.time += 41  # 71 s after the line logged
+    log.warning("k", "refused %s", "d")
+    assert logged(caplog) == [
+        "refused a",
+        "refused d (2 more like it in the 71s since the last one logged)"]
+
+
+def test_the_count_starts_again_after_each_line_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    log, clock = rate_limited(caplog, interval=60)
+    log.warning("k", "x")
+    clock.time += 1
+    log.warning("k", "x")
+    clock.time += 60
+    log.warning("k", "x")
+    clock.time += 1
+    log.warning("k", "x")
+    clock.time += 1
+    log.warning("k", "x")
+    clock.time += 1
+    log.warning("k", "x")
+    clock.time += 60
+    log.warning("k", "x")
+    assert logged(caplog) == [
+        "x",
+        "x (1 more like it in the 61s since the last one logged)",
+        "x (3 more like it in the 63s since the last one logged)"]
+
+
+def test_a_quiet_interval_logs_the_next_line_plainly(caplog: pytest.LogCaptureFixture) -> None:
+    log, clock = rate_limited(caplog, interval=60)
+    log.warning("k", "x")
+    clock.time += 600
+    log.warning("k", "x")
+    assert logged(caplog) == ["x", "x"]
+
+
+def test_the_interval_is_measured_from_the_line_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    log, clock = rate_limited(caplog, interval=60)
+    log.warning("k", "x")  # at 1000
+    clock.time = 1059.5
+    log.warning("k", "x")
+    assert logged(caplog) == ["x"]
+    clock.time = 1060.0  # exactly one interval after the line logged
+    log.warning("k", "x")
+    assert logged(caplog) == ["x", "x (1 more like it in the 60s since the last one logged)"]
+
+
+def test_kinds_are_limited_independently(caplog: pytest.LogCaptureFixture) -> None:
+    log, clock = rate_limited(caplog, interval=60)
+    log.warning("not_allowed", "a1")
+    log.warning("node_binding", "b1")
+    clock.time += 5
+    log.warning("not_allowed", "a2")
+    log.warning("debug", "c1")
+    clock.time += 30
+    log.warning("node_binding", "b2")
+    clock.time += 30  # 65 s after a1 and b1, 60 after c1
+    log.warning("not_allowed", "a3")
+    log.warning("node_binding", "b3")
+    log.warning("debug", "c2")
+    assert logged(caplog) == [
+        "a1", "b1", "c1",
+        "a3 (1 more like it in the 65s since the last one logged)",
+        "b3 (1 more like it in the 65s since the last one logged)",
+        "c2"]
+
+
+def test_past_max_keys_tracking_starts_afresh(caplog: pytest.LogCaptureFixture) -> None:
+    log, clock = rate_limited(caplog, interval=60, max_keys=2)
+    log.warning("a", "a1")
+    log.warning("b", "b1")
+    log.warning("a", "a2")  # counted
+    log.warning("c", "c1")  # a third kind: a and b are forgotten
+    log.warning("c", "c2")  # c is still tracked
+    log.warning("a", "a3")  # logged again, its count lost
+    assert logged(caplog) == ["a1", "b1", "c1", "a3"]
+    clock.time += 60
+    log.warning("c", "c3")
+    assert logged(caplog)[-1] == "c3 (1 more like it in the 60s since the last one logged)"
+
+
+def test_memory_stays_bounded_by_max_keys(caplog: pytest.LogCaptureFixture) -> None:
+    log, clock = rate_limited(caplog, interval=60, max_keys=10)
+    for n in range(1_000):
+        log.warning(f"peer-{n}", "refused %s", n)
+        clock.time += 0.001
+        assert len(log._seen) <= 10  # the only way to see the bound: its private record
+    assert len(caplog.records) == 1_000
+
+
+def test_a_message_with_a_percent_sign_and_no_args_keeps_its_count(
+        caplog: pytest.LogCaptureFixture) -> None:
+    log, clock = rate_limited(caplog, interval=60)
+    log.warning("k", "cache 100% full")
+    log.warning("k", "cache 100% full")
+    clock.time += 60
+    log.warning("k", "cache 100% full")
+    assert logged(caplog) == [
+        "cache 100% full",
+        "cache 100% full (1 more like it in the 60s since the last one logged)"]

@@ -115,7 +115,8 @@ def _duplicate_key_errors(root: yaml.Node, source: str) -> list[ConfigError]:
 
 
 def _dotted(path: KeyPath) -> str:
-    """A path in the document as ``a.b[0].c``: free-form metadata may hold lists."""
+    """A path in the document as ``a.b[0].c``, for every error (lists: metadata,
+    ``server.authorization.allow``)."""
     text = ""
     for part in path:
         if isinstance(part, int):
@@ -123,11 +124,6 @@ def _dotted(path: KeyPath) -> str:
         else:
             text = f"{text}.{part}" if text else part
     return text
-
-
-def _field_path(loc: Sequence[int | str]) -> str:
-    # The schema has no list fields, so every element is a mapping key.
-    return ".".join(str(part) for part in loc)
 
 
 def _line_of(root: yaml.Node, loc: Sequence[int | str]) -> int:
@@ -174,12 +170,12 @@ def _convert_error(error: Any, root: yaml.Node, source: str) -> ConfigError:
         loc.pop()
         kind = "invalid_key"
     if kind == "missing":
-        return ConfigError(source, _line_of(root, loc[:-1]), _field_path(loc), "field required")
+        return ConfigError(source, _line_of(root, loc[:-1]), _dotted(tuple(loc)), "field required")
     if kind == "extra_forbidden":
         model = _section_model(loc[:-1])
         allowed = ", ".join(model.model_fields) if model is not None else ""
         problem = f"unknown key (allowed: {allowed})" if allowed else "unknown key"
-        return ConfigError(source, _line_of(root, loc), _field_path(loc), problem)
+        return ConfigError(source, _line_of(root, loc), _dotted(tuple(loc)), problem)
     if kind == "invalid_key":
         problem = f"keys must be strings, got {yaml_kind(value)} {value!r}"
     elif kind in _TYPE_ERRORS:
@@ -190,4 +186,4 @@ def _convert_error(error: Any, root: yaml.Node, source: str) -> ConfigError:
         problem = str(error["ctx"]["error"])
     else:
         problem = error["msg"]
-    return ConfigError(source, _line_of(root, loc), _field_path(loc), problem)
+    return ConfigError(source, _line_of(root, loc), _dotted(tuple(loc)), problem)

@@ -1,0 +1,288 @@
+"""relay.redaction: every ``(udpa.annotations.sensitive)`` field shown as
+``[redacted]``, wherever it sits, in a copy; what clients get is never touched."""
+
+from __future__ import annotations
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.config.trace.v3 import skywalking_pb2
+from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2,
+)
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
+from google.protobuf import any_pb2, json_format, struct_pb2
+from google.protobuf.message import Message
+
+from relay.redaction import REDACTED, redacted
+
+KEY_PEM = "-----BEGIN PRIVATE KEY-----\nTOPSECRETKEYMATERIAL\n-----END PRIVATE KEY-----\n"
+CERT_PEM = "-----BEGIN CERTIFICATE-----\nPUBLICCERTIFICATE\n-----END CERTIFICATE-----\n"
+SECRET_MARKERS = (b"TOPSECRET", b"hunter2", b"ticketkey", b"apikey", b"s3cr3t")
+
+
+def pack(message: Message) -> any_pb2.Any:
+    holder = any_pb2.Any()
+    holder.Pack(message)
+    return holder
+
+
+def shown(body: any_pb2.Any) -> tuple[any_pb2.Any, bytes]:
+    """``redacted(body)``, after checking it left ``body`` as it was."""
+    before = body.SerializeToString(deterministic=True)
+    out = redacted(body)
+    assert body.SerializeToString(deterministic=True) == before
+    return out, before
+
+
+def assert_no_secret_in(out: any_pb2.Any) -> None:
+    serialized = out.SerializeToString()
+    for marker in SECRET_MARKERS:
+        assert marker not in serialized
+
+
+def inline_key_certificate() -> common_pb2.TlsCertificate:
+    certificate = common_pb2.TlsCertificate()
+    certificate.certificate_chain.inline_string = CERT_PEM
+    certificate.private_key.inline_string = KEY_PEM
+    return certificate
+
+
+# --------------------------------------------------------------------------- Secret
+
+
+def test_an_inline_string_private_key_is_redacted() -> None:
+    secret = secret_pb2.Secret(name="server-cert", tls_certificate=inline_key_certificate())
+    body = pack(secret)
+    out, before = shown(body)
+    assert out is not body
+    assert out.type_url == body.type_url
+    result = secret_pb2.Secret.FromString(out.value)
+    assert result.name == "server-cert"
+    assert result.tls_certificate.private_key.inline_string == REDACTED
+    assert result.tls_certificate.certificate_chain.inline_string == CERT_PEM
+    assert b"TOPSECRETKEYMATERIAL" in before
+    assert_no_secret_in(out)
+
+
+def test_an_inline_bytes_private_key_is_redacted() -> None:
+    secret = secret_pb2.Secret(name="s")
+    secret.tls_certificate.private_key.inline_bytes = KEY_PEM.encode()
+    out, _ = shown(pack(secret))
+    result = secret_pb2.Secret.FromString(out.value)
+    assert result.tls_certificate.private_key.inline_bytes == REDACTED.encode()
+    assert result.tls_certificate.private_key.WhichOneof("specifier") == "inline_bytes"
+    assert_no_secret_in(out)
+
+
+def test_a_private_key_file_name_is_redacted_too() -> None:
+    # As Envoy's admin: nothing of a sensitive field stays readable.
+    secret = secret_pb2.Secret(name="s")
+    secret.tls_certificate.private_key.filename = "/etc/certs/TOPSECRET.key"
+    secret.tls_certificate.certificate_chain.filename = "/etc/certs/cert.pem"
+    out, _ = shown(pack(secret))
+    result = secret_pb2.Secret.FromString(out.value)
+    assert result.tls_certificate.private_key.filename == REDACTED
+    assert result.tls_certificate.certificate_chain.filename == "/etc/certs/cert.pem"
+    assert_no_secret_in(out)
+
+
+def test_a_key_password_and_pkcs12_are_redacted() -> None:
+    secret = secret_pb2.Secret(name="s")
+    secret.tls_certificate.password.inline_string = "hunter2"
+    secret.tls_certificate.pkcs12.inline_bytes = b"TOPSECRET-p12"
+    out, _ = shown(pack(secret))
+    result = secret_pb2.Secret.FromString(out.value)
+    assert result.tls_certificate.password.inline_string == REDACTED
+    assert result.tls_certificate.pkcs12.inline_bytes == REDACTED.encode()
+    assert_no_secret_in(out)
+
+
+def test_a_generic_secret_is_redacted() -> None:
+    secret = secret_pb2.Secret(name="hmac")
+    secret.generic_secret.secret.inline_bytes = b"s3cr3t-hmac"
+    out, _ = shown(pack(secret))
+    result = secret_pb2.Secret.FromString(out.value)
+    assert result.generic_secret.secret.inline_bytes == REDACTED.encode()
+    assert_no_secret_in(out)
+
+
+def test_every_session_ticket_key_is_redacted() -> None:
+    secret = secret_pb2.Secret(name="tickets")
+    for n in range(3):
+        secret.session_ticket_keys.keys.add().inline_bytes = b"ticketkey-%d" % n
+    out, _ = shown(pack(secret))
+    result = secret_pb2.Secret.FromString(out.value)
+    assert [key.inline_bytes for key in result.session_ticket_keys.keys] == \
+        [REDACTED.encode()] * 3
+    assert_no_secret_in(out)
+
+
+def test_every_entry_of_a_generic_secrets_map_is_redacted() -> None:
+    secret = secret_pb2.Secret(name="credentials")
+    secret.generic_secret.secrets["client_id"].inline_string = "apikey-id"
+    secret.generic_secret.secrets["client_secret"].inline_bytes = b"s3cr3t"
+    out, _ = shown(pack(secret))
+    result = secret_pb2.Secret.FromString(out.value)
+    assert set(result.generic_secret.secrets) == {"client_id", "client_secret"}
+    assert result.generic_secret.secrets["client_id"].inline_string == REDACTED
+    assert result.generic_secret.secrets["client_secret"].inline_bytes == REDACTED.encode()
+    assert_no_secret_in(out)
+
+
+def test_a_validation_context_secret_is_returned_itself() -> None:
+    secret = secret_pb2.Secret(name="ca")
+    secret.validation_context.trusted_ca.inline_string = CERT_PEM
+    secret.validation_context.match_typed_subject_alt_names.add().matcher.exact = "relay.test"
+    body = pack(secret)
+    assert redacted(body) is body
+
+
+def test_a_certificate_without_a_key_is_returned_itself() -> None:
+    secret = secret_pb2.Secret(name="s")
+    secret.tls_certificate.certificate_chain.inline_string = CERT_PEM
+    body = pack(secret)
+    assert redacted(body) is body
+
+
+def test_a_sensitive_any_stays_decodable() -> None:
+    secret = secret_pb2.Secret(name="hsm")
+    provider = secret.tls_certificate.private_key_provider
+    provider.provider_name = "pkcs11"
+    provider.typed_config.Pack(struct_pb2.Struct(fields={
+        "pin": struct_pb2.Value(string_value="hunter2")}))
+    out, _ = shown(pack(secret))
+    assert_no_secret_in(out)
+    result = secret_pb2.Secret.FromString(out.value)
+    assert result.tls_certificate.private_key_provider.provider_name == "pkcs11"
+    json_format.MessageToDict(result)  # what /config_dump does with it
+
+
+# --------------------------------------------------------------------------- inside Any fields
+
+
+def test_a_listeners_inline_downstream_tls_key_is_redacted() -> None:
+    context = tls_pb2.DownstreamTlsContext()
+    context.require_client_certificate.value = True
+    context.common_tls_context.tls_certificates.append(inline_key_certificate())
+    listener = listener_pb2.Listener(name="ingress")
+    chain = listener.filter_chains.add()
+    chain.transport_socket.name = "envoy.transport_sockets.tls"
+    chain.transport_socket.typed_config.Pack(context)
+    body = pack(listener)
+    out, before = shown(body)
+    assert b"TOPSECRETKEYMATERIAL" in before
+    assert_no_secret_in(out)
+    result = listener_pb2.Listener.FromString(out.value)
+    socket = result.filter_chains[0].transport_socket
+    assert socket.name == "envoy.transport_sockets.tls"
+    assert socket.typed_config.type_url == chain.transport_socket.typed_config.type_url
+    inner = tls_pb2.DownstreamTlsContext()
+    assert socket.typed_config.Unpack(inner)
+    assert inner.require_client_certificate.value is True
+    certificate = inner.common_tls_context.tls_certificates[0]
+    assert certificate.private_key.inline_string == REDACTED
+    assert certificate.certificate_chain.inline_string == CERT_PEM
+
+
+def test_a_clusters_inline_upstream_tls_key_is_redacted() -> None:
+    context = tls_pb2.UpstreamTlsContext(sni="backend.internal")
+    context.common_tls_context.tls_certificates.append(inline_key_certificate())
+    cluster = cluster_pb2.Cluster(name="backend")
+    cluster.transport_socket.name = "envoy.transport_sockets.tls"
+    cluster.transport_socket.typed_config.Pack(context)
+    out, _ = shown(pack(cluster))
+    assert_no_secret_in(out)
+    result = cluster_pb2.Cluster.FromString(out.value)
+    inner = tls_pb2.UpstreamTlsContext()
+    assert result.transport_socket.typed_config.Unpack(inner)
+    assert inner.sni == "backend.internal"
+    assert inner.common_tls_context.tls_certificates[0].private_key.inline_string == REDACTED
+    assert inner.common_tls_context.tls_certificates[0].certificate_chain.inline_string == \
+        CERT_PEM
+
+
+def test_a_secret_two_anys_deep_is_redacted() -> None:
+    # Listener -> HttpConnectionManager (Any) -> tracing provider (Any) -> a token string.
+    skywalking = skywalking_pb2.SkyWalkingConfig()
+    skywalking.client_config.backend_token = "s3cr3t-token"
+    skywalking.client_config.service_name = "frontend"
+    manager = http_connection_manager_pb2.HttpConnectionManager(stat_prefix="ingress")
+    manager.tracing.provider.name = "envoy.tracers.skywalking"
+    manager.tracing.provider.typed_config.Pack(skywalking)
+    listener = listener_pb2.Listener(name="ingress")
+    hcm = listener.filter_chains.add().filters.add()
+    hcm.name = "envoy.filters.network.http_connection_manager"
+    hcm.typed_config.Pack(manager)
+    out, _ = shown(pack(listener))
+    assert_no_secret_in(out)
+    result = listener_pb2.Listener.FromString(out.value)
+    manager_out = http_connection_manager_pb2.HttpConnectionManager()
+    assert result.filter_chains[0].filters[0].typed_config.Unpack(manager_out)
+    skywalking_out = skywalking_pb2.SkyWalkingConfig()
+    assert manager_out.tracing.provider.typed_config.Unpack(skywalking_out)
+    assert skywalking_out.client_config.backend_token == REDACTED
+    assert skywalking_out.client_config.service_name == "frontend"
+
+
+def test_every_value_of_a_sensitive_string_map_is_redacted() -> None:
+    # ext_authz's per-route context_extensions: a map<string, string> marked sensitive.
+    per_route = ext_authz_pb2.ExtAuthzPerRoute()
+    per_route.check_settings.context_extensions["api_key"] = "apikey-123"
+    per_route.check_settings.context_extensions["tenant"] = "s3cr3t-tenant"
+    routes = route_pb2.RouteConfiguration(name="local")
+    host = routes.virtual_hosts.add(name="all", domains=["*"])
+    host.typed_per_filter_config["envoy.filters.http.ext_authz"].Pack(per_route)
+    out, _ = shown(pack(routes))
+    assert_no_secret_in(out)
+    result = route_pb2.RouteConfiguration.FromString(out.value)
+    per_route_out = ext_authz_pb2.ExtAuthzPerRoute()
+    assert result.virtual_hosts[0].typed_per_filter_config[
+        "envoy.filters.http.ext_authz"].Unpack(per_route_out)
+    assert dict(per_route_out.check_settings.context_extensions) == {
+        "api_key": REDACTED, "tenant": REDACTED}
+    assert result.virtual_hosts[0].domains == ["*"]
+
+
+# --------------------------------------------------------------------------- left alone
+
+
+def test_a_listener_without_secrets_is_returned_itself() -> None:
+    listener = listener_pb2.Listener(name="plain")
+    listener.address.socket_address.address = "0.0.0.0"
+    listener.address.socket_address.port_value = 8080
+    manager = http_connection_manager_pb2.HttpConnectionManager(stat_prefix="plain")
+    listener.filter_chains.add().filters.add().typed_config.Pack(manager)
+    body = pack(listener)
+    assert redacted(body) is body
+
+
+def test_a_resource_of_an_unknown_type_is_returned_itself() -> None:
+    body = any_pb2.Any(type_url="type.googleapis.com/unknown.Type",
+                       value=b"\n\x0bTOPSECRETxx")
+    out, _ = shown(body)
+    assert out is body
+    assert out.value == b"\n\x0bTOPSECRETxx"
+
+
+def test_an_unknown_type_packed_inside_a_known_one_is_left_as_is() -> None:
+    cluster = cluster_pb2.Cluster(name="c")
+    cluster.transport_socket.name = "custom"
+    cluster.transport_socket.typed_config.type_url = "type.googleapis.com/unknown.Type"
+    cluster.transport_socket.typed_config.value = b"opaque"
+    body = pack(cluster)
+    assert redacted(body) is body
+
+
+def test_a_type_that_cannot_hold_secrets_is_returned_itself() -> None:
+    body = pack(base_pb2.Node(id="node-1"))
+    assert redacted(body) is body
+
+
+def test_redacting_twice_gives_the_same_bytes() -> None:
+    secret = secret_pb2.Secret(name="s", tls_certificate=inline_key_certificate())
+    once = redacted(pack(secret))
+    twice = redacted(once)
+    assert twice.value == once.value
