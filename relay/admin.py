@@ -1,39 +1,100 @@
 """Admin HTTP endpoints: ``/ready``, ``/healthz``, ``/config_dump``, ``/clients``, ``/metrics``.
 
-A deliberately small HTTP/1.1 server on asyncio streams: GET only, one
-request per connection. It serves operators and probes, not traffic.
+Two layers. :meth:`AdminServer.route` (and :func:`token_refusal`) decide the
+reply to a request with no I/O: they are tested directly, and the hub of
+``--workers`` reuses them. Around them, aiohttp's server speaks HTTP (and TLS)
+and hands every request to one catch-all handler.
+
+Off loopback the endpoints want ``admin.token_file`` (a bearer token for all
+but the probes' ``/healthz`` and ``/ready``) and ``admin.tls``. Both are files
+that rotate: they are read again when they change, with no restart.
 """
 
 from __future__ import annotations
 
-import asyncio
+import hmac
+import ipaddress
 import json
 import logging
+import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from relay.cache import ResourceCache
-from relay.config import AdminConfig
-from relay.xds_types import message_class, short_name
+from relay.certificates import CertificateError, WatchedKeyPair, file_signature
+from relay.config import AdminConfig, AdminTLSConfig
+from relay.redaction import redacted
+from relay.xds_types import PUSH_ORDER, message_class, short_name
+
+__all__ = ["OPEN_PATHS", "PATHS", "READ_METHODS", "AdminServer", "BadQuery", "Reply",
+           "token_refusal"]
 
 log = logging.getLogger("relay.admin")
+# aiohttp's own lines (see _quiet_bad_requests)
+_http_log = logging.getLogger("relay.admin.http")
+
+#: Every path served, in the order the 404 reply lists them.
+PATHS = ("/healthz", "/ready", "/clients", "/config_dump", "/metrics")
+#: Paths served without a token: probes (kubelet, Docker) carry none.
+OPEN_PATHS = frozenset({"/healthz", "/ready"})
+#: The methods every path answers (aiohttp leaves out the body of a HEAD reply).
+READ_METHODS = ("GET", "HEAD")
+#: How long ``stop`` lets requests in progress finish (the hub's gathering takes up to 2 s).
+STOP_GRACE = 2.0
+
+_TEXT = "text/plain; charset=utf-8"
+_JSON = "application/json"
+_CONFIG_DUMP_PARAMETERS = ("type", "name")
 
 
 @dataclass
 class Reply:
+    """What to answer: status, body (ending with a newline) and headers."""
+
     status: int
     body: bytes
-    content_type: str = "text/plain; charset=utf-8"
+    content_type: str = _TEXT
+    headers: dict[str, str] = field(default_factory=dict)
 
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable",
-            400: "Bad Request"}
+class BadQuery(ValueError):
+    """A query the endpoint cannot answer (400); the message says what it takes."""
+
+
+def token_refusal(path: str, authorization: str | None, token: bytes | None) -> Reply | None:
+    """The 401 for a request to ``path`` carrying the ``Authorization`` header
+    ``authorization``, or None if it may go on (no I/O).
+
+    ``token`` None: no token is required. ``/healthz`` and ``/ready`` never need one.
+    """
+    if token is None or path in OPEN_PATHS:
+        return None
+    if authorization is None:
+        return Reply(401, b"this path needs a token: send Authorization: Bearer <token> "
+                          b"(the token of admin.token_file)\n",
+                     headers={"WWW-Authenticate": "Bearer"})
+    scheme, _, given = authorization.strip().partition(" ")
+    try:
+        # aiohttp decodes header bytes as UTF-8 with surrogateescape: this gives them back
+        given_bytes = given.strip().encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        given_bytes = b""
+    # compare_digest also when the scheme is wrong: the time taken tells nothing
+    if not hmac.compare_digest(given_bytes, token) or scheme.lower() != "bearer":
+        return Reply(401, b"wrong token: send the one in admin.token_file as "
+                          b"Authorization: Bearer <token>\n",
+                     headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+    return None
 
 
 class AdminServer:
@@ -48,30 +109,55 @@ class AdminServer:
         self.registry = registry
         self.not_ready_reason = not_ready_reason
         self.clients = clients
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
+        self._token: _TokenFile | None = None
 
     async def start(self, config: AdminConfig) -> int:
-        """Listen where ``config`` says; returns the bound port."""
-        self._server = await asyncio.start_server(self._handle, config.address.host,
-                                                  config.address.port)
-        return int(self._server.sockets[0].getsockname()[1])
+        """Listen where ``config`` says, with its TLS and token; returns the bound port.
+
+        Raises ``OSError`` naming the address or file when it cannot listen, or
+        when the TLS files or the token file cannot be used.
+        """
+        address = config.address
+        tls = _TLSFiles(config.tls) if config.tls is not None else None
+        self._token = _TokenFile(config.token_file) if config.token_file is not None else None
+        _warn_if_exposed(config)
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        # No access log: probes ask every few seconds.
+        runner = web.AppRunner(app, access_log=None, logger=_http_log,
+                               shutdown_timeout=STOP_GRACE)
+        await runner.setup()
+        site = web.TCPSite(runner, address.host, address.port,
+                           ssl_context=tls.context if tls is not None else None)
+        try:
+            await site.start()
+        except OSError as error:
+            await runner.cleanup()
+            raise OSError(f"cannot listen on {address} (admin.address): "
+                          f"{error.strerror or error}") from None
+        self._runner = runner
+        return int(runner.addresses[0][1])
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        """Stop listening; requests in progress get ``STOP_GRACE`` to finish. Idempotent."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
 
     async def respond(self, method: str, target: str) -> Reply:
-        """The reply for one request: :meth:`route`'s, unless a subclass must
-        ask elsewhere first (the hub of ``--workers`` asks its workers)."""
+        """The reply for one (authorized) request: :meth:`route`'s, unless a
+        subclass must ask elsewhere first (the hub of ``--workers`` asks its workers)."""
         return self.route(method, target)
 
     def route(self, method: str, target: str) -> Reply:
         """The reply for one request (no I/O; tested directly)."""
-        if method != "GET":
-            return Reply(405, b"only GET is supported\n")
         url = urlsplit(target)
-        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        if url.path not in PATHS:
+            return Reply(404, f"not found; the paths are {' '.join(PATHS)}\n".encode())
+        if method not in READ_METHODS:
+            return Reply(405, f"{method} is not allowed; use GET or HEAD\n".encode(),
+                         headers={"Allow": ", ".join(READ_METHODS)})
         if url.path == "/healthz":
             return Reply(200, b"ok\n")
         if url.path == "/ready":
@@ -82,25 +168,32 @@ class AdminServer:
             return Reply(200, f"ready{detail}\n".encode())
         if url.path == "/clients":
             return Reply(200, json.dumps({"clients": self.clients()}, indent=2).encode() + b"\n",
-                         "application/json")
+                         _JSON)
         if url.path == "/config_dump":
-            body = json.dumps(self.config_dump(query.get("type"), query.get("name")), indent=2)
-            return Reply(200, body.encode() + b"\n", "application/json")
-        if url.path == "/metrics" and self.registry is not None:
-            return Reply(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
-        return Reply(404, b"not found\n")
+            try:
+                dump = self.config_dump(**_config_dump_query(url.query))
+            except BadQuery as error:
+                return Reply(400, f"{error}\n".encode())
+            return Reply(200, json.dumps(dump, indent=2).encode() + b"\n", _JSON)
+        if self.registry is None:
+            return Reply(404, b"this server keeps no metrics\n")
+        return Reply(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
 
-    def config_dump(self, type_filter: str | None, name_filter: str | None) -> dict[str, Any]:
-        """Cached resources with versions and variants, optionally filtered.
+    def config_dump(self, type_filter: str | None = None, name_filter: str | None = None
+                    ) -> dict[str, Any]:
+        """Cached resources with versions and variants, optionally filtered;
+        sensitive fields (a ``Secret``'s private key, ...) are ``[redacted]``.
 
         ``type_filter`` is a type URL, a full message name or a short one
-        (``Cluster``); ``name_filter`` an exact resource name.
+        (``Cluster``) and lists that type even when nothing of it is cached;
+        ``name_filter`` an exact resource name. Raises :class:`BadQuery` for a
+        type the relay neither knows nor caches.
         """
+        type_urls = self.cache.type_urls() if type_filter is None else \
+            self._types_named(type_filter)
         types: dict[str, Any] = {}
-        for type_url in self.cache.type_urls():
-            if type_filter and type_filter not in (type_url, type_url.rsplit("/", 1)[-1],
-                                                   short_name(type_url)):
-                continue
+        for type_url in type_urls:
+            body_class = message_class(type_url)
             entries = []
             for resource in sorted(self.cache.resources(type_url),
                                    key=lambda r: (r.name, r.variant_key)):
@@ -109,28 +202,181 @@ class AdminServer:
                 entry: dict[str, Any] = {"name": resource.name, "version": resource.version}
                 if resource.variant_key:
                     entry["variant"] = resource.variant_key
-                body_class = message_class(type_url)
                 if body_class is not None:
-                    entry["resource"] = json_format.MessageToDict(
-                        body_class.FromString(resource.body.value))
+                    try:
+                        entry["resource"] = json_format.MessageToDict(
+                            body_class.FromString(redacted(resource.body).value))
+                    except (TypeError, ValueError, DecodeError) as error:
+                        # an Any of a type this process has not imported (a filter's
+                        # typed_config), or bytes that do not parse: this entry says
+                        # so, rather than a 500 for the whole dump
+                        entry["undecodable"] = str(error)
                 entries.append(entry)
             types[type_url] = {"synced": self.cache.is_synced(type_url), "resources": entries}
         return {"types": types}
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _types_named(self, type_filter: str) -> list[str]:
+        """The type URLs ``type_filter`` names, among those the relay knows or caches.
+
+        A name matching none is a 400, not an empty dump: ``?type=Clusters``
+        is a typo, and an empty 200 would read as "nothing cached". 400 rather
+        than 404 because /config_dump exists; its query is what is wrong.
+        """
+        known = sorted(set(PUSH_ORDER) | set(self.cache.type_urls()))
+        named = [type_url for type_url in known
+                 if type_filter in (type_url, type_url.rsplit("/", 1)[-1], short_name(type_url))]
+        if not named:
+            raise BadQuery(f"unknown type {type_filter!r}; known types: "
+                           f"{', '.join(sorted({short_name(type_url) for type_url in known}))} "
+                           f"(or their type URLs)")
+        return named
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        """Every request: the token first, then :meth:`respond`."""
+        # The raw target, as route() has always seen it: the token is checked
+        # on the very path that route() serves.
+        target = request.raw_path
+        token = self._token.current() if self._token is not None else None
+        reply = token_refusal(urlsplit(target).path, request.headers.get("Authorization"),
+                              token)
+        if reply is None:
+            reply = await self.respond(request.method, target)
+        return web.Response(status=reply.status, body=reply.body,
+                            headers={"Content-Type": reply.content_type, **reply.headers})
+
+
+def _quiet_bad_requests(record: logging.LogRecord) -> bool:
+    """aiohttp logs a malformed request at ERROR with a traceback: anyone who can
+    connect could fill the log. Those become one DEBUG line; errors of ours pass."""
+    error = record.exc_info[1] if record.exc_info else None
+    if isinstance(error, HttpProcessingError):
+        log.debug("%s: %s %s", record.getMessage(), error.code, error.message)
+        return False
+    return True
+
+
+_http_log.addFilter(_quiet_bad_requests)
+
+
+def _config_dump_query(query: str) -> dict[str, str | None]:
+    """``type`` and ``name`` of a /config_dump query (the last of each);
+    :class:`BadQuery` for any other parameter (a typo would dump everything)."""
+    values = {key: value[-1] for key, value in parse_qs(query).items()}
+    unknown = sorted(set(values) - set(_CONFIG_DUMP_PARAMETERS))
+    if unknown:
+        raise BadQuery(f"unknown parameter {unknown[0]!r}; /config_dump takes "
+                       f"{' and '.join(_CONFIG_DUMP_PARAMETERS)}")
+    return {"type_filter": values.get("type"), "name_filter": values.get("name")}
+
+
+def _is_loopback(host: str) -> bool:
+    if host.rstrip(".").lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a DNS name: it may resolve to anything
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _warn_if_exposed(config: AdminConfig) -> None:
+    """One warning at start when the admin endpoints are reachable off this host
+    unprotected, or when their token would cross the network in clear."""
+    address = config.address
+    if _is_loopback(address.host):
+        return
+    if config.token_file is None:
+        log.warning("admin server on %s is not on loopback and has no token: /config_dump "
+                    "and /clients are open to anyone who can reach it; set admin.token_file "
+                    "(and admin.tls)", address)
+    elif config.tls is None:
+        log.warning("admin server on %s has admin.token_file but no admin.tls: the token "
+                    "travels in clear text; set admin.tls", address)
+
+
+class _TLSFiles:
+    """The admin server's TLS context, following its certificate files.
+
+    ``context`` is the one the server listens with; at each handshake (its
+    ``sni_callback``, asked with or without SNI) the files' ``stat`` is
+    compared, and a changed, whole pair becomes a fresh context that this and
+    later connections are handed. A half-rotated or broken pair is logged
+    once per change (by :class:`WatchedKeyPair`) and the last good one kept.
+    """
+
+    def __init__(self, tls: AdminTLSConfig) -> None:
+        self._files = (tls.cert_file, tls.key_file)
         try:
-            request_line = await asyncio.wait_for(reader.readline(), 10)
-            while (await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b"\n", b""):
-                pass
-            parts = request_line.decode("latin-1").split()
-            reply = await self.respond(parts[0], parts[1]) if len(parts) >= 2 else \
-                Reply(400, b"bad request\n")
-            head = (f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, '')}\r\n"
-                    f"Content-Type: {reply.content_type}\r\n"
-                    f"Content-Length: {len(reply.body)}\r\nConnection: close\r\n\r\n")
-            writer.write(head.encode() + reply.body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError) as error:
-            log.debug("admin connection dropped: %s", error)
-        finally:
-            writer.close()
+            self._pair = WatchedKeyPair(*self._files)
+            self.context = self._new_context()
+        except (CertificateError, ssl.SSLError, OSError) as error:
+            raise OSError(f"admin.tls: {error}") from None
+        self.context.sni_callback = self._on_client_hello
+        self._current = self.context
+
+    def _new_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*self._files)
+        return context
+
+    def _on_client_hello(self, connection: ssl.SSLObject | ssl.SSLSocket,
+                         server_name: str | None, context: ssl.SSLContext) -> None:
+        try:
+            changed = self._pair.refresh() is not None
+        except Exception as error:  # escaping, it would fail every handshake
+            # (refresh noted the change first: logged once per change, like its own warnings)
+            log.warning("admin.tls files changed but cannot be read (%s); still serving the "
+                        "previous certificate", error)
+            changed = False
+        if changed:
+            try:
+                # From the files again: they may have moved on since the check
+                # (OpenSSL checks the key against the certificate once more).
+                self._current = self._new_context()
+            except (ssl.SSLError, OSError) as error:
+                log.warning("admin.tls files changed again while being read (%s); still "
+                            "serving the previous certificate", error)
+        if self._current is not self.context:
+            connection.context = self._current
+
+
+class _TokenFile:
+    """The bearer token in ``admin.token_file``, read again when the file changes.
+
+    A change into a file that cannot be read or is empty (half written) is
+    logged once per change and the previous token stays in force; a missing
+    file (mid-swap) is waited out. The token itself is never logged.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._seen = file_signature((path,))
+        try:
+            self._token = self._read()
+        except ValueError as error:
+            raise OSError(str(error)) from None
+
+    def current(self) -> bytes:
+        """The token as the file says now (cheap: one ``stat`` unless it changed)."""
+        seen = file_signature((self._path,))
+        if seen is not None and seen != self._seen:
+            self._seen = seen
+            try:
+                self._token = self._read()
+            except ValueError as error:
+                log.warning("%s; the previous admin token stays in force", error)
+            else:
+                log.info("admin.token_file %s changed: its new token is in force", self._path)
+        return self._token
+
+    def _read(self) -> bytes:
+        try:
+            token = self._path.read_bytes().strip()
+        except OSError as error:
+            raise ValueError(f"cannot read admin.token_file {self._path}: "
+                             f"{error.strerror or error}") from None
+        if not token:
+            raise ValueError(f"admin.token_file {self._path} is empty")
+        return token

@@ -7,12 +7,12 @@ import json
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.admin import AdminServer
+from relay.admin import AdminServer, token_refusal
 from relay.cache import ResourceCache, Update
 from relay.config import AdminConfig
 from relay.resource import CachedResource
 from relay.telemetry import new_metrics, prometheus_provider
-from relay.xds_types import CLUSTER, ENDPOINT
+from relay.xds_types import CLUSTER, ENDPOINT, SECRET
 from tests.builders import cluster, endpoints, pack
 
 
@@ -60,12 +60,73 @@ def test_unknown_path_and_method() -> None:
     assert server.route("POST", "/ready").status == 405
 
 
+def test_unknown_path_names_the_known_ones() -> None:
+    reply = admin()[0].route("GET", "/config")
+    assert (reply.status, reply.body) == (
+        404, b"not found; the paths are /healthz /ready /clients /config_dump /metrics\n")
+
+
+def test_other_methods_are_refused_with_allow() -> None:
+    reply = admin()[0].route("DELETE", "/config_dump")
+    assert (reply.status, reply.headers) == (405, {"Allow": "GET, HEAD"})
+    assert reply.body == b"DELETE is not allowed; use GET or HEAD\n"
+
+
+def test_head_is_answered_as_get() -> None:
+    server, _ = admin()
+    assert server.route("HEAD", "/config_dump") == server.route("GET", "/config_dump")
+
+
+def test_config_dump_of_an_unknown_type_is_a_bad_query() -> None:
+    reply = admin()[0].route("GET", "/config_dump?type=Clusters")
+    assert reply.status == 400
+    assert reply.body.startswith(b"unknown type 'Clusters'; known types: Cluster, ")
+    assert b"Secret" in reply.body and reply.body.endswith(b"\n")
+
+
+def test_config_dump_of_a_known_type_not_cached_lists_it_empty() -> None:
+    dump = json.loads(admin()[0].route("GET", "/config_dump?type=Secret").body)
+    assert dump == {"types": {SECRET: {"synced": False, "resources": []}}}
+
+
+def test_config_dump_refuses_unknown_parameters() -> None:
+    reply = admin()[0].route("GET", "/config_dump?typ=Cluster")
+    assert (reply.status, reply.body) == (
+        400, b"unknown parameter 'typ'; /config_dump takes type and name\n")
+
+
+def test_no_token_configured_lets_everything_through() -> None:
+    assert token_refusal("/config_dump", None, None) is None
+
+
+def test_probes_need_no_token() -> None:
+    assert token_refusal("/healthz", None, b"s3cret") is None
+    assert token_refusal("/ready", "Bearer wrong", b"s3cret") is None
+
+
+def test_a_missing_token_is_asked_for() -> None:
+    reply = token_refusal("/clients", None, b"s3cret")
+    assert reply is not None and reply.status == 401
+    assert reply.headers == {"WWW-Authenticate": "Bearer"}
+
+
+def test_a_wrong_token_or_scheme_is_refused() -> None:
+    for header in ("Bearer wrong", "Basic s3cret", "s3cret", "Bearer", "Bearer s3cret2"):
+        reply = token_refusal("/metrics", header, b"s3cret")
+        assert reply is not None and reply.status == 401, header
+
+
+def test_the_right_token_passes_whatever_the_scheme_case() -> None:
+    assert token_refusal("/metrics", "Bearer s3cret", b"s3cret") is None
+    assert token_refusal("/metrics", "bearer  s3cret ", b"s3cret") is None
+
+
 async def test_real_http_round_trip() -> None:
     server, _ = admin()
     port = await server.start(AdminConfig(address="127.0.0.1:0"))
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         await writer.drain()
         raw = await asyncio.wait_for(reader.read(), 5)
         writer.close()

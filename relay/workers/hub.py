@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from relay.admin import AdminServer, Reply
+from relay.admin import READ_METHODS, AdminServer, Reply
 from relay.app import Relay, signal_queue
 from relay.cache import ResourceCache
 from relay.config import Address, RelayConfig
@@ -195,10 +195,10 @@ class HubAdmin(AdminServer):
 
     async def respond(self, method: str, target: str) -> Reply:
         path = urlsplit(target).path
-        if method == "GET" and path == "/clients":
+        if method in READ_METHODS and path == "/clients":
             body = json.dumps(await self._gather_clients(), indent=2).encode() + b"\n"
             return Reply(200, body, "application/json")
-        if method == "GET" and path == "/metrics":
+        if method in READ_METHODS and path == "/metrics":
             return Reply(200, await self._gather_metrics(), CONTENT_TYPE_LATEST)
         return self.route(method, target)
 
