@@ -1,20 +1,29 @@
 """The deployment files agree with each other and with the relay's config schema.
 
 Neither Docker nor Kubernetes runs here, so the Dockerfile, docker-compose.yml,
-deploy/compose/ and deploy/kubernetes/ are parsed and cross-checked instead:
-every relay config validates, and a port, address, path, grace period, Redis
-service or secret changed in one file only makes a test here fail, naming both
-places.
+docker-compose.tls.yml, deploy/compose/ and deploy/kubernetes/ are parsed and
+cross-checked instead: every relay config validates, and a port, address, path,
+grace period, Redis service, secret or certificate changed in one file only makes
+a test here fail, naming both places. The compose TLS demo's certificates are
+made here by its own script (deploy/compose/demo_certs.py) and every TLS hop of
+the demo is tried with them: a handshake in memory, then the relay's authorization.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import copy
 import fnmatch
 import functools
 import json
 import re
 import shlex
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -22,11 +31,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import trustme
 import yaml
+from cryptography import x509
 from envoy.config.bootstrap.v3 import bootstrap_pb2
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401 (Any type)
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401 (Any type)
 from google.protobuf import json_format
 
+from relay.authorization import Authorizer, PeerIdentity
+from relay.certificates import load_key_pair
 from relay.config import (
     AdminConfig,
     RelayConfig,
@@ -40,6 +55,8 @@ REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 COMPOSE = REPO / "docker-compose.yml"
+COMPOSE_TLS = REPO / "docker-compose.tls.yml"
+DEMO_CERTS = REPO / "deploy" / "compose" / "demo_certs.py"
 KUBERNETES = REPO / "deploy" / "kubernetes"
 RESOURCES = REPO / "config" / "resources"
 
@@ -47,11 +64,18 @@ ZONE_RELAYS = ("relay-zone-a", "relay-zone-b")
 REDIS = "redis"
 REDIS_DEFAULT_PORT = 6379
 ENVOYS = {"envoy-zone-a": "relay-zone-a", "envoy-zone-b": "relay-zone-b"}
+CERTS = "certs"  # docker-compose.tls.yml's one-shot service that makes the demo certificates
+# Every TLS hop of the compose demo: client service -> the relay it connects to.
+TLS_HOPS = {**ENVOYS, **{relay: "origin" for relay in ZONE_RELAYS}}
 ALL_INTERFACES = ("0.0.0.0", "::")
 
 LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
 CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+UPSTREAM_TLS_TYPE = ("type.googleapis.com/envoy.extensions.transport_sockets.tls.v3."
+                     "UpstreamTlsContext")
+CERT_MANAGER_SECRET_KEYS = {"cert_file": "tls.crt", "key_file": "tls.key",
+                            "client_ca_file": "ca.crt"}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -306,13 +330,18 @@ class Mount:
     read_only: bool
 
 
+def _parse_mount(volume: object, where: str) -> Mount:
+    assert isinstance(volume, str), f"{where}: use the short volume syntax SRC:DST[:ro]"
+    source, target, *mode = volume.split(":")
+    return Mount(source, target, mode == ["ro"])
+
+
+def _service_mounts(service: dict[str, Any], where: str) -> list[Mount]:
+    return [_parse_mount(volume, where) for volume in service.get("volumes", [])]
+
+
 def _mounts(name: str) -> list[Mount]:
-    mounts = []
-    for volume in _service(name).get("volumes", []):
-        assert isinstance(volume, str), f"{name}: use the short volume syntax SRC:DST[:ro]"
-        source, target, *mode = volume.split(":")
-        mounts.append(Mount(source, target, mode == ["ro"]))
-    return mounts
+    return _service_mounts(_service(name), name)
 
 
 def _mount_at(name: str, target: str) -> Mount:
@@ -589,6 +618,401 @@ def test_compose_stop_grace_period_outlasts_the_drain(name: str) -> None:
         f"{_relative(path)} server.drain_period {config.server.drain_period:g}s")
 
 
+# --------------------------------------------------------------------------- compose over TLS
+#
+# docker-compose.tls.yml overrides docker-compose.yml: `docker compose -f docker-compose.yml
+# -f docker-compose.tls.yml up`. The stack is merged here as compose merges it, the demo
+# certificates made by the script the `certs` service runs, and each TLS hop checked with
+# them: the files mounted, the configs valid, a handshake, the authorization.
+
+COMPOSE_LIST_KEYS = ("ports", "expose", "dns", "dns_search", "tmpfs", "external_links")
+COMPOSE_MAPPING_KEYS = ("depends_on", "environment", "labels")
+
+
+@functools.cache
+def _compose_tls_file() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE_TLS.read_text())
+    assert isinstance(data, dict) and "services" in data, "docker-compose.tls.yml: no services"
+    return data
+
+
+def _merge_service(base: dict[str, Any], override: dict[str, Any], where: str
+                   ) -> dict[str, Any]:
+    """One service of docker-compose.yml with its docker-compose.tls.yml entry applied:
+    volumes merged by container path, mappings by key, ports and the like appended,
+    anything else replaced."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if key == "volumes":
+            by_target = {_parse_mount(v, where).target: v for v in base.get("volumes", [])}
+            by_target |= {_parse_mount(v, where).target: v for v in value}
+            merged[key] = list(by_target.values())
+        elif key in COMPOSE_MAPPING_KEYS:
+            assert isinstance(value, dict) and isinstance(base.get(key, {}), dict), (
+                f"{where}: use the mapping form of {key} in both compose files")
+            merged[key] = {**base.get(key, {}), **value}
+        elif key in COMPOSE_LIST_KEYS:
+            merged[key] = [*base.get(key, []), *value]
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+@functools.cache
+def _tls_stack() -> dict[str, dict[str, Any]]:
+    override = _compose_tls_file()["services"]
+    return {name: _merge_service(_compose().get(name, {}), override.get(name, {}),
+                                 f"docker-compose.tls.yml {name}")
+            for name in [*_compose(), *(n for n in override if n not in _compose())]}
+
+
+def _tls_mount_at(name: str, target: str) -> Mount:
+    found = [m for m in _service_mounts(_tls_stack()[name], name) if m.target == target]
+    assert len(found) == 1, f"docker-compose.tls.yml {name}: nothing mounted at {target}"
+    return found[0]
+
+
+def _certs_out() -> str:
+    """Where the certs service writes: its script's --out."""
+    certs = _tls_stack()[CERTS]
+    command = [str(a) for a in certs.get("command", [])]
+    assert "--out" in command, f"docker-compose.tls.yml {CERTS}: no --out in {command}"
+    return command[command.index("--out") + 1]
+
+
+def _cert_volume() -> str:
+    """The named volume the certs service fills and the others mount."""
+    mount = _tls_mount_at(CERTS, _certs_out())
+    volumes = _compose_tls_file().get("volumes") or {}
+    assert mount.source in volumes, (
+        f"docker-compose.tls.yml: {CERTS} writes into {mount.source}, which is not a named "
+        f"volume of its top-level volumes ({sorted(volumes)})")
+    return mount.source
+
+
+def _cert_mount(name: str) -> Mount:
+    found = [m for m in _service_mounts(_tls_stack()[name], name) if m.source == _cert_volume()]
+    assert len(found) == 1, (
+        f"docker-compose.tls.yml {name}: should mount volume {_cert_volume()} once, got {found}")
+    return found[0]
+
+
+def _tls_clients_and_servers() -> list[str]:
+    """The services that hold a demo certificate: every relay and Envoy."""
+    return [name for name in _tls_stack() if name not in (CERTS, REDIS)]
+
+
+@functools.cache
+def _demo_certs() -> Path:
+    """The demo certificates, made by deploy/compose/demo_certs.py as the certs service does."""
+    directory = Path(tempfile.mkdtemp(prefix="demo-certs-"))
+    atexit.register(shutil.rmtree, directory, True)
+    _run_demo_certs(directory / "certs")
+    return directory / "certs"
+
+
+def _run_demo_certs(out: Path, *args: str) -> None:
+    # --owner would need root; the rest of the certs service's command, as it runs it.
+    result = subprocess.run([sys.executable, str(DEMO_CERTS), "--out", str(out), *args],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, (
+        f"{_relative(DEMO_CERTS)} --out {out} {' '.join(args)} failed: {result.stderr}")
+
+
+def _tls_files(raw: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Every `*_file` of a tls section in a relay config, by dotted key."""
+    files: dict[str, str] = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            files |= _tls_files(value, f"{dotted}.")
+        elif key.endswith("_file") and ".tls." in f".{dotted}":
+            files[dotted] = str(value)
+    return files
+
+
+@functools.cache
+def _tls_relay_config(name: str) -> tuple[RelayConfig, dict[str, Any], Path]:
+    """A relay of the TLS stack: its config validated against the demo certificates,
+    its YAML as written, and the file."""
+    service = _tls_stack()[name]
+    command = service.get("command") or _only("CMD").exec_form()
+    mount = _tls_mount_at(name, _config_flag(command, f"docker-compose.tls.yml {name}"))
+    path = (REPO / mount.source).resolve()
+    assert path.is_file(), (
+        f"docker-compose.tls.yml {name}: mounted config {mount.source} is missing")
+    text = path.read_text()
+    raw = yaml.safe_load(text)
+    target = _cert_mount(name).target
+    for key, file in _tls_files(raw).items():
+        assert PurePosixPath(file).parent == PurePosixPath(target), (
+            f"{_relative(path)}: {key} {file} is not in {target}, where docker-compose.tls.yml "
+            f"mounts the demo certificates (volume {_cert_volume()}) for {name}")
+        assert (_demo_certs() / PurePosixPath(file).name).is_file(), (
+            f"{_relative(path)}: {key} {file}: {_relative(DEMO_CERTS)} writes no "
+            f"{PurePosixPath(file).name}")
+    # The schema reads the files and checks each key against its certificate.
+    text = text.replace(f"{target.rstrip('/')}/", f"{_demo_certs()}/")
+    return _relay_config(text, _relative(path)), raw, path
+
+
+@functools.cache
+def _tls_envoy_bootstrap(name: str) -> tuple[dict[str, Any], Path]:
+    command = _tls_stack()[name]["command"]
+    mount = _tls_mount_at(name, command[command.index("-c") + 1])
+    path = (REPO / mount.source).resolve()
+    assert path.is_file(), f"docker-compose.tls.yml {name}: bootstrap {mount.source} is missing"
+    return yaml.safe_load(path.read_text()), path
+
+
+def _envoy_tls_context(bootstrap: dict[str, Any], where: str) -> dict[str, Any]:
+    cluster = _static_cluster(bootstrap, _ads_cluster_name(bootstrap, where), where)
+    socket = cluster.get("transport_socket", {})
+    config: dict[str, Any] = socket.get("typed_config", {})
+    assert config.get("@type") == UPSTREAM_TLS_TYPE, (
+        f"{where}: xDS cluster {cluster['name']} needs a transport_socket with an "
+        f"UpstreamTlsContext, got {socket}")
+    return config
+
+
+def _envoy_tls_files(context: dict[str, Any], where: str) -> dict[str, str]:
+    common = context["common_tls_context"]
+    [pair] = common.get("tls_certificates", [{}])
+    files = {"certificate_chain": pair.get("certificate_chain", {}).get("filename"),
+             "private_key": pair.get("private_key", {}).get("filename"),
+             "trusted_ca": common.get("validation_context", {}).get("trusted_ca", {})
+             .get("filename")}
+    missing = [key for key, file in files.items() if not file]
+    assert not missing, f"{where}: the TLS context sets no filename for {missing}"
+    return {key: str(file) for key, file in files.items()}
+
+
+def _peer_identity(cert_file: Path) -> PeerIdentity:
+    """What gRPC reads from a client certificate: its SPIFFE ID (the one URI SAN) and DNS SANs."""
+    cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return PeerIdentity()
+    uris = names.get_values_for_type(x509.UniformResourceIdentifier)
+    spiffe = uris[0] if len(uris) == 1 and uris[0].startswith("spiffe://") else None
+    return PeerIdentity(spiffe, tuple(names.get_values_for_type(x509.DNSName)))
+
+
+def _handshake(*, cert: Path, key: Path, client_ca: Path | None, trusted_ca: Path,
+               client_cert: Path, client_key: Path, server_name: str) -> None:
+    """A TLS handshake in memory between a server with these files (mutual when it has a
+    client CA) and a client that checks it against ``trusted_ca`` and ``server_name``."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    if client_ca is not None:
+        server.load_verify_locations(client_ca)
+        server.verify_mode = ssl.CERT_REQUIRED
+    server.set_alpn_protocols(["h2"])
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # checks the chain and the name
+    client.load_verify_locations(trusted_ca)
+    client.load_cert_chain(client_cert, client_key)
+    client.set_alpn_protocols(["h2"])
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls_client = client.wrap_bio(to_client, to_server, server_hostname=server_name)
+    server_in, server_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls_server = server.wrap_bio(server_in, server_out, server_side=True)
+    done = {"client": False, "server": False}
+    for _ in range(10):
+        for side, end in (("client", tls_client), ("server", tls_server)):
+            if not done[side]:
+                with contextlib.suppress(ssl.SSLWantReadError):
+                    end.do_handshake()
+                    done[side] = True
+        server_in.write(to_server.read())
+        to_client.write(server_out.read())
+        if all(done.values()):
+            break
+    assert all(done.values()), f"the handshake did not finish: {done}"
+    assert tls_client.selected_alpn_protocol() == "h2", "gRPC needs ALPN h2"
+
+
+def test_compose_tls_override_adds_the_certs_service_and_changes_only_files() -> None:
+    override = _compose_tls_file()["services"]
+    assert set(override) - set(_compose()) == {CERTS}, (
+        f"docker-compose.tls.yml adds {sorted(set(override) - set(_compose()))}; expected "
+        f"only {CERTS}")
+    for name, entry in override.items():
+        if name == CERTS:
+            continue
+        # Ports, healthchecks and grace periods stay docker-compose.yml's, which the tests
+        # above check; the Envoys run as the user the demo certificates belong to.
+        allowed = {"volumes", "depends_on"} | ({"user"} if name in ENVOYS else set())
+        assert set(entry) <= allowed, (
+            f"docker-compose.tls.yml {name} overrides {sorted(set(entry) - allowed)}; keep "
+            f"to {sorted(allowed)}")
+    assert set(_tls_clients_and_servers()) == {"origin", *ZONE_RELAYS, *ENVOYS}
+
+
+def test_compose_tls_certs_service_runs_the_demo_script_in_the_relay_image() -> None:
+    certs = _tls_stack()[CERTS]
+    relay = _service("origin")
+    assert (certs.get("image"), certs.get("build")) == (relay["image"], relay["build"]), (
+        f"docker-compose.tls.yml {CERTS}: should run the relay image (it has cryptography): "
+        f"image {relay['image']}, build {relay['build']}")
+    entrypoint = [str(a) for a in certs.get("entrypoint", [])]
+    assert entrypoint[:1] == ["python"] and len(entrypoint) == 2, (
+        f"docker-compose.tls.yml {CERTS}: entrypoint should be python SCRIPT, got {entrypoint}")
+    script = _tls_mount_at(CERTS, entrypoint[1])
+    assert (REPO / script.source).resolve() == DEMO_CERTS and script.read_only, (
+        f"docker-compose.tls.yml {CERTS}: {entrypoint[1]} should be {_relative(DEMO_CERTS)} "
+        f"mounted read-only, got {script}")
+    assert not _tls_mount_at(CERTS, _certs_out()).read_only, (
+        f"docker-compose.tls.yml {CERTS}: it writes {_certs_out()}, mounted read-only")
+    command = [str(a) for a in certs["command"]]
+    assert "--owner" in command, f"docker-compose.tls.yml {CERTS}: no --owner in {command}"
+    owner = command[command.index("--owner") + 1]
+    image_user = _image_user()
+    assert owner.split(":")[0] == image_user, (
+        f"docker-compose.tls.yml {CERTS}: --owner {owner}, but the relays run as the "
+        f"Dockerfile's USER {image_user}: they could not read their keys (0400)")
+    assert str(certs.get("user", "")).split(":")[0] == "0", (
+        f"docker-compose.tls.yml {CERTS}: --owner needs root (user: \"0:0\")")
+    for envoy in ENVOYS:
+        assert str(_tls_stack()[envoy].get("user")) == owner, (
+            f"docker-compose.tls.yml {envoy}: user {_tls_stack()[envoy].get('user')}, but its "
+            f"key belongs to {owner} (mode 0400)")
+
+
+@pytest.mark.parametrize("name", ["origin", *ZONE_RELAYS, *ENVOYS])
+def test_compose_tls_service_waits_for_the_certs_and_mounts_them_read_only(name: str) -> None:
+    depends = _tls_stack()[name].get("depends_on", {})
+    assert depends.get(CERTS, {}).get("condition") == "service_completed_successfully", (
+        f"docker-compose.tls.yml {name}: should depend on {CERTS} with condition "
+        f"service_completed_successfully (depends_on: {depends})")
+    for mount in _service_mounts(_tls_stack()[name], name):
+        assert mount.read_only, f"docker-compose.tls.yml {name}: mount {mount.source} should be :ro"
+    _cert_mount(name)
+
+
+@pytest.mark.parametrize("name", ["origin", *ZONE_RELAYS])
+def test_compose_tls_relay_config_validates_and_serves_mutual_tls(name: str) -> None:
+    config, _raw, path = _tls_relay_config(name)
+    where = _relative(path)
+    tls = config.server.tls
+    assert tls is not None and tls.client_ca_file is not None, (
+        f"{where}: expected server.tls with client_ca_file (mutual TLS)")
+    assert config.server.authorization.allow, f"{where}: expected server.authorization.allow"
+    if config.upstream.address is not None:
+        assert config.upstream.tls is not None and config.upstream.tls.cert_file is not None, (
+            f"{where}: the origin serves mutual TLS; expected upstream.tls with cert_file")
+
+
+@pytest.mark.parametrize("name", ["origin", *ZONE_RELAYS])
+def test_compose_tls_relay_config_is_the_plain_one_plus_tls(name: str) -> None:
+    _config, raw, path = _tls_relay_config(name)
+    _plain, plain_path = _compose_relay_config(name)
+    stripped = copy.deepcopy(raw)
+    for section, key in (("server", "tls"), ("server", "authorization"), ("upstream", "tls")):
+        stripped.get(section, {}).pop(key, None)
+    assert stripped == yaml.safe_load(plain_path.read_text()), (
+        f"{_relative(path)} should be {_relative(plain_path)} plus server.tls, "
+        f"server.authorization and upstream.tls; it differs in more")
+
+
+@pytest.mark.parametrize("envoy", ENVOYS)
+def test_compose_tls_envoy_bootstrap_is_the_plain_one_plus_a_tls_socket(envoy: str) -> None:
+    bootstrap, path = _tls_envoy_bootstrap(envoy)
+    where = _relative(path)
+    json_format.ParseDict(bootstrap, bootstrap_pb2.Bootstrap())
+    stripped = copy.deepcopy(bootstrap)
+    cluster = _static_cluster(stripped, _ads_cluster_name(stripped, where), where)
+    cluster.pop("transport_socket", None)
+    plain, plain_path = _envoy_bootstrap(envoy)
+    assert stripped == plain, (
+        f"{where} should be {_relative(plain_path)} plus the xDS cluster's transport_socket; "
+        f"it differs in more")
+    target = PurePosixPath(_cert_mount(envoy).target)
+    for key, file in _envoy_tls_files(_envoy_tls_context(bootstrap, where), where).items():
+        assert PurePosixPath(file).parent == target, (
+            f"{where}: {key} {file} is not in {target}, where docker-compose.tls.yml mounts "
+            f"the demo certificates for {envoy}")
+        assert (_demo_certs() / PurePosixPath(file).name).is_file(), (
+            f"{where}: {key} {file}: {_relative(DEMO_CERTS)} writes no {PurePosixPath(file).name}")
+
+
+@pytest.mark.parametrize(("client", "server"), TLS_HOPS.items())
+def test_compose_tls_hop_shakes_hands_and_is_authorized(client: str, server: str) -> None:
+    """The client's files (its Envoy bootstrap or upstream.tls) against the server's
+    server.tls: a handshake with the demo certificates, then server.authorization."""
+    server_config, _raw, server_path = _tls_relay_config(server)
+    tls = server_config.server.tls
+    assert tls is not None
+    if client in ENVOYS:
+        bootstrap, path = _tls_envoy_bootstrap(client)
+        where = _relative(path)
+        context = _envoy_tls_context(bootstrap, where)
+        files = {key: _demo_certs() / PurePosixPath(file).name
+                 for key, file in _envoy_tls_files(context, where).items()}
+        cert, key, trusted_ca = (files["certificate_chain"], files["private_key"],
+                                 files["trusted_ca"])
+        matchers = context["common_tls_context"]["validation_context"].get(
+            "match_typed_subject_alt_names", [])
+        # Envoy checks no name unless told: the SNI alone would let any demo certificate pass.
+        assert [(m["san_type"], m["matcher"]) for m in matchers] == [("DNS", {"exact": server})], (
+            f"{where}: match_typed_subject_alt_names should be the DNS name {server}: {matchers}")
+        server_name = server
+        assert context.get("sni") == server, f"{where}: sni should be {server}"
+        node_id = bootstrap["node"]["id"]
+    else:
+        config, _raw, path = _tls_relay_config(client)
+        where = _relative(path)
+        upstream = config.upstream
+        assert upstream.tls is not None and upstream.address is not None
+        assert upstream.tls.cert_file and upstream.tls.key_file and upstream.tls.ca_file, (
+            f"{where}: upstream.tls needs ca_file, cert_file and key_file (mutual TLS)")
+        cert, key, trusted_ca = upstream.tls.cert_file, upstream.tls.key_file, upstream.tls.ca_file
+        server_name = upstream.tls.server_name or upstream.address.host
+        node_id = config.node.id
+    load_key_pair(cert, key)
+    _handshake(cert=tls.cert_file, key=tls.key_file, client_ca=tls.client_ca_file,
+               trusted_ca=trusted_ca, client_cert=cert, client_key=key, server_name=server_name)
+    rules = server_config.server.authorization
+    authorizer = Authorizer(rules.allow, rules.node_binding, rules.debug, rules.debug_loopback)
+    identity = _peer_identity(cert)
+    refused = authorizer.connect_error(identity) or authorizer.node_error(
+        identity, base_pb2.Node(id=node_id))
+    assert refused is None, f"{_relative(server_path)} refuses {client} ({where}): {refused}"
+    # The allow list narrows: some certificate of the same demo CA is refused.
+    others = [_peer_identity(path) for path in sorted(_demo_certs().glob("*.crt"))]
+    assert any(authorizer.connect_error(other) for other in others), (
+        f"{_relative(server_path)}: server.authorization.allow lets in every demo certificate")
+
+
+def test_demo_certs_script_writes_a_matching_set(tmp_path: Path) -> None:
+    out = tmp_path / "certs"
+    _run_demo_certs(out)
+    names = _tls_clients_and_servers()
+    expected = {"ca.crt", *(f"{name}.{ext}" for name in names for ext in ("crt", "key"))}
+    written = {p.name for p in out.iterdir()}
+    assert written == expected, (
+        f"{_relative(DEMO_CERTS)} wrote {sorted(written)}; the TLS stack's services "
+        f"{sorted(names)} each need NAME.crt and NAME.key, and ca.crt")
+    ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    for name in names:
+        cert_file, key_file = out / f"{name}.crt", out / f"{name}.key"
+        load_key_pair(cert_file, key_file, out / "ca.crt")  # the key is the certificate's
+        cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+        cert.verify_directly_issued_by(ca)
+        identity = _peer_identity(cert_file)
+        assert identity.dns_names == (name,), f"{name}.crt: DNS names {identity.dns_names}"
+        assert identity.spiffe_id is not None, f"{name}.crt: no SPIFFE ID (one URI SAN)"
+        assert key_file.stat().st_mode & 0o777 == 0o400, f"{name}.key should be 0400"
+        assert cert_file.stat().st_mode & 0o777 == 0o644, f"{name}.crt should be 0644"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _run_demo_certs(out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before, (
+        "a second run should keep a complete, unexpired set")
+    _run_demo_certs(out, "--force")
+    assert (out / "ca.crt").read_bytes() != before["ca.crt"], "--force should start over"
+    assert {p.name for p in out.iterdir()} == expected, "--force left other files behind"
+
+
 # --------------------------------------------------------------------------- Kubernetes
 
 
@@ -660,12 +1084,27 @@ def _kubernetes_namespace() -> str:
     return namespace
 
 
+def _certificate() -> dict[str, Any]:
+    certificate = _manifest("relay-certificate.yaml", "Certificate")
+    assert certificate["apiVersion"] == "cert-manager.io/v1", (
+        f"relay-certificate.yaml: apiVersion {certificate['apiVersion']}, expected "
+        f"cert-manager.io/v1")
+    return certificate
+
+
 @functools.cache
 def _configmap_files() -> dict[str, str]:
     """The files the ConfigMap's config reads, by config key, as the pod sees them."""
-    upstream = yaml.safe_load(_configmap_text())["upstream"]
+    raw = yaml.safe_load(_configmap_text())
+    upstream = raw["upstream"]
     files = {f"upstream.tls.{key}": path for key, path in (upstream.get("tls") or {}).items()
              if key.endswith("_file")}
+    for section in ("server", "admin"):
+        files |= {f"{section}.tls.{key}": path
+                  for key, path in ((raw.get(section) or {}).get("tls") or {}).items()
+                  if key.endswith("_file")}
+    if "token_file" in (raw.get("admin") or {}):
+        files["admin.token_file"] = raw["admin"]["token_file"]
     if "token_file" in upstream:
         files["upstream.token_file"] = upstream["token_file"]
     redis = (yaml.safe_load(_configmap_text()).get("persistence") or {}).get("redis") or {}
@@ -680,17 +1119,12 @@ def _configmap_config() -> RelayConfig:
     # kubelet mounts. Stand-ins of the same kinds let the config validate here;
     # test_kubernetes_files_the_relay_reads_are_mounted_from_their_sources
     # checks the real paths against the mounts.
-    import atexit
-    import shutil
-    import tempfile
-
-    import trustme
-
     directory = Path(tempfile.mkdtemp(prefix="k8s-files-"))
     atexit.register(shutil.rmtree, directory, True)
     ca = trustme.CA()
     client = ca.issue_cert("xds-relay.xds-relay.svc")
-    stand_ins = {"ca_file": ca.cert_pem.bytes(), "cert_file": client.cert_chain_pems[0].bytes(),
+    stand_ins = {"ca_file": ca.cert_pem.bytes(), "client_ca_file": ca.cert_pem.bytes(),
+                 "cert_file": client.cert_chain_pems[0].bytes(),
                  "key_file": client.private_key_pem.bytes(), "token_file": b"a.jwt.token\n",
                  "password_file": b"a-redis-password\n"}
     text = _configmap_text()
@@ -765,14 +1199,29 @@ def test_kubernetes_files_the_relay_reads_are_mounted_from_their_sources() -> No
     volumes = {v["name"]: v for v in _deployment()["spec"]["template"]["spec"]["volumes"]}
     files = _configmap_files()
     assert set(files) == {"upstream.tls.ca_file", "upstream.token_file",
-                          "persistence.redis.password_file"}
+                          "persistence.redis.password_file", "server.tls.cert_file",
+                          "server.tls.key_file", "server.tls.client_ca_file"}
     for key, path in files.items():
         where = PurePosixPath(path)
         mount = mounts.get(str(where.parent))
         assert mount is not None, f"{key} {path}: no volume mounted at {where.parent}"
         assert mount.get("readOnly") is True, f"{key}: mount {mount['name']} is not readOnly"
+        # A subPath mount is never updated: rotated certificates and tokens would not arrive.
+        assert "subPath" not in mount, f"{key}: mount {mount['name']} uses subPath"
         volume = volumes[mount["name"]]
-        if key == "upstream.tls.ca_file":
+        if key.startswith("server.tls."):
+            # The Secret cert-manager writes for relay-certificate.yaml, under its key names.
+            secret_name = _certificate()["spec"]["secretName"]
+            assert volume.get("secret", {}).get("secretName") == secret_name, (
+                f"{key}: volume {mount['name']} should mount Secret {secret_name} (the "
+                f"secretName of relay-certificate.yaml), got {volume}")
+            secret_key = CERT_MANAGER_SECRET_KEYS[key.rsplit(".", 1)[-1]]
+            items = {i["path"]: i["key"] for i in volume["secret"].get("items", [])} or \
+                {k: k for k in CERT_MANAGER_SECRET_KEYS.values()}
+            assert items.get(where.name) == secret_key, (
+                f"{key}: {path} should be the Secret's key {secret_key!r}, as cert-manager "
+                f"names it ({items})")
+        elif key == "upstream.tls.ca_file":
             # Istio copies its root certificate into every namespace as this ConfigMap.
             assert volume["configMap"]["name"] == "istio-ca-root-cert"
             items = {i["path"]: i["key"] for i in volume["configMap"]["items"]}
@@ -792,6 +1241,47 @@ def test_kubernetes_files_the_relay_reads_are_mounted_from_their_sources() -> No
             token = source["serviceAccountToken"]
             assert token["path"] == where.name and token["audience"] == "istio-ca", token
 
+
+def test_kubernetes_certificate_names_the_service_and_renews_in_time() -> None:
+    spec = _certificate()["spec"]
+    issuer = spec["issuerRef"]
+    assert issuer.get("kind", "Issuer") in ("Issuer", "ClusterIssuer") and issuer.get("name"), (
+        f"relay-certificate.yaml: issuerRef should name an Issuer or ClusterIssuer: {issuer}")
+    service = _manifest("relay-service.yaml", "Service")["metadata"]["name"]
+    namespace = _kubernetes_namespace()
+    dialled = {f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"}
+    missing = dialled - set(spec.get("dnsNames", []))
+    assert not missing, (
+        f"relay-certificate.yaml dnsNames {spec.get('dnsNames')} lack {sorted(missing)}: the "
+        f"names of Service {service} in namespace {namespace} (kustomization.yaml), which "
+        f"clients dial and check the certificate against")
+    # cert-manager's defaults: 90 days, renewed with a third left.
+    duration = parse_duration(spec.get("duration", "2160h"))
+    renew_before = (parse_duration(spec["renewBefore"]) if "renewBefore" in spec
+                    else duration / 3)
+    assert 0 < renew_before < duration, (
+        f"relay-certificate.yaml: renewBefore {spec.get('renewBefore')} should be less than "
+        f"duration {spec.get('duration')}")
+    usages = spec.get("usages")
+    assert usages is None or "server auth" in usages, (
+        f"relay-certificate.yaml usages {usages}: the relay serves with it (server auth)")
+
+
+def test_kubernetes_relay_serves_mutual_tls_to_the_mesh_workloads() -> None:
+    config = _configmap_config()
+    assert config.server.tls is not None and config.server.tls.client_ca_file is not None, (
+        "relay-configmap.yaml: expected server.tls with client_ca_file (mutual TLS)")
+    rules = config.server.authorization
+    authorizer = Authorizer(rules.allow, rules.node_binding, rules.debug, rules.debug_loopback)
+    # What the comments in relay-configmap.yaml say: a workload of the trust domain is let
+    # in, a certificate of the same CA with DNS names only (the relay's own) is not.
+    workload = PeerIdentity("spiffe://cluster.local/ns/default/sa/default")
+    assert authorizer.connect_error(workload) is None, (
+        f"relay-configmap.yaml: server.authorization.allow refuses {workload}")
+    dns_names = tuple(_certificate()["spec"]["dnsNames"])
+    assert authorizer.connect_error(PeerIdentity(None, dns_names)) is not None, (
+        "relay-configmap.yaml: server.authorization.allow lets in any certificate of the CA, "
+        "the relay's own too; name the clients' identities")
 
 def test_kubernetes_relays_share_the_redis_service_beside_them() -> None:
     where = "relay-configmap.yaml"
@@ -880,14 +1370,20 @@ def test_kubernetes_ports_match_the_config_and_the_service() -> None:
     config = _configmap_config()
     service = _manifest("relay-service.yaml", "Service")
     ports = {p["name"]: p for p in service["spec"]["ports"]}
-    expected = {"grpc-xds": config.server.address.port, "http-admin": config.admin.address.port}
+    # With server.tls the relay ends TLS itself: a mesh that took the port for plaintext
+    # gRPC (HTTP/2) would try to parse the TLS bytes, so it is declared tls.
+    xds, protocol = ("tls-xds", "tls") if config.server.tls else ("grpc-xds", "grpc")
+    admin, admin_protocol = ("https-admin", "https") if config.admin.tls else ("http-admin", "http")
+    expected = {xds: config.server.address.port, admin: config.admin.address.port}
     for name, config_port in expected.items():
         assert name in ports, f"relay-service.yaml: no port {name!r} ({sorted(ports)})"
         target = _container_port(ports[name]["targetPort"])
         assert target == config_port, (
             f"relay-service.yaml {name} targets container port {target}, the ConfigMap's "
             f"config listens on {config_port}")
-    assert ports["grpc-xds"].get("appProtocol") == "grpc", "grpc-xds needs appProtocol: grpc"
+    assert ports[xds].get("appProtocol") == protocol, f"{xds} needs appProtocol: {protocol}"
+    assert ports[admin].get("appProtocol") == admin_protocol, (
+        f"{admin} needs appProtocol: {admin_protocol}")
     assert _container_port("xds") == config.server.address.port
     assert _container_port("admin") == config.admin.address.port
 
@@ -895,13 +1391,20 @@ def test_kubernetes_ports_match_the_config_and_the_service() -> None:
 def test_kubernetes_probes_ask_ready_and_healthz_on_the_admin_port() -> None:
     container = _deployment_container()
     admin = _configmap_config().admin.address.port
-    for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/healthz")):
+    # /ready and /healthz need no admin.token_file token; with admin.tls they need HTTPS
+    # (the kubelet does not check the certificate).
+    scheme = "HTTPS" if _configmap_config().admin.tls else "HTTP"
+    for probe, path in (("readinessProbe", "/ready"), ("livenessProbe", "/healthz"),
+                        ("startupProbe", "/healthz")):
         assert probe in container, f"relay-deployment.yaml: no {probe}"
         get = container[probe].get("httpGet")
         assert get is not None, f"relay-deployment.yaml {probe}: expected httpGet"
         assert (get["path"], _container_port(get["port"])) == (path, admin), (
             f"relay-deployment.yaml {probe} asks {get['path']} on {get['port']}, expected "
             f"{path} on the admin port {admin}")
+        assert get.get("scheme", "HTTP") == scheme, (
+            f"relay-deployment.yaml {probe}: scheme {get.get('scheme', 'HTTP')}, the admin "
+            f"server speaks {scheme}")
 
 
 def test_kubernetes_prometheus_scrapes_metrics_on_the_admin_port() -> None:
