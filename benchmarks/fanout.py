@@ -17,11 +17,16 @@ and every stream notes when the new version arrived. Per run:
   until the last stream, and the median stream, had it (median of rounds);
 * ``cpu_ms_per_update``: the server's CPU time from the send until its
   ACKs are in (mean of rounds); steadier than wall time, as the server
-  shares the machine with the clients;
+  shares the machine with the clients (and, in the results only,
+  ``main_thread_cpu_ms_per_update``: that of its main thread, Python's event
+  loop; gRPC's threads have the rest);
 * ``rss_kib_per_stream``: the server's resident memory after the storm
   less before it, per stream;
 * ``storm_all_ms``, ``storm_median_stream_ms``: from the storm's start
   until every stream, and the median stream, had its first response;
+* ``storm_cpu_ms``: the server's CPU time meanwhile (and, in the results
+  only, ``storm_main_thread_cpu_ms``: its main thread's, and
+  ``storm_client_cpu_ms``: the client workers');
 * ``storm_origin_requests`` (relay only): requests the origin received
   meanwhile; the resource is cached, so none should be.
 
@@ -40,10 +45,10 @@ import contextlib
 import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -51,7 +56,9 @@ from typing import Any
 from benchmarks.bare import bare_process
 from benchmarks.processes import (
     NAME,
+    ClientTLS,
     cpu_seconds,
+    main_thread_cpu_seconds,
     new_streams,
     open_streams,
     receive_version,
@@ -59,7 +66,7 @@ from benchmarks.processes import (
     subscription,
     workers,
 )
-from benchmarks.report import Comparison, compare, table, values
+from benchmarks.report import Comparison, compare, table, values, write_results
 from tests.builders import endpoints, version_of
 from tests.harness import ScriptedOrigin
 
@@ -72,6 +79,7 @@ FIGURES = {
     "rss_kib_per_stream": "RSS per idle stream (KiB)",
     "storm_all_ms": "storm: all streams answered (ms)",
     "storm_median_stream_ms": "storm: median stream answered (ms)",
+    "storm_cpu_ms": "storm: server CPU (ms)",
     "storm_origin_requests": "storm: requests to the origin",
 }
 
@@ -86,19 +94,21 @@ def rss_kib(pid: int) -> int:
 # -- client workers (separate processes) ----------------------------------------
 
 
-def worker_main(conn: Connection, count: int, target: str, per_channel: int) -> None:
-    asyncio.run(_worker(conn, count, target, per_channel))
+def worker_main(conn: Connection, count: int, target: str, per_channel: int,
+                tls: ClientTLS | None = None) -> None:
+    asyncio.run(_worker(conn, count, target, per_channel, tls))
 
 
-async def _worker(conn: Connection, count: int, target: str, per_channel: int) -> None:
-    """Says ``"ready"``; on ``"storm"`` opens its streams at once and sends when
-    each got its first response; then, per version it is sent, when each got
-    that version; stops on None."""
+async def _worker(conn: Connection, count: int, target: str, per_channel: int,
+                  tls: ClientTLS | None) -> None:
+    """Says ``"ready"``; on ``"storm"`` opens its streams at once (over TLS with
+    ``tls``) and sends when each got its first response; then, per version it
+    is sent, when each got that version; stops on None."""
     loop = asyncio.get_running_loop()
     conn.send("ready")
     command = await loop.run_in_executor(None, conn.recv)
     assert command == "storm", command
-    channels, calls = new_streams(target, count, per_channel)
+    channels, calls = new_streams(target, count, per_channel, tls)
 
     async def join(index: int, call: Any) -> float:
         await call.write(subscription(index))
@@ -122,7 +132,9 @@ async def _worker(conn: Connection, count: int, target: str, per_channel: int) -
 @dataclass
 class Server:
     """What a run measures: a server process, where its clients connect, and
-    how ``NAME`` changes on it (to ``endpoints(NAME, port)``)."""
+    how ``NAME`` changes on it (to ``endpoints(NAME, port)``); with
+    ``client_tls``, how each client reaches it over TLS (given ``"keeper"``
+    or ``"client-<i>"``, the i-th client worker)."""
 
     kind: str
     pid: int
@@ -130,6 +142,7 @@ class Server:
     change: Callable[[int], Awaitable[None]]
     # requests its origin has received so far (the relay's only)
     origin_requests: Callable[[], int] | None = None
+    client_tls: Callable[[str], ClientTLS | None] = field(default=lambda name: None)
 
 
 @contextlib.asynccontextmanager
@@ -142,17 +155,22 @@ async def bare_server() -> AsyncIterator[Server]:
 
 
 @contextlib.asynccontextmanager
-async def relay_server() -> AsyncIterator[Server]:
+async def relay_server(kind: str = "relay", server_extra: str = "",
+                       client_tls: Callable[[str], ClientTLS | None] = lambda name: None
+                       ) -> AsyncIterator[Server]:
+    """A relay following a scripted origin; ``server_extra``: more keys of its
+    ``server`` section (see :func:`relay_process`), e.g. ``tls``."""
     origin = await ScriptedOrigin().start()
     origin.set(endpoints(NAME, 1))
     try:
         # drain_period 0: the harness's SIGTERM at the end need not wait.
-        async with relay_process("bench-relay", origin.port, drain_period=0) as relay:
+        async with relay_process("bench-relay", origin.port, drain_period=0,
+                                 server_extra=server_extra) as relay:
             async def change(port: int) -> None:
                 origin.set(endpoints(NAME, port))
 
-            yield Server("relay", relay.process.pid, relay.target, change,
-                         lambda: len(origin.all_requests()))
+            yield Server(kind, relay.process.pid, relay.target, change,
+                         lambda: len(origin.all_requests()), client_tls)
     finally:
         await origin.stop()
 
@@ -161,10 +179,10 @@ SERVER_OF = {"bare": bare_server, "relay": relay_server}
 
 
 @contextlib.asynccontextmanager
-async def keeper(target: str) -> AsyncIterator[None]:
+async def keeper(target: str, tls: ClientTLS | None = None) -> AsyncIterator[None]:
     """One stream holding ``NAME`` (ACKing all it gets), so that the relay has
     it cached before the storm and keeps it."""
-    channels, calls = await open_streams(target, 1)
+    channels, calls = await open_streams(target, 1, tls=tls)
     call = calls[0]
     await receive_version(call, None)
 
@@ -188,33 +206,43 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 2)
 
 
-async def measure(kind: str, n: int, rounds: int, worker_count: int,
-                  per_channel: int) -> dict[str, Any]:
-    """One run against a fresh server of ``kind``."""
-    async with SERVER_OF[kind]() as server, keeper(server.target):
+async def measure(start: Callable[[], AbstractAsyncContextManager[Server]], n: int,
+                  rounds: int, worker_count: int, per_channel: int) -> dict[str, Any]:
+    """One run against a fresh server, from ``start`` (e.g. ``SERVER_OF[kind]``)."""
+    async with start() as server, keeper(server.target, server.client_tls("keeper")):
         await asyncio.sleep(0.5)
         rss_before = rss_kib(server.pid)
-        async with workers(worker_main, n, worker_count, server.target,
-                           per_channel) as clients:
+        async with workers(worker_main, n, worker_count, server.target, per_channel,
+                           each=[server.client_tls(f"client-{i}")
+                                 for i in range(worker_count)]) as clients:
             requests_before = server.origin_requests() if server.origin_requests else 0
+            client_pids = [p.pid for p in clients.processes if p.pid is not None]
+            cpu_before = cpu_seconds(server.pid)
+            main_before = main_thread_cpu_seconds(server.pid)
+            client_cpu_before = sum(cpu_seconds(pid) for pid in client_pids)
             started = time.monotonic()
             clients.send("storm")
             firsts = [t for ts in await clients.next_messages() for t in ts]
+            storm_cpu = cpu_seconds(server.pid) - cpu_before
+            storm_main = main_thread_cpu_seconds(server.pid) - main_before
+            storm_client_cpu = sum(cpu_seconds(pid) for pid in client_pids) - client_cpu_before
             storm_requests = (server.origin_requests() - requests_before
                               if server.origin_requests else None)
             await asyncio.sleep(0.5)
             rss_after = rss_kib(server.pid)
-            everyone, median_stream, cpu = [], [], []
+            everyone, median_stream, cpu, main = [], [], [], []
             for round_no in range(rounds):
                 port = 1000 + round_no
                 clients.send(version_of(endpoints(NAME, port)))
                 await asyncio.sleep(0.2)  # let workers start reading
                 cpu_before = cpu_seconds(server.pid)
+                main_before = main_thread_cpu_seconds(server.pid)
                 sent = time.monotonic()
                 await server.change(port)
                 times = [t for ts in await clients.next_messages() for t in ts]
                 await asyncio.sleep(0.1)  # the last ACKs
                 cpu.append(cpu_seconds(server.pid) - cpu_before)
+                main.append(main_thread_cpu_seconds(server.pid) - main_before)
                 everyone.append(max(times) - sent)
                 median_stream.append(statistics.median(times) - sent)
             clients.send(None)
@@ -222,9 +250,13 @@ async def measure(kind: str, n: int, rounds: int, worker_count: int,
         "update_all_ms": _ms(statistics.median(everyone)),
         "update_median_stream_ms": _ms(statistics.median(median_stream)),
         "cpu_ms_per_update": _ms(statistics.mean(cpu)),
+        "main_thread_cpu_ms_per_update": _ms(statistics.mean(main)),
         "rss_kib_per_stream": round((rss_after - rss_before) / n, 1),
         "storm_all_ms": _ms(max(firsts) - started),
         "storm_median_stream_ms": _ms(statistics.median(firsts) - started),
+        "storm_cpu_ms": _ms(storm_cpu),
+        "storm_main_thread_cpu_ms": _ms(storm_main),
+        "storm_client_cpu_ms": _ms(storm_client_cpu),
         "storm_origin_requests": storm_requests,
         "rss_mib_before": round(rss_before / 1024, 1),
         "rss_mib_after": round(rss_after / 1024, 1),
@@ -247,7 +279,7 @@ async def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
         for run in range(args.runs):
             # alternate which goes first, to spread the machine's noise
             for kind in SERVERS if run % 2 == 0 else SERVERS[::-1]:
-                result = await measure(kind, n, args.rounds, args.workers,
+                result = await measure(SERVER_OF[kind], n, args.rounds, args.workers,
                                        args.streams_per_connection)
                 runs[kind].append(result)
                 print(json.dumps({"streams": n, "server": kind, "run": run, **result}),
@@ -271,11 +303,8 @@ def main() -> None:
         rows = [(label, result["summary"][key]) for key, label in FIGURES.items()]
         print(f"\n{result['streams']} streams, {args.runs} runs each:\n"
               f"{table(rows, 'figure')}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "command": " ".join(["python -m benchmarks.fanout", *sys.argv[1:]]),
-        "cpus": os.cpu_count(), "runs": args.runs, "rounds": args.rounds,
-        "results": results}, indent=2))
+    write_results(args.out, "benchmarks.fanout", runs=args.runs, rounds=args.rounds,
+                  results=results)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.xds_types import ENDPOINT
+from tests.certs import RELAY_NAME
 from tests.ports import free_port
 
 DELTA_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
@@ -51,6 +52,13 @@ def cpu_seconds(pid: int) -> float:
     """CPU time the threads of a process have run so far, to the nanosecond
     (``/proc/PID/stat`` counts 10 ms ticks, too coarse for a bare client)."""
     return _schedstat(pid)[0] / 1e9
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """CPU time the main thread of a process has run so far: in a ``grpc.aio``
+    server, Python's event loop; gRPC's own threads (``event_engine``) do the
+    I/O, HTTP/2 and TLS, and have the rest of :func:`cpu_seconds`."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
 def demand_seconds(pid: int) -> float:
@@ -83,23 +91,27 @@ class RelayProcess:
 
 @contextlib.asynccontextmanager
 async def relay_process(node_id: str, origin_port: int, drain_period: float, *,
-                        upstream_extra: str = "", log_level: str = "warning",
+                        upstream_extra: str = "", server_extra: str = "",
+                        log_level: str = "warning",
                         stderr: IO[bytes] | None = None, run_args: Sequence[str] = ()
                         ) -> AsyncIterator[RelayProcess]:
     """``xds-relay run`` following the origin on ``origin_port``, once ready.
 
     ``upstream_extra`` adds keys to the ``upstream`` section (YAML flow
-    style, e.g. ``"backoff: {max: 5s}"``); ``run_args`` are more arguments to
-    ``run`` (e.g. ``["--workers", "4"]``); the relay logs at ``log_level`` to
-    ``stderr`` (the harness's own by default). Stopped on the way out
-    (SIGTERM, then SIGKILL after 10 s) if still running.
+    style, e.g. ``"backoff: {max: 5s}"``), ``server_extra`` to the
+    ``server`` section (e.g. ``"tls: {cert_file: ..., key_file: ...}"``);
+    ``run_args`` are more arguments to ``run`` (e.g. ``["--workers", "4"]``);
+    the relay logs at ``log_level`` to ``stderr`` (the harness's own by
+    default). Stopped on the way out (SIGTERM, then SIGKILL after 10 s) if
+    still running.
     """
     xds_port, admin_port = free_port(), free_port()
     extra = f", {upstream_extra}" if upstream_extra else ""
+    server = f", {server_extra}" if server_extra else ""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
         config.write(f"""
 node: {{id: {node_id}}}
-server: {{address: "127.0.0.1:{xds_port}", drain_period: {drain_period}s}}
+server: {{address: "127.0.0.1:{xds_port}", drain_period: {drain_period}s{server}}}
 admin: {{address: "127.0.0.1:{admin_port}"}}
 upstream: {{address: "127.0.0.1:{origin_port}"{extra}}}
 logging: {{level: {log_level}}}
@@ -145,12 +157,14 @@ class Workers:
 
 @contextlib.asynccontextmanager
 async def workers(target: Callable[..., None], streams: int, count: int,
-                  *args: Any, numbered: bool = False) -> AsyncIterator[Workers]:
+                  *args: Any, numbered: bool = False, each: Sequence[Any] = ()
+                  ) -> AsyncIterator[Workers]:
     """``count`` processes running ``target(pipe, share, *args)``, the streams
     shared out between them; entered once every one has said ``"ready"``.
     With ``numbered``, each is called ``target(pipe, first, share, *args)``,
-    ``first`` being the number of its first stream among all. Killed on the
-    way out if they have not exited within 10 s."""
+    ``first`` being the number of its first stream among all; with ``each``,
+    worker ``i`` gets ``each[i]`` as one more argument. Killed on the way out
+    if they have not exited within 10 s."""
     ctx = mp.get_context("spawn")
     running = Workers([], [])
     first = 0
@@ -162,7 +176,8 @@ async def workers(target: Callable[..., None], streams: int, count: int,
             ours, theirs = ctx.Pipe()
             head = (theirs, first, share) if numbered else (theirs, share)
             first += share
-            proc = ctx.Process(target=target, args=(*head, *args))
+            own = (each[i],) if each else ()
+            proc = ctx.Process(target=target, args=(*head, *args, *own))
             proc.start()
             running.processes.append(proc)
             running.pipes.append(ours)
@@ -186,12 +201,36 @@ async def wait_for_worker(pipe: Connection, proc: BaseProcess) -> Any:
     return pipe.recv()
 
 
-def new_streams(target: str, count: int, per_channel: int = 1
+@dataclass(frozen=True)
+class ClientTLS:
+    """How a client reaches a relay over TLS: the CA it trusts and, for mutual
+    TLS, its certificate and key (PEM; picklable, for client workers)."""
+
+    ca_pem: bytes
+    cert_pem: bytes | None = None
+    key_pem: bytes | None = None
+
+
+def channel(target: str, tls: ClientTLS | None = None) -> grpc.aio.Channel:
+    """A channel of its own to ``target``: its own connection (a local subchannel
+    pool, so that channels never share one), over TLS with ``tls``.
+
+    Over TLS each connection makes a full handshake: gRPC resumes TLS sessions
+    only for a channel given a cache (``grpc.ssl_session_cache``), and none is."""
+    options: list[tuple[str, Any]] = [("grpc.use_local_subchannel_pool", 1)]
+    if tls is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    credentials = grpc.ssl_channel_credentials(tls.ca_pem, tls.key_pem, tls.cert_pem)
+    return grpc.aio.secure_channel(
+        target, credentials, options=[*options, ("grpc.ssl_target_name_override", RELAY_NAME)])
+
+
+def new_streams(target: str, count: int, per_channel: int = 1, tls: ClientTLS | None = None
                 ) -> tuple[list[grpc.aio.Channel], list[Any]]:
     """``count`` delta streams to ``target`` (``per_channel`` on each
-    connection), not yet started: the first write starts each."""
-    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range((count + per_channel - 1) // per_channel)]
+    connection, over TLS with ``tls``), not yet started: the first write
+    starts each."""
+    channels = [channel(target, tls) for _ in range((count + per_channel - 1) // per_channel)]
     calls = [channels[i // per_channel].stream_stream(
         DELTA_ADS, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
         response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
@@ -206,11 +245,13 @@ def subscription(index: int) -> discovery_pb2.DeltaDiscoveryRequest:
         resource_names_subscribe=[NAME])
 
 
-async def open_streams(target: str, count: int, per_channel: int = 1
+async def open_streams(target: str, count: int, per_channel: int = 1,
+                       tls: ClientTLS | None = None
                        ) -> tuple[list[grpc.aio.Channel], list[Any]]:
-    """``count`` delta streams to the relay (``per_channel`` on each connection),
-    each subscribed to the ClusterLoadAssignment ``NAME``, one after the other."""
-    channels, calls = new_streams(target, count, per_channel)
+    """``count`` delta streams to the relay (``per_channel`` on each connection,
+    over TLS with ``tls``), each subscribed to the ClusterLoadAssignment
+    ``NAME``, one after the other."""
+    channels, calls = new_streams(target, count, per_channel, tls)
     for i, call in enumerate(calls):
         await call.write(subscription(i))
     return channels, calls

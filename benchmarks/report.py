@@ -8,8 +8,12 @@ has no counterpart for has no ratio.
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 Spread = dict[str, float | None]
@@ -37,6 +41,15 @@ def compare(relay: Sequence[float], bare: Sequence[float] | None) -> Comparison:
     theirs = spread(bare)
     return {"relay": ours, "bare": theirs,
             "ratio": {key: _ratio(ours[key], theirs[key]) for key in ("min", "median")}}
+
+
+def write_results(path: Path, module: str, **fields: Any) -> None:
+    """Write a benchmark's results to ``path`` as JSON, with the command that
+    ran it (``python -m <module>`` and this process's arguments) and the
+    machine's CPU count."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"command": " ".join([f"python -m {module}", *sys.argv[1:]]),
+                                "cpus": os.cpu_count(), **fields}, indent=2))
 
 
 def values(runs: Sequence[dict[str, Any]], key: str) -> list[float]:

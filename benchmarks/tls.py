@@ -1,0 +1,242 @@
+"""TLS benchmark: what TLS and mutual TLS cost the relay's fan-out and connection storms.
+
+The runs of :mod:`benchmarks.fanout` (a warm server, N streams connecting
+at once, then updates fanned out to all; see it for what each figure
+means), in one session, against fresh servers of each mode, alternating:
+
+* ``plaintext``: the relay as :mod:`benchmarks.fanout` runs it, the baseline;
+* ``tls``: the same with ``server.tls`` (certificate and key, no client CA);
+* ``mtls``: with ``server.tls.client_ca_file`` too (every client presents a
+  certificate) and ``server.authorization.allow: ["spiffe://bench/ns/*/sa/*"]``,
+  so that every stream's certificate identity is checked;
+* ``bare`` (context, plaintext only): the bare ``grpc.aio`` server of
+  :mod:`benchmarks.bare`.
+
+One CA (``trustme``, :mod:`tests.certs`) signs every certificate, ECDSA
+P-256: the relay's (``relay.test``, 127.0.0.1), and for mTLS one client
+certificate per client worker process (``spiffe://bench/ns/bench/sa/client-<i>``;
+its streams share it, which costs the relay nothing it would save: it caches
+no verification or identity across connections) and one for the stream
+that keeps the resource cached. The client workers get the CA, and their
+certificate and key, as PEM in their arguments.
+
+Every client stream has a connection of its own (a local subchannel pool per
+channel) and, over TLS, makes a full handshake: gRPC resumes TLS sessions
+only for channels given a session cache (``grpc.ssl_session_cache``,
+``grpc.experimental.session_cache``), and these are given none (checked
+with grpc 1.85: the server's ``ssl_session_reused`` is false for every
+connection without one, true from the second with one).
+
+Before the runs, a check that authorization runs in ``mtls``: a client whose
+identity the allow list does not match is refused (PERMISSION_DENIED).
+
+Each figure is reported as min and median over runs for each mode, then as
+ratios of like with like (min over min, median over median): TLS /
+plaintext, mTLS / plaintext, mTLS / TLS, and plaintext relay / bare. Beyond
+:mod:`benchmarks.fanout`'s table, to show where the cost goes: the server's
+CPU on its main thread (Python's event loop; gRPC's ``event_engine`` threads
+do the handshakes, HTTP/2 and encryption, and have the rest), and the client
+workers' CPU during the storm (the handshakes' client side, which on a small
+machine competes with the relay for the same cores).
+
+Usage (about 2 minutes on 2 cores)::
+
+    .venv/bin/python -m benchmarks.tls [--streams 1000] [--runs 3] [--rounds 5]
+        [--workers 2] [--modes bare,plaintext,tls,mtls]
+
+Writes tables to stdout and JSON to ``benchmarks/results/tls.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from benchmarks.fanout import Server, bare_server, measure, relay_server
+from benchmarks.processes import ClientTLS, open_streams
+from benchmarks.report import Spread, compare, spread, values, write_results
+from tests.certs import Authority
+
+MODES = ("bare", "plaintext", "tls", "mtls")
+MODE_LABELS = {"bare": "bare", "plaintext": "plaintext", "tls": "TLS", "mtls": "mTLS"}
+# (numerator, denominator) of each ratio reported
+RATIOS = (("tls", "plaintext"), ("mtls", "plaintext"), ("mtls", "tls"), ("plaintext", "bare"))
+ALLOW = "spiffe://bench/ns/*/sa/*"
+# label of each figure, in the order reported
+FIGURES = {
+    "storm_all_ms": "storm: all streams answered (ms)",
+    "storm_median_stream_ms": "storm: median stream answered (ms)",
+    "storm_cpu_ms": "storm: server CPU (ms)",
+    "storm_main_thread_cpu_ms": "storm: server CPU, main thread (ms)",
+    "storm_client_cpu_ms": "storm: client workers' CPU (ms)",
+    "update_all_ms": "update reaches all streams (ms)",
+    "update_median_stream_ms": "update reaches median stream (ms)",
+    "cpu_ms_per_update": "server CPU per update (ms)",
+    "main_thread_cpu_ms_per_update": "server CPU per update, main thread (ms)",
+    "rss_kib_per_stream": "RSS per idle stream (KiB)",
+}
+
+
+class Certificates:
+    """The session's CA, the relay's certificate, and client certificates
+    (issued when first asked for), in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.ca = Authority(directory)
+        self.relay = self.ca.relay_leaf()
+        self._clients: dict[str, ClientTLS] = {}
+
+    def server_tls(self) -> ClientTLS:
+        """What a TLS client needs: the CA."""
+        return ClientTLS(self.ca.cert_pem)
+
+    def client(self, name: str, spiffe_id: str | None = None) -> ClientTLS:
+        """What an mTLS client ``name`` needs: the CA, its certificate and key
+        (identity ``spiffe://bench/ns/bench/sa/<name>`` unless given)."""
+        if name not in self._clients:
+            leaf = self.ca.issue(name, spiffe_id=spiffe_id or f"spiffe://bench/ns/bench/sa/{name}")
+            self._clients[name] = ClientTLS(self.ca.cert_pem, leaf.cert_pem, leaf.key_pem)
+        return self._clients[name]
+
+    def server_extra(self, mutual: bool) -> str:
+        """The relay's ``server`` keys for TLS (``mutual``: and mTLS with ``ALLOW``)."""
+        files = {"cert_file": str(self.relay.cert_file), "key_file": str(self.relay.key_file)}
+        if not mutual:
+            return f"tls: {json.dumps(files)}"
+        files["client_ca_file"] = str(self.ca.cert_file)
+        return f"tls: {json.dumps(files)}, authorization: {{allow: {json.dumps([ALLOW])}}}"
+
+
+def starters(certificates: Certificates
+             ) -> dict[str, Callable[[], AbstractAsyncContextManager[Server]]]:
+    """How to start a fresh server of each mode."""
+    plain = certificates.server_tls()
+    return {
+        "bare": bare_server,
+        "plaintext": functools.partial(relay_server, "plaintext"),
+        "tls": functools.partial(relay_server, "tls", certificates.server_extra(False),
+                                 lambda name: plain),
+        "mtls": functools.partial(relay_server, "mtls", certificates.server_extra(True),
+                                  certificates.client),
+    }
+
+
+async def check_authorization(certificates: Certificates) -> None:
+    """That ``mtls`` authorizes: an allowed client is answered, another refused."""
+    stranger = certificates.client("stranger", "spiffe://elsewhere/ns/bench/sa/stranger")
+    async with starters(certificates)["mtls"]() as server:
+        for tls, allowed in ((certificates.client("keeper"), True), (stranger, False)):
+            channels, calls = await open_streams(server.target, 1, tls=tls)
+            try:
+                await calls[0].read()
+                refused = None
+            except grpc.aio.AioRpcError as error:
+                refused = error.code()
+            finally:
+                await channels[0].close()
+            if refused != (None if allowed else grpc.StatusCode.PERMISSION_DENIED):
+                raise RuntimeError(f"mtls authorization: {'allowed' if allowed else 'stranger'}"
+                                   f" client got {refused or 'an answer'}")
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per figure, each mode's spread and the ratios in ``RATIOS`` (of modes run)."""
+    summary = {}
+    for key in FIGURES:
+        ratios = {f"{a}/{b}": compare(values(runs[a], key), values(runs[b], key))["ratio"]
+                  for a, b in RATIOS if a in runs and b in runs}
+        summary[key] = {"modes": {mode: spread(values(mode_runs, key))
+                                  for mode, mode_runs in runs.items()},
+                        "ratios": ratios}
+    return summary
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}"
+
+
+def _times(ratio: Spread) -> str:
+    if ratio["min"] is None or ratio["median"] is None:
+        return "-"
+    return f"{ratio['min']:.2f}x / {ratio['median']:.2f}x"
+
+
+def _markdown(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    lines = ["| " + " | ".join(f"{cell:<{w}}" if i == 0 else f"{cell:>{w}}"
+                               for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
+             + " |" for line in [head, *rows]]
+    lines.insert(1, "| " + " | ".join("-" * widths[0] if i == 0 else "-" * (w - 1) + ":"
+                                      for i, w in enumerate(widths)) + " |")
+    return "\n".join(lines)
+
+
+def tables(summary: dict[str, Any], modes: Sequence[str]) -> str:
+    """Each mode's min and median, then the ratios (min / median)."""
+    head = ["figure", *(f"{MODE_LABELS[m]} {s}" for m in modes for s in ("min", "median"))]
+    rows = [[label, *(_number(summary[key]["modes"][m][s]) for m in modes
+                      for s in ("min", "median"))] for key, label in FIGURES.items()]
+    ratio_keys = list(summary[next(iter(FIGURES))]["ratios"])
+    ratio_head = ["figure (ratio min / median)",
+                  *(" / ".join(MODE_LABELS[m] for m in key.split("/")) for key in ratio_keys)]
+    ratio_rows = [[label, *(_times(summary[key]["ratios"][r]) for r in ratio_keys)]
+                  for key, label in FIGURES.items()]
+    return f"{_markdown(head, rows)}\n\n{_markdown(ratio_head, ratio_rows)}"
+
+
+async def run_all(args: argparse.Namespace, modes: Sequence[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-tls-") as directory:
+        certificates = Certificates(Path(directory))
+        start = starters(certificates)
+        if "mtls" in modes:
+            await check_authorization(certificates)
+        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        for run in range(args.runs):
+            # rotate the order, to spread the machine's noise over the modes
+            for mode in [*modes[run % len(modes):], *modes[:run % len(modes)]]:
+                result = await measure(start[mode], args.streams, args.rounds, args.workers,
+                                       args.streams_per_connection)
+                runs[mode].append(result)
+                print(json.dumps({"streams": args.streams, "mode": mode, "run": run, **result}),
+                      flush=True)
+    return {"streams": args.streams, "runs": runs, "summary": summarize(runs)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=3, help="runs per mode")
+    parser.add_argument("--rounds", type=int, default=5, help="updates per run")
+    parser.add_argument("--workers", type=int, default=2, help="client worker processes")
+    parser.add_argument("--streams-per-connection", type=int, default=1)
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"a subset of {','.join(MODES)}")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tls.json"))
+    args = parser.parse_args()
+    modes = [m for m in MODES if m in args.modes.split(",")]
+    if unknown := set(args.modes.split(",")) - set(MODES):
+        parser.error(f"unknown modes: {', '.join(sorted(unknown))}")
+    started = time.monotonic()
+    result = asyncio.run(run_all(args, modes))
+    elapsed = time.monotonic() - started
+    print(f"\n{args.streams} streams, {args.runs} runs per mode, {elapsed:.0f} s:\n"
+          f"{tables(result['summary'], modes)}")
+    write_results(args.out, "benchmarks.tls", runs=args.runs, rounds=args.rounds,
+                  workers=args.workers, allow=[ALLOW], elapsed_s=round(elapsed), result=result)
+
+
+if __name__ == "__main__":
+    main()
