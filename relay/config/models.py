@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 import typing
+from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -108,6 +109,15 @@ class NodeConfig(_Section):
         description="free-form node metadata, sent to the origin as a protobuf Struct")
 
 
+def _check_key_pair(cert_file: Path, key_file: Path, client_ca_file: Path | None = None
+                    ) -> None:
+    """A validation error unless the key is the certificate's (and the CA a CA file)."""
+    try:
+        load_key_pair(cert_file, key_file, client_ca_file)
+    except CertificateError as error:
+        raise ValueError(str(error)) from None
+
+
 class ServerTLSConfig(_Section):
     """TLS on the xDS port; with ``client_ca_file``, mutual TLS. The files are
     re-read when they change: new connections get the new certificate."""
@@ -124,10 +134,7 @@ class ServerTLSConfig(_Section):
 
     @model_validator(mode="after")
     def _usable(self) -> ServerTLSConfig:
-        try:
-            load_key_pair(self.cert_file, self.key_file, self.client_ca_file)
-        except CertificateError as error:
-            raise ValueError(str(error)) from None
+        _check_key_pair(self.cert_file, self.key_file, self.client_ca_file)
         return self
 
 
@@ -323,10 +330,7 @@ class AdminTLSConfig(_Section):
 
     @model_validator(mode="after")
     def _usable(self) -> AdminTLSConfig:
-        try:
-            load_key_pair(self.cert_file, self.key_file)
-        except CertificateError as error:
-            raise ValueError(str(error)) from None
+        _check_key_pair(self.cert_file, self.key_file)
         return self
 
 
