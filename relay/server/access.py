@@ -80,7 +80,7 @@ class Access:
         identity = PeerIdentity.from_auth_context(context.auth_context())
         error = self.authorizer.connect_error(identity)
         if error is not None:
-            await self._refuse(context, "identity", error)
+            await self.refuse(context, "identity", error)
         return identity
 
     def node_error(self, identity: PeerIdentity | None, node: base_pb2.Node | None) -> str | None:
@@ -95,13 +95,14 @@ class Access:
         identity = PeerIdentity.from_auth_context(context.auth_context())
         error = self.authorizer.debug_error(identity, peer)
         if error is not None:
-            await self._refuse(context, "debug", error)
+            await self.refuse(context, "debug", error)
 
     def refused(self, reason: str, peer: str, error: str) -> None:
         """Count and (rate-limited) log one refusal."""
         self.metrics.downstream_refused.add(1, {"reason": reason})
         self._log.warning(reason, "refused %s (%s): %s", peer, reason, error)
 
-    async def _refuse(self, context: grpc.aio.ServicerContext, reason: str, error: str) -> None:
+    async def refuse(self, context: grpc.aio.ServicerContext, reason: str, error: str) -> None:
+        """Count, log and end the call with PERMISSION_DENIED and ``error``."""
         self.refused(reason, context.peer(), error)
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, error)

@@ -53,8 +53,7 @@ def _fetch_handler(serving: ServingContext, type_url: str) -> grpc.RpcMethodHand
             error = serving.access.node_error(
                 identity, request.node if request.HasField("node") else None)
             if error is not None:
-                serving.access.refused("node_binding", context.peer(), error)
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, error)
+                await serving.access.refuse(context, "node_binding", error)
         if request.type_url and request.type_url != type_url:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"type_url {request.type_url!r} sent to the fetch method "

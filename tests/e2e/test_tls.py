@@ -381,3 +381,22 @@ async def test_a_cached_secret_never_appears_in_csds(pki: Authority) -> None:
         assert held.tls_certificate.certificate_chain.inline_string == "PUBLIC-CHAIN"
         assert b"TOP-SECRET" not in answer.SerializeToString()
         client.close()
+
+
+async def test_the_fetch_method_checks_the_node_binding(pki: Authority) -> None:
+    async with tls_stack(pki, authorization="node_binding: id") as stack:
+        leaf = pki.issue("edge", dns=("edge-7.mesh.test",))
+        async with channel(stack, pki, leaf) as chan:
+            fetch = chan.unary_unary(
+                "/envoy.service.cluster.v3.ClusterDiscoveryService/FetchClusters",
+                request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+                response_deserializer=discovery_pb2.DiscoveryResponse.FromString)
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await fetch(discovery_pb2.DiscoveryRequest(
+                    node=node("edge-8.mesh.test"), type_url=CLUSTER, resource_names=["a"]),
+                    timeout=5)
+        assert (error.value.code(), error.value.details()) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "node id 'edge-8.mesh.test' is not the identity of its certificate "
+            "(edge-7.mesh.test) (server.authorization.node_binding: id)")
+        assert refused_count(stack, "node_binding") == 1
