@@ -5,7 +5,8 @@ What this module gives a test:
 * :func:`xds_resources` / :func:`endpoints` -- the Listener, RouteConfiguration, Cluster and
   ClusterLoadAssignment (packed in ``Any``, keyed by type URL) that make ``xds:///{service}``
   reach ``127.0.0.1:{port}``.
-* :func:`bootstrap_json` -- the bootstrap that points the client at the xDS server.
+* :func:`bootstrap_json` -- the bootstrap that points the client at the xDS server, in
+  plaintext or (:func:`tls_channel_creds`) over TLS or mutual TLS.
 * :func:`start_backend` -- a gRPC server answering :data:`BACKEND_METHOD` with its label.
 * :class:`XdsClientProcess` -- ``python -m tests.interop.xds_client_main`` in a subprocess
   (the C-core xDS client is process-global and the sync API blocks), one RPC per
@@ -23,6 +24,18 @@ bootstrap comes from ``GRPC_XDS_BOOTSTRAP`` (a file path) or ``GRPC_XDS_BOOTSTRA
 harmless. ``GRPC_TRACE=xds_client,xds_resolver`` with ``GRPC_VERBOSITY=debug`` traces the
 client on stderr (``XdsClientProcess(trace=True)``); NACK reasons are logged to stderr even
 without it.
+
+TLS to the xDS server (gRFC A65)
+--------------------------------
+``"channel_creds": [{"type": "tls", "config": {"ca_certificate_file": ...,
+"certificate_file": ..., "private_key_file": ...}}]`` (the last two together, for mutual
+TLS; :func:`tls_channel_creds`). The client checks the server's certificate against the
+CA and against the host of ``server_uri``: ``127.0.0.1:PORT`` matches an IP SAN
+127.0.0.1 (a certificate with only a DNS name fails "Hostname Verification Check
+failed"). A failed handshake, or an xDS call the server refuses (PERMISSION_DENIED)
+before any response, makes RPCs that do not wait for ready fail at once with
+UNAVAILABLE whose details carry the cause, e.g. ``xDS call failed with no responses
+received; status: PERMISSION_DENIED: <the server's message>``.
 
 What the resources must contain (otherwise the client NACKs)
 ------------------------------------------------------------
@@ -109,7 +122,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
 import grpc
 from envoy.config.cluster.v3 import cluster_pb2
@@ -145,6 +158,7 @@ __all__ = [
     "pack",
     "route_configuration",
     "start_backend",
+    "tls_channel_creds",
     "xds_messages",
     "xds_resources",
 ]
@@ -275,18 +289,32 @@ def xds_messages(
 # -- bootstrap -----------------------------------------------------------------
 
 
+def tls_channel_creds(ca_file: Path, cert_file: Path | None = None,
+                      key_file: Path | None = None) -> dict[str, Any]:
+    """A bootstrap ``channel_creds`` entry for TLS to the xDS server (gRFC A65):
+    trust ``ca_file``; with ``cert_file`` and ``key_file``, present that client
+    certificate (mutual TLS)."""
+    config = {"ca_certificate_file": str(ca_file)}
+    if cert_file is not None or key_file is not None:
+        assert cert_file is not None and key_file is not None, "both or neither"
+        config |= {"certificate_file": str(cert_file), "private_key_file": str(key_file)}
+    return {"type": "tls", "config": config}
+
+
 def bootstrap_json(
     server_uri: str,
     node_id: str,
     *,
     node_cluster: str = "interop",
     server_features: Sequence[str] = ("xds_v3",),
+    channel_creds: dict[str, Any] | None = None,
 ) -> str:
-    """The xDS bootstrap naming one insecure ADS server (``host:port``, no scheme)."""
+    """The xDS bootstrap naming one ADS server (``host:port``, no scheme), reached
+    with ``channel_creds`` (:func:`tls_channel_creds`; plaintext by default)."""
     return json.dumps({
         "xds_servers": [{
             "server_uri": server_uri,
-            "channel_creds": [{"type": "insecure"}],
+            "channel_creds": [channel_creds or {"type": "insecure"}],
             "server_features": list(server_features),
         }],
         "node": {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
@@ -48,6 +49,14 @@ def test_bootstrap_json() -> None:
     assert server["server_uri"] == "127.0.0.1:5"
     assert server["channel_creds"] == [{"type": "insecure"}]
     assert boot["node"]["id"] == "node-1"
+
+    creds = grpc_xds.tls_channel_creds(Path("ca.pem"), Path("c.pem"), Path("c.key"))
+    boot = json.loads(grpc_xds.bootstrap_json("127.0.0.1:5", "node-1", channel_creds=creds))
+    assert boot["xds_servers"][0]["channel_creds"] == [{"type": "tls", "config": {
+        "ca_certificate_file": "ca.pem", "certificate_file": "c.pem",
+        "private_key_file": "c.key"}}]
+    assert grpc_xds.tls_channel_creds(Path("ca.pem")) == {
+        "type": "tls", "config": {"ca_certificate_file": "ca.pem"}}
 
 
 async def test_client_process_reaches_backend_directly() -> None:

@@ -51,6 +51,16 @@ one stream, opened on the channel's first RPC::
   version/nonce, then ends the stream. On a stream whose first request named resources this
   means "nothing" (not the legacy wildcard); the relay must read it that way, and with
   ``linger: 0s`` it then unsubscribes from the origin -- asserted below.
+* No TLS to the xDS server: grpc-js-xds 1.14.1 (the newest on npm as of this writing)
+  accepts only ``google_default`` and ``insecure`` in ``xds_servers[].channel_creds``
+  (``SUPPORTED_CHANNEL_CREDS_TYPES`` in ``src/xds-bootstrap.ts``; ``XdsSingleServerClient``
+  in ``src/xds-client.ts`` builds its channel from those two only), not gRFC A65's ``tls``.
+  A bootstrap with only ``tls`` fails validation ("must contain at least one entry with a
+  type in [google_default,insecure]"); the resolver does not surface that error and
+  ``wait_for_ready`` RPCs hang until their deadline without ever connecting. So the TLS and
+  mTLS variants exist for C-core only (``test_grpc_xds_through_relay.py``);
+  :func:`test_node_xds_client_cannot_use_tls_channel_creds_yet` notices an upgrade that
+  adds them.
 * Timings (loopback): ``require('@grpc/grpc-js-xds')`` takes ~1.4 s warm (about 20 s on a
   cold page cache); the first RPC, including the whole xDS exchange, ~200-300 ms; after an
   EDS push RPCs reach the new backend within ~15 ms.
@@ -80,6 +90,7 @@ from tests.interop.grpc_xds import (
     RpcResult,
     bootstrap_json,
     start_backend,
+    tls_channel_creds,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -90,6 +101,16 @@ INSTALL_HINT = "npm ci --prefix tests/interop/node"
 RESOLVE_PROBE = """
 try { for (const p of ['@grpc/grpc-js', '@grpc/grpc-js-xds']) require.resolve(p); }
 catch (err) { console.error(err.message.split('\\n')[0]); process.exit(1); }
+"""
+#: How grpc-js-xds's own bootstrap validation takes each bootstrap of a JSON list read
+#: from stdin: a JSON list of null (accepted) or the error message.
+BOOTSTRAP_PROBE = """
+const { validateBootstrapConfig } = require('@grpc/grpc-js-xds/build/src/xds-bootstrap');
+const check = (bootstrap) => {
+  try { validateBootstrapConfig(bootstrap); return null; } catch (err) { return err.message; }
+};
+const bootstraps = JSON.parse(require('node:fs').readFileSync(0, 'utf8'));
+console.log(JSON.stringify(bootstraps.map(check)));
 """
 #: Loading grpc-js-xds takes ~1.4 s warm but can take ~20 s from a cold page cache.
 STARTUP_TIMEOUT = 45.0
@@ -226,3 +247,20 @@ async def test_node_xds_client_reaches_backend_and_follows_endpoint_change() -> 
     finally:
         await backend_a.stop(0)
         await backend_b.stop(0)
+
+
+def test_node_xds_client_cannot_use_tls_channel_creds_yet(tmp_path: Path) -> None:
+    """grpc-js-xds has no ``tls`` channel_creds (see the module docstring), hence no TLS or
+    mTLS variant of the test above. When this fails, the installed grpc-js-xds accepts them:
+    add those variants (as in ``test_grpc_xds_through_relay.py``) and drop this test."""
+    node = node_or_skip()
+    creds = tls_channel_creds(tmp_path / "ca.crt", tmp_path / "client.crt",
+                              tmp_path / "client.key")
+    bootstraps = [json.loads(bootstrap_json("127.0.0.1:1", "probe")),
+                  json.loads(bootstrap_json("127.0.0.1:1", "probe", channel_creds=creds))]
+    probe = subprocess.run([node, "-e", BOOTSTRAP_PROBE], input=json.dumps(bootstraps),
+                           cwd=NODE_DIR, capture_output=True, text=True, timeout=30,
+                           check=True)
+    plaintext, tls = json.loads(probe.stdout)
+    assert plaintext is None, plaintext  # the probe itself works
+    assert tls is not None and "type in [google_default,insecure]" in tls, tls
