@@ -49,9 +49,6 @@ class IdentityPattern:
         assert self._regex is not None
         return self._regex.fullmatch(identity) is not None
 
-    def __str__(self) -> str:
-        return self.value if self.kind != "prefix" else f"{self.value}*"
-
 
 def parse_pattern(raw: object) -> IdentityPattern:
     """A pattern as the config writes it: a string (exact, or a glob if it has a

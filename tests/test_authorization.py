@@ -74,12 +74,6 @@ def test_a_bad_pattern_is_refused_with_a_reason(raw: object, problem: str) -> No
     assert str(info.value) == problem
 
 
-def test_pattern_text_shows_a_prefix_with_a_star() -> None:
-    assert str(IdentityPattern("prefix", "spiffe://td/ns/prod/")) == "spiffe://td/ns/prod/*"
-    assert str(IdentityPattern("exact", SPIFFE)) == SPIFFE
-    assert str(IdentityPattern("glob", "*.prod.svc")) == "*.prod.svc"
-
-
 # --------------------------------------------------------------------------- matching
 
 
