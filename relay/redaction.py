@@ -5,11 +5,17 @@ xDS protos (a ``Secret``'s private key, password, session ticket keys, a
 generic secret, an OAuth2 token, ...) is shown as ``[redacted]``, wherever it
 sits: inside ``Any`` fields too (a Listener's inline ``DownstreamTlsContext``).
 What is sent to clients is never touched; only copies made for display are.
+An ``Any`` of a type that no installed module describes is shown empty: what
+cannot be read cannot be checked.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import any_pb2, symbol_database
@@ -17,7 +23,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from udpa.annotations import sensitive_pb2
 
-__all__ = ["REDACTED", "redacted"]
+__all__ = ["REDACTED", "message_class", "redacted"]
 
 REDACTED = "[redacted]"
 _ANY = any_pb2.Any.DESCRIPTOR.full_name
@@ -57,13 +63,61 @@ def redacted(body: any_pb2.Any) -> any_pb2.Any:
     return copy if _redact_any(copy) else body
 
 
+def message_class(type_name: str) -> type[Message] | None:
+    """The class of a message type, importing its package's modules if need be.
+
+    A resource's ``Any`` fields (a Listener's filters and TLS context, ...)
+    name types that nothing in the relay imports: their package's ``_pb2``
+    modules (a type's package is its directory in xds-protos) are imported
+    the first time one is asked for. None for a type no installed module has.
+    """
+    database = symbol_database.Default()
+    try:
+        found: type[Message] = database.GetSymbol(type_name)
+        return found
+    except KeyError:
+        pass
+    _import_package(type_name.rpartition(".")[0])
+    try:
+        found = database.GetSymbol(type_name)
+        return found
+    except KeyError:
+        return None
+
+
+# The protobuf packages of xds-protos: type names from resources (the origin's
+# data) never make the relay import anything else.
+_PROTO_ROOTS = ("envoy.", "xds.", "udpa.", "validate.")
+
+
+@cache
+def _import_package(package: str) -> None:
+    """Import every ``_pb2`` module of a protobuf package (once, found or not)."""
+    if not package.startswith(_PROTO_ROOTS):
+        return
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    for location in spec.submodule_search_locations:
+        for path in sorted(Path(location).glob("*_pb2.py")):
+            with contextlib.suppress(ImportError):
+                importlib.import_module(f"{package}.{path.stem}")
+
+
 def _redact_any(holder: any_pb2.Any) -> bool:
     """Redact what ``holder`` packs, in place; whether anything was."""
-    try:
-        message_class = symbol_database.Default().GetSymbol(holder.TypeName())
-    except KeyError:
-        return False  # a type this relay does not know: shown as bytes, not decoded
-    message: Message = message_class()
+    message_class_ = message_class(holder.TypeName())
+    if message_class_ is None:
+        # A type no installed module describes: it may hold anything, so
+        # nothing of it is shown (fail closed); its type URL stays.
+        if not holder.value:
+            return False
+        holder.value = b""
+        return True
+    message: Message = message_class_()
     if not _may_hold_secrets(message.DESCRIPTOR):
         return False
     message.ParseFromString(holder.value)
@@ -135,11 +189,11 @@ def _blank_all(message: Message) -> None:
     if message.DESCRIPTOR.full_name == _ANY:
         # Keep the type: a reader must still be able to decode what is left.
         holder: Any = message
-        try:
-            inner: Message = symbol_database.Default().GetSymbol(holder.TypeName())()
-        except KeyError:
+        inner_class = message_class(holder.TypeName())
+        if inner_class is None:
             holder.value = b""
             return
+        inner: Message = inner_class()
         inner.ParseFromString(holder.value)
         _blank_all(inner)
         holder.value = inner.SerializeToString(deterministic=True)

@@ -259,21 +259,24 @@ def test_a_listener_without_secrets_is_returned_itself() -> None:
     assert redacted(body) is body
 
 
-def test_a_resource_of_an_unknown_type_is_returned_itself() -> None:
+def test_a_resource_of_an_unknown_type_is_shown_empty() -> None:
+    """What cannot be read cannot be checked for secrets: fail closed."""
     body = any_pb2.Any(type_url="type.googleapis.com/unknown.Type",
                        value=b"\n\x0bTOPSECRETxx")
     out, _ = shown(body)
-    assert out is body
-    assert out.value == b"\n\x0bTOPSECRETxx"
+    assert out == any_pb2.Any(type_url="type.googleapis.com/unknown.Type")
 
 
-def test_an_unknown_type_packed_inside_a_known_one_is_left_as_is() -> None:
+def test_an_unknown_type_packed_inside_a_known_one_is_emptied() -> None:
     cluster = cluster_pb2.Cluster(name="c")
     cluster.transport_socket.name = "custom"
     cluster.transport_socket.typed_config.type_url = "type.googleapis.com/unknown.Type"
     cluster.transport_socket.typed_config.value = b"opaque"
-    body = pack(cluster)
-    assert redacted(body) is body
+    out = cluster_pb2.Cluster()
+    redacted(pack(cluster)).Unpack(out)
+    assert out.transport_socket.name == "custom"
+    assert out.transport_socket.typed_config == any_pb2.Any(
+        type_url="type.googleapis.com/unknown.Type")
 
 
 def test_a_type_that_cannot_hold_secrets_is_returned_itself() -> None:
@@ -286,3 +289,45 @@ def test_redacting_twice_gives_the_same_bytes() -> None:
     once = redacted(pack(secret))
     twice = redacted(once)
     assert twice.value == once.value
+
+
+_FRESH_PROCESS = """
+import sys
+from google.protobuf import any_pb2
+from relay.redaction import redacted
+body = any_pb2.Any.FromString(sys.stdin.buffer.read())
+sys.stdout.buffer.write(redacted(body).SerializeToString())
+"""
+
+
+def test_types_nothing_imported_are_found_and_unknown_ones_shown_empty() -> None:
+    """In a process that imported none of the extension types a Listener packs
+    (as the relay: it never needs them), the TLS context's key is still
+    redacted; a type no installed module has is emptied, not shown."""
+    import subprocess
+    import sys
+
+    from envoy.config.listener.v3 import listener_pb2
+    from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
+
+    context = tls_pb2.DownstreamTlsContext(common_tls_context=tls_pb2.CommonTlsContext(
+        tls_certificates=[common_pb2.TlsCertificate(
+            private_key={"inline_bytes": b"FRESH-PROCESS-KEY"})]))
+    listener = listener_pb2.Listener(name="l")
+    chain = listener.filter_chains.add()
+    chain.transport_socket.typed_config.Pack(context)
+    custom = chain.filters.add(name="custom")
+    custom.typed_config.type_url = "type.googleapis.com/example.Custom"
+    custom.typed_config.value = b"\x0a\x0dCUSTOM-SECRET"
+    body = any_pb2.Any()
+    body.Pack(listener)
+    out = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], input=body.SerializeToString(),
+                         capture_output=True, check=True).stdout
+    assert b"FRESH-PROCESS-KEY" not in out and b"CUSTOM-SECRET" not in out
+    shown = listener_pb2.Listener()
+    any_pb2.Any.FromString(out).Unpack(shown)
+    held = tls_pb2.DownstreamTlsContext()
+    shown.filter_chains[0].transport_socket.typed_config.Unpack(held)
+    assert held.common_tls_context.tls_certificates[0].private_key.inline_bytes == b"[redacted]"
+    assert shown.filter_chains[0].filters[0].typed_config == any_pb2.Any(
+        type_url="type.googleapis.com/example.Custom")
