@@ -19,10 +19,13 @@ from relay.certificates import WatchedKeyPair
 from relay.clock import Clock, MonotonicClock
 from relay.config import RelayConfig, node_proto
 from relay.core import Core
+from relay.encoding import MAX_MESSAGE_SIZE
+from relay.logs import RateLimitedLog
 from relay.persistence.restore import Restored, restore
 from relay.persistence.stores import DirectoryStore, RedisStore, SnapshotStore, StoreError
 from relay.persistence.writer import SnapshotWriter
-from relay.server.access import Access, server_credentials
+from relay.protocol.limits import Limits
+from relay.server.access import REFUSAL_LOG_INTERVAL, Access, server_credentials
 from relay.server.ecosystem import Health, add_ecosystem_services
 from relay.server.services import DRAINING, discovery_handlers
 from relay.telemetry import new_metrics, prometheus_provider
@@ -31,6 +34,7 @@ from relay.upstream.client import UpstreamClient
 from relay.upstream.dial import Dialer, OriginTLS
 from relay.upstream.requests import max_locator_size
 from relay.upstream.state import UpstreamState
+from relay.xds_types import KNOWN_TYPE_URLS
 
 if TYPE_CHECKING:
     from relay.sources.files import FileSource
@@ -40,12 +44,12 @@ log = logging.getLogger("relay")
 # Downstream clients hold their streams open for hours; keep them alive
 # through idle NATs and load balancers, and let many share one connection.
 _SERVER_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # Ping idle connections too: a client that froze or vanished while idle
+    # must be found as surely as a busy one (gRPC stops after 2 pings otherwise).
+    ("grpc.http2.max_pings_without_data", 0),
     ("grpc.max_concurrent_streams", 1_000_000),
-    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
     # A response is as large as what clients subscribe to: as large as the
     # origin's own (istiod's CDS runs to many MB). Clients set their own limits.
     ("grpc.max_send_message_length", -1),
@@ -56,6 +60,22 @@ _SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.server.max_pending_requests", 20_000),
     ("grpc.server.max_pending_requests_hard_limit", 50_000),
 ]
+
+
+def server_options(config: RelayConfig) -> list[tuple[str, Any]]:
+    """gRPC's options for the xDS server of ``config``."""
+    keepalive, limits = config.server.keepalive, config.limits
+    return [
+        *_SERVER_OPTIONS,
+        ("grpc.keepalive_time_ms", int(keepalive.time * 1000)),
+        ("grpc.keepalive_timeout_ms", int(keepalive.timeout * 1000)),
+        # What ends a connection whose ping goes unanswered: without it, gRPC
+        # waits a minute whatever keepalive_timeout says (and its calls with it).
+        ("grpc.http2.ping_timeout_ms", int(keepalive.timeout * 1000)),
+        # Twice limits.request_size: gRPC refuses more before the relay sees it;
+        # the relay refuses what is between, with a status that names the limit.
+        ("grpc.max_receive_message_length", min(2 * limits.request_size, MAX_MESSAGE_SIZE)),
+    ]
 
 
 def dialer(config: RelayConfig) -> Dialer:
@@ -165,6 +185,7 @@ class Relay:
             self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
                                      self.serving.client_statuses, self.ready_detail)
         self._listen = listen or str(config.server.address)
+        self._apply_limits()
         if listen is None:
             rules = config.server.authorization
             self.serving.access = Access(
@@ -176,6 +197,21 @@ class Relay:
         self._stopped = False
         self.xds_port = 0
         self.admin_port = 0
+
+    def _apply_limits(self) -> None:
+        """What ``limits.*`` and ``server.extra_type_urls`` ask of every stream."""
+        limits = self.config.limits
+        serving = self.serving
+        serving.limits = Limits(
+            names_per_request=limits.names_per_request, names_per_stream=limits.names_per_stream,
+            name_length=limits.name_length, node_size=limits.node_size,
+            dynamic_parameters=limits.dynamic_parameters,
+            type_urls=frozenset(KNOWN_TYPE_URLS) | frozenset(self.config.server.extra_type_urls))
+        serving.max_streams = limits.streams
+        serving.max_streams_per_connection = limits.streams_per_connection
+        serving.max_request_size = limits.request_size
+        serving.refusal_log = RateLimitedLog(logging.getLogger("relay.downstream"),
+                                             REFUSAL_LOG_INTERVAL, self.clock.now)
 
     def _observe_state(self) -> None:
         """Gauges counted from the relay's state when metrics are collected."""
@@ -299,7 +335,8 @@ class Relay:
         # gRPC sets SO_REUSEPORT unless told not to: then a second relay
         # started on the same port would silently take half its connections.
         # Only the worker processes of one relay share a port, on purpose.
-        options = [*_SERVER_OPTIONS, ("grpc.so_reuseport", 1 if self._reuse_port else 0)]
+        options = [*server_options(self.config),
+                   ("grpc.so_reuseport", 1 if self._reuse_port else 0)]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers(discovery_handlers(self.serving))
         await add_ecosystem_services(server, self.serving, self.health)

@@ -106,6 +106,10 @@ class Metrics:
             "xds_relay_downstream_refused_streams",
             description="Downstream calls refused by server.authorization, by reason "
                         "(identity, node_binding, debug)")
+        self.downstream_limited = meter.create_counter(
+            "xds_relay_downstream_limited_streams",
+            description="Downstream streams refused or ended for going beyond a limit, by "
+                        "limit (the limits.* key)")
         self.upstream_connected = meter.create_up_down_counter(
             "xds_relay_upstream_connected", description="1 while the origin stream is up")
         self.upstream_reconnects = meter.create_counter(

@@ -38,6 +38,10 @@ FULL_STATE_TYPES = frozenset({LISTENER, CLUSTER})
 # listeners and routes that point at them. Unknown types go after these.
 PUSH_ORDER: tuple[str, ...] = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SCOPED_ROUTE, VIRTUAL_HOST,
                                SECRET, RUNTIME)
+# Extension configs (ECDS): Envoy's filters fetched on their own.
+EXTENSION_CONFIG = TYPE_PREFIX + "envoy.config.core.v3.TypedExtensionConfig"
+#: The types a client may ask for without ``server.extra_type_urls``.
+KNOWN_TYPE_URLS = frozenset({*PUSH_ORDER, EXTENSION_CONFIG})
 
 
 @lru_cache(maxsize=256)

@@ -21,6 +21,7 @@ from relay.config.values import (
     Address,
     AddressField,
     CertificateFileField,
+    CountField,
     DirectoryField,
     DurationField,
     FileField,
@@ -28,6 +29,7 @@ from relay.config.values import (
     IdentityPatternField,
     KeyFileField,
     MetadataField,
+    NodeSizeField,
     PositiveDurationField,
     RedisUrlField,
     RequestSizeField,
@@ -43,7 +45,9 @@ __all__ = [
     "AdminTLSConfig",
     "AuthorizationConfig",
     "BackoffConfig",
+    "ClientKeepaliveConfig",
     "KeepaliveConfig",
+    "LimitsConfig",
     "Locality",
     "LoggingConfig",
     "MetricsConfig",
@@ -161,6 +165,44 @@ class AuthorizationConfig(_Section):
                     "and reflection too")
 
 
+class ClientKeepaliveConfig(_Section):
+    """HTTP/2 keepalive pings to every client connection: how a client that
+    froze or vanished (no FIN ever comes) is found and its streams freed."""
+
+    time: PositiveDurationField = Field(
+        default=30.0, description="how long a connection may be silent before it is pinged")
+    timeout: PositiveDurationField = Field(
+        default=10.0,
+        description="how long a ping may go unanswered before the connection and its streams "
+                    "are closed: a dead client is freed within time + timeout")
+
+
+class LimitsConfig(_Section):
+    """What one client may ask of the relay. A client beyond a limit gets
+    RESOURCE_EXHAUSTED naming it; xds_relay_downstream_limited_streams_total
+    counts them."""
+
+    streams: CountField = Field(
+        default=100_000, description="downstream streams open at once, all clients together")
+    streams_per_connection: CountField = Field(
+        default=100, description="streams open at once on one client connection")
+    names_per_request: CountField = Field(
+        default=100_000,
+        description="resource names (and locators) one request subscribes or unsubscribes")
+    names_per_stream: CountField = Field(
+        default=200_000, description="resource names one stream subscribes to, all types")
+    name_length: CountField = Field(
+        default=4096, description="characters in one resource name")
+    node_size: NodeSizeField = Field(
+        default=64 * 1024, description="the encoded size of a client's Node")
+    dynamic_parameters: CountField = Field(
+        default=64, description="dynamic parameters of one locator (or of the Node, per type)")
+    request_size: RequestSizeField = Field(
+        default=16 * 1024 * 1024,
+        description="the encoded size of one request; gRPC itself refuses twice as much "
+                    "before the relay sees it")
+
+
 class ServerConfig(_Section):
     """The downstream xDS gRPC server."""
 
@@ -181,6 +223,11 @@ class ServerConfig(_Section):
         description="processes serving clients on address (SO_REUSEPORT), fed over a local "
                     "socket by one more that holds the origin stream and serves admin; "
                     "1: one process does everything (run --workers overrides it)")
+    keepalive: ClientKeepaliveConfig = ClientKeepaliveConfig()
+    extra_type_urls: list[str] = Field(
+        default_factory=list,
+        description="type URLs served besides the xDS types the relay knows (Cluster, "
+                    "Listener, ...); requests for any other type are refused")
     tls: ServerTLSConfig | None = None
     authorization: AuthorizationConfig = AuthorizationConfig()
 
@@ -443,6 +490,7 @@ class RelayConfig(_Section):
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()
     persistence: PersistenceConfig | None = None
+    limits: LimitsConfig = LimitsConfig()
 
     @model_validator(mode="after")
     def _persistence_needs_an_origin(self) -> RelayConfig:

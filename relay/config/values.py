@@ -28,6 +28,7 @@ __all__ = [
     "Address",
     "AddressField",
     "CertificateFileField",
+    "CountField",
     "DirectoryField",
     "DurationField",
     "FileField",
@@ -35,6 +36,7 @@ __all__ = [
     "IdentityPatternField",
     "KeyFileField",
     "MetadataField",
+    "NodeSizeField",
     "PositiveDurationField",
     "RedisUrlField",
     "RequestSizeField",
@@ -376,6 +378,15 @@ def _validate_metadata(value: object) -> dict[str, Any]:
     return value
 
 
+def _validate_count(value: object) -> int:
+    # As for workers: `yes` is not 1, and a count is a whole number.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected a whole number, got {yaml_kind(value)}")
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
 #: The most processes ``server.workers`` may ask for: far more than any host has
 #: cores, but a typo (``10000``) must not start thousands of processes.
 MAX_WORKERS = 1024
@@ -445,3 +456,5 @@ HeadersField = Annotated[dict[str, str], PlainValidator(_validate_initial_metada
 MetadataField = Annotated[dict[str, Any], PlainValidator(_validate_metadata)]
 WorkerCountField = Annotated[int, PlainValidator(_validate_worker_count)]
 IdentityPatternField = Annotated[IdentityPattern, PlainValidator(parse_pattern)]
+CountField = Annotated[int, PlainValidator(_validate_count)]
+NodeSizeField = Annotated[int, PlainValidator(_message_size_validator(1024)), Shown(format_size)]

@@ -16,6 +16,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import params_of
 from relay.protocol.held import Declared, Held
+from relay.protocol.limits import MAX_NACK_MESSAGE, shown
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.subscription import SubscriptionState
@@ -120,8 +121,9 @@ class DeltaSubscription(SubscriptionState):
             if request.HasField("error_detail"):
                 # The client keeps what it had; we do not resend the same
                 # versions (``_held`` already records them), only later changes.
-                self._last_nack = Nack(nonce, request.error_detail.message,
-                                       request.error_detail.code, resources=self._inflight)
+                message = shown(request.error_detail.message, MAX_NACK_MESSAGE)
+                self._last_nack = Nack(nonce, message, request.error_detail.code,
+                                       resources=self._inflight)
                 outcome.nack = self._last_nack
             else:
                 self._acked_nonce = nonce

@@ -31,6 +31,7 @@ from relay.constraints import EMPTY_PARAMS, Params, params_of
 from relay.encoding import locator_size
 from relay.interest import InterestChange
 from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
+from relay.protocol.limits import LimitExceeded, Limits, kept_node, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
@@ -70,14 +71,18 @@ class Due:
     refetch: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
+DEFAULT_LIMITS = Limits()
+
+
 class Session:
     """The protocol state of one downstream stream (ADS, or one per-type service)."""
 
     def __init__(self, protocol: XdsProtocol, fixed_type_url: str | None = None,
-                 max_locator_size: int | None = None) -> None:
+                 max_locator_size: int | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
         self.protocol: XdsProtocol = protocol
         self._fixed_type_url = fixed_type_url
         self._max_locator_size = max_locator_size
+        self._limits = limits
         self._node: base_pb2.Node | None = None
         # per type URL, the node's dynamic parameters (the latest node sent)
         self._node_params: dict[str, Params] = {}
@@ -115,24 +120,32 @@ class Session:
         none of it reaches the interest index (or the origin).
         """
         type_url = self._type_url_of(request)
-        node_params = _node_params_of(request.node) if request.HasField("node") else \
-            self._node_params
+        has_node = request.HasField("node")
+        if has_node:
+            self._check_node(request.node)
+        node_params = _node_params_of(request.node) if has_node else self._node_params
         self._check_locator_sizes(request, node_params.get(type_url, EMPTY_PARAMS))
+        self._check_names(request)
 
     def receive(self, request: Request) -> Received:
-        """Apply one request; raises :class:`ProtocolError` for one that breaks the protocol."""
+        """Apply one request; raises :class:`ProtocolError` for one that breaks the
+        protocol or :class:`LimitExceeded` for one beyond ``limits``."""
         type_url = self._type_url_of(request)
         node_changed = False
         if request.HasField("node"):
+            self._check_node(request.node)
             if self._node is None:
-                self._node = request.node
+                self._node = kept_node(request.node)
             node_changed = self._update_node_params(request.node)
         self._check_locator_sizes(request, self._node_params.get(type_url, EMPTY_PARAMS))
+        self._check_names(request)
         state = self._states.get(type_url)
         first = state is None
         if state is None:
             state = self._new_state(type_url)
         outcome = state.on_request(request)
+        if outcome.interest_changed or first:
+            self._check_names_held()
         # A new node may change every type's parameters; a request, its own type.
         touched = self._states.items() if node_changed else [(type_url, state)]
         interest = [(t, change) for t, s in touched
@@ -168,7 +181,65 @@ class Session:
         if not request.type_url:
             raise ProtocolError("type_url is required on an aggregated (ADS) stream")
         type_url: str = request.type_url
+        known = self._limits.type_urls
+        if known is not None and type_url not in known and type_url not in self._states:
+            raise ProtocolError(
+                f"type_url {shown(type_url, 200)!r} is not a type this relay serves "
+                f"(server.extra_type_urls adds others)")
         return type_url
+
+    # -- limits --------------------------------------------------------------------
+
+    def _check_node(self, node: base_pb2.Node) -> None:
+        limits = self._limits
+        size = node.ByteSize()
+        if size > limits.node_size:
+            raise LimitExceeded("node_size", f"the node is {size} bytes; the relay takes "
+                                f"nodes of at most {limits.node_size} (limits.node_size)")
+        for params in node.dynamic_parameters.values():
+            self._check_parameter_count(len(params.params), "the node's")
+
+    def _check_parameter_count(self, count: int, whose: str) -> None:
+        limit = self._limits.dynamic_parameters
+        if count > limit:
+            raise LimitExceeded("dynamic_parameters", f"{whose} dynamic parameters number "
+                                f"{count}; at most {limit} per locator "
+                                f"(limits.dynamic_parameters)")
+
+    def _check_names(self, request: Request) -> None:
+        """The request's names: how many, how long, their parameters."""
+        limits = self._limits
+        if self.protocol == "delta":
+            names, locators = request.resource_names_subscribe, \
+                request.resource_locators_subscribe
+            count = len(names) + len(locators) + len(request.resource_names_unsubscribe) + \
+                len(request.resource_locators_unsubscribe)
+        else:
+            names, locators = request.resource_names, request.resource_locators
+            count = len(names) + len(locators)
+        if not count:
+            return  # an ACK, most often
+        if count > limits.names_per_request:
+            raise LimitExceeded("names_per_request", f"the request names {count} resources; "
+                                f"at most {limits.names_per_request} per request "
+                                f"(limits.names_per_request)")
+        longest = max(map(len, names), default=0)
+        for locator in locators:
+            longest = max(longest, len(locator.name))
+            self._check_parameter_count(len(locator.dynamic_parameters),
+                                        f"locator {shown(locator.name, 64)!r}'s")
+        if longest > limits.name_length:
+            raise LimitExceeded("name_length", f"a resource name has {longest} characters; "
+                                f"at most {limits.name_length} (limits.name_length)")
+
+    def _check_names_held(self) -> None:
+        """The stream's subscriptions, all types together."""
+        limit = self._limits.names_per_stream
+        total = sum(state.name_count() for state in self._states.values())
+        if total > limit:
+            raise LimitExceeded("names_per_stream", f"the stream subscribes to {total} "
+                                f"resources; at most {limit} per stream "
+                                f"(limits.names_per_stream)")
 
     def _update_node_params(self, node: base_pb2.Node) -> bool:
         """Take the node's dynamic parameters; whether they changed."""

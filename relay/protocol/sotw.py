@@ -20,6 +20,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import Params, params_of
 from relay.protocol.held import Held
+from relay.protocol.limits import MAX_NACK_MESSAGE, shown
 from relay.protocol.outcome import Nack, RequestOutcome
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.subscription import SubscriptionState
@@ -147,7 +148,8 @@ class SotwSubscription(SubscriptionState):
         if self._inflight_nonce is not None:
             outcome.ack_nonce = self._inflight_nonce
             if request.HasField("error_detail"):
-                self._last_nack = Nack(self._inflight_nonce, request.error_detail.message,
+                self._last_nack = Nack(self._inflight_nonce,
+                                       shown(request.error_detail.message, MAX_NACK_MESSAGE),
                                        request.error_detail.code, self._version_info)
                 outcome.nack = self._last_nack
             else:

@@ -101,6 +101,10 @@ class SubscriptionState:
             return None
         return InterestChange(added, removed, wildcard)
 
+    def name_count(self) -> int:
+        """How many names the stream subscribes to (a wildcard counts none)."""
+        return len(self._names)
+
     def params_for(self, name: str) -> Params:
         """A locator's own parameters, else the node's for this type."""
         return self._locator_params.get(name, self._node_params)

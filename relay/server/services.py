@@ -13,8 +13,12 @@ from typing import Any
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.protocol.limits import LimitExceeded, shown
+from relay.protocol.outcome import ProtocolError
+from relay.protocol.session import Session
 from relay.protocol.sotw import SotwSubscription
 from relay.protocol.view import NonceSource
+from relay.server.decoding import request_decoder
 from relay.server.streams import DownstreamStream, ServingContext, XdsProtocol, encode_plan
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
@@ -34,12 +38,20 @@ def _stream_handler(serving: ServingContext, protocol: XdsProtocol,
     async def behaviour(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         if serving.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
+        peer = context.peer()
+        refusal = serving.admission_error(peer)
+        if refusal is not None:
+            limit, message = refusal
+            serving.metrics.downstream_limited.add(1, {"limit": limit})
+            serving.warn_limited(peer, limit, "refusing stream from %s: %s", peer, message)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         identity = await serving.access.admit(context) if serving.access is not None else None
-        stream = DownstreamStream(serving, protocol, context.peer(), fixed_type_url, identity)
+        stream = DownstreamStream(serving, protocol, peer, fixed_type_url, identity)
         await stream.serve(requests, context)
 
     return grpc.stream_stream_rpc_method_handler(
-        behaviour, request_deserializer=request_class.FromString,
+        behaviour, request_deserializer=request_decoder(request_class,
+                                                        serving.max_request_size),
         response_serializer=_identity)
 
 
@@ -56,8 +68,15 @@ def _fetch_handler(serving: ServingContext, type_url: str) -> grpc.RpcMethodHand
                 await serving.access.refuse(context, "node_binding", error)
         if request.type_url and request.type_url != type_url:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"type_url {request.type_url!r} sent to the fetch method "
-                                f"for {type_url!r}")
+                                f"type_url {shown(request.type_url, 200)!r} sent to the fetch "
+                                f"method for {type_url!r}")
+        try:
+            Session("sotw", type_url, serving.max_locator_size, serving.limits).check(request)
+        except LimitExceeded as error:
+            serving.metrics.downstream_limited.add(1, {"limit": error.limit})
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+        except ProtocolError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         state = SotwSubscription(type_url)
         state.on_request(request)
         plan = state.next_response(serving.view, NonceSource())
@@ -68,7 +87,8 @@ def _fetch_handler(serving: ServingContext, type_url: str) -> grpc.RpcMethodHand
         return encode_plan(plan)
 
     return grpc.unary_unary_rpc_method_handler(
-        behaviour, request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+        behaviour, request_deserializer=request_decoder(discovery_pb2.DiscoveryRequest,
+                                                        serving.max_request_size),
         response_serializer=_identity)
 
 

@@ -24,12 +24,15 @@ from envoy.config.core.v3 import base_pb2
 from relay.authorization import PeerIdentity
 from relay.cache import ResourceCache
 from relay.interest import InterestIndex
+from relay.logs import RateLimitedLog
 from relay.protocol.delta import split_request
+from relay.protocol.limits import LimitExceeded, Limits, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.session import Plan, Request, Session, XdsProtocol
 from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.view import CacheView
-from relay.server.access import Access, Refused
+from relay.server.access import REFUSAL_LOG_INTERVAL, Access, Refused
+from relay.server.decoding import RequestTooLarge, UndecodableRequest
 from relay.server.plans import PlanEncoder, encode_plan
 from relay.server.status import client_summary
 from relay.telemetry import Metrics
@@ -60,6 +63,17 @@ class ServingContext:
     # the authorization rules (None: everyone may do everything, as on the
     # private socket between the processes of --workers)
     access: Access | None = None
+    # what one stream may ask (limits.*), and how many streams may be open
+    limits: Limits = field(default_factory=Limits)
+    max_streams: int = 100_000
+    max_streams_per_connection: int = 100
+    # the largest request decoded (limits.request_size)
+    max_request_size: int = 16 * 1024 * 1024
+    # streams open per client connection (its peer address)
+    per_connection: Counter[str] = field(default_factory=Counter)
+    # lines about bad requests: at most one per kind and client host per interval
+    refusal_log: RateLimitedLog = field(
+        default_factory=lambda: RateLimitedLog(log, REFUSAL_LOG_INTERVAL, time.monotonic))
     streams: set[DownstreamStream] = field(default_factory=set)
     # set when the relay drains: new streams are refused
     draining: bool = False
@@ -87,6 +101,25 @@ class ServingContext:
             self._batch_timer = asyncio.get_running_loop().call_later(
                 self.batch_window, self._end_batch)
 
+    def admission_error(self, peer: str) -> tuple[str, str] | None:
+        """Why a new stream from ``peer`` is refused (the limit, the message), or None."""
+        if len(self.streams) >= self.max_streams:
+            return "streams", (f"the relay serves {len(self.streams)} streams, its most "
+                               f"(limits.streams); connect to another replica")
+        # A unix socket's peers cannot be told apart: they share no connection limit.
+        if peer != "unix:" and self.per_connection[peer] >= self.max_streams_per_connection:
+            return "streams_per_connection", (
+                f"this connection has {self.per_connection[peer]} streams open, the most "
+                f"(limits.streams_per_connection)")
+        return None
+
+    def warn_limited(self, peer: str, kind: str, message: str, *args: object) -> None:
+        """Log a line a client causes (a refusal, a NACK), at most once per kind and
+        client host per interval (the port changes with every reconnect; the host
+        does not)."""
+        host = peer.rsplit(":", 1)[0]
+        self.refusal_log.warning(f"{kind} {host}", message, *args)
+
     def leave(self, stream: DownstreamStream) -> None:
         """``stream`` ended: forget it everywhere.
 
@@ -95,7 +128,11 @@ class ServingContext:
         a client of 100,000 names leaving holds up nobody; outside an event
         loop, at once.
         """
-        self.streams.discard(stream)
+        if stream in self.streams:
+            self.streams.discard(stream)
+            self.per_connection[stream.peer] -= 1
+            if not self.per_connection[stream.peer]:
+                del self.per_connection[stream.peer]
         self._batched.discard(stream)
         if not self.streams:
             self.idle.set()
@@ -162,10 +199,13 @@ class DownstreamStream:
                  ) -> None:
         self.serving = serving
         self.peer = peer
+        # set when gRPC ends the call (the client left, or its connection died)
+        self._ended = False
         # the client's certificate identity, while its first Node awaits the
         # node binding check (None: no check)
         self._unbound = identity
-        self.session = Session(protocol, fixed_type_url, serving.max_locator_size)
+        self.session = Session(protocol, fixed_type_url, serving.max_locator_size,
+                               serving.limits)
         # whether something may be due, and the writer's wait for it (an
         # asyncio.Event would do, with a deque per stream that is never used)
         self._woken = False
@@ -231,9 +271,10 @@ class DownstreamStream:
         metrics = self.serving.metrics
         if outcome.nack is not None:
             metrics.downstream_nacks.add(self.protocol, short_name(type_url))
-            log.warning("NACK from node=%r peer=%s type=%s nonce=%s: %s", self.node_id,
-                        self.peer, short_name(type_url), outcome.nack.nonce,
-                        outcome.nack.message)
+            self.serving.warn_limited(
+                self.peer, f"nack {type_url}", "NACK from node=%r peer=%s type=%s nonce=%s: %s",
+                shown(self.node_id), self.peer, short_name(type_url), outcome.nack.nonce,
+                outcome.nack.message)
         elif outcome.ack_nonce is not None:
             metrics.downstream_acks.add(self.protocol, short_name(type_url))
         for changed_type, change in received.interest:
@@ -272,30 +313,54 @@ class DownstreamStream:
         metrics = self.serving.metrics
         metrics.downstream_streams.add(1, {"protocol": self.protocol})
         self.serving.streams.add(self)
+        self.serving.per_connection[self.peer] += 1
         self.serving.idle.clear()
+        # gRPC ends the call when its connection dies (keepalive), whether or
+        # not the read below ever returns: then the stream ends too.
+        context.add_done_callback(self._call_ended)
         reader = asyncio.create_task(self._read(requests))
         try:
-            while True:
+            while not self._ended:
                 if self._closing is not None:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, self._closing)
                 for response in self.ready_responses():
                     await context.write(response)
                 if reader.done():
                     error = reader.exception()
-                    if isinstance(error, Refused):
-                        assert self.serving.access is not None
-                        self.serving.access.refused("node_binding", self.peer, str(error))
-                        await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
-                    if isinstance(error, ProtocolError):
-                        metrics.downstream_rejected.add(1, {"protocol": self.protocol})
-                        log.warning("rejecting stream from %s: %s", self.peer, error)
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+                    if error is not None:
+                        code, message = self._status_for(error)
+                        await context.abort(code, message)
                     return
                 await self._sleep()
         finally:
             reader.cancel()
             self.serving.leave(self)
             metrics.downstream_streams.add(-1, {"protocol": self.protocol})
+
+    def _call_ended(self, _context: object) -> None:
+        self._ended = True
+        self.wake()
+
+    def _status_for(self, error: BaseException) -> tuple[grpc.StatusCode, str]:
+        """The status that ends a stream whose reader failed: never OK. Counted,
+        and logged at most once per kind and client host per interval."""
+        metrics = self.serving.metrics
+        if isinstance(error, Refused):
+            assert self.serving.access is not None
+            self.serving.access.refused("node_binding", self.peer, str(error))
+            return grpc.StatusCode.PERMISSION_DENIED, str(error)
+        if isinstance(error, LimitExceeded | RequestTooLarge):
+            metrics.downstream_limited.add(1, {"limit": error.limit})
+            self.serving.warn_limited(self.peer, error.limit, "refusing stream from %s: %s",
+                                 self.peer, error)
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
+        if isinstance(error, ProtocolError | UndecodableRequest):
+            metrics.downstream_rejected.add(1, {"protocol": self.protocol})
+            self.serving.warn_limited(self.peer, "invalid", "rejecting stream from %s: %s",
+                                 self.peer, error)
+            return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+        log.error("stream from %s failed", self.peer, exc_info=error)
+        return grpc.StatusCode.INTERNAL, "the relay failed to read this stream; see its log"
 
     async def _sleep(self) -> None:
         """Until woken (at once if woken since the last time)."""

@@ -1,0 +1,72 @@
+"""What one client may ask of the relay, and how much of what it says is kept.
+
+Every limit has a config key (``limits.*``) named in the error that enforces
+it, so that a client's operator can tell what to change, and the relay's
+operator what to raise. Client-supplied text the relay keeps or shows (NACK
+messages, node ids, names in logs) is cut to :data:`MAX_SHOWN` characters:
+what a client sends never decides how large a log line or a view grows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envoy.config.core.v3 import base_pb2
+
+from relay.protocol.outcome import ProtocolError
+
+__all__ = ["MAX_NACK_MESSAGE", "MAX_SHOWN", "LimitExceeded", "Limits", "kept_node", "shown"]
+
+#: The most characters of a client's text that a log line, /clients or CSDS shows.
+MAX_SHOWN = 256
+#: ... except a NACK's message, which says what the client found wrong.
+MAX_NACK_MESSAGE = 1024
+
+
+class LimitExceeded(ProtocolError):
+    """A request beyond one of ``limits.*``; ``limit`` is the key's last part."""
+
+    def __init__(self, limit: str, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-stream limits (the defaults are ``limits.*``'s)."""
+
+    names_per_request: int = 100_000
+    names_per_stream: int = 200_000
+    name_length: int = 4_096
+    node_size: int = 64 * 1024
+    dynamic_parameters: int = 64
+    # the type URLs a stream may ask for (None: any)
+    type_urls: frozenset[str] | None = None
+
+
+def shown(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def kept_node(node: base_pb2.Node) -> base_pb2.Node:
+    """What a stream keeps of its client's Node: who it is (id, cluster,
+    locality, user agent; an id or cluster over :data:`MAX_SHOWN` characters
+    cut), what it supports (client features) and its dynamic parameters.
+    Metadata, extensions and listening addresses (often most of an Envoy's
+    Node) are not kept."""
+    kept = base_pb2.Node(id=shown(node.id), cluster=shown(node.cluster),
+                         user_agent_name=node.user_agent_name,
+                         client_features=node.client_features)
+    if node.HasField("locality"):
+        kept.locality.CopyFrom(node.locality)
+    version = node.WhichOneof("user_agent_version_type")
+    if version == "user_agent_version":
+        kept.user_agent_version = node.user_agent_version
+    elif version == "user_agent_build_version":
+        kept.user_agent_build_version.CopyFrom(node.user_agent_build_version)
+    for type_url, params in node.dynamic_parameters.items():
+        kept.dynamic_parameters[type_url].CopyFrom(params)
+    return kept
