@@ -18,6 +18,8 @@ server:
   drain_period: 10s             # on SIGTERM, close client streams spread over this long
   workers: 1                    # >1: that many processes serve clients on address, fed by one
                                 # that follows the origin (see README, "Beyond one core")
+  keepalive: {time: 30s, timeout: 10s}  # a client that froze or vanished is freed in time + timeout
+  extra_type_urls: []           # type URLs served besides the xDS types the relay knows
   # tls:                        # TLS for clients; files re-read when they change
   #   cert_file: /etc/xds-relay/tls/tls.crt
   #   key_file: /etc/xds-relay/tls/tls.key
@@ -59,6 +61,15 @@ metrics:                        # always scraped at http://ADMIN/metrics (Promet
   # otlp:                       # and optionally pushed to an OpenTelemetry collector
   #   endpoint: http://otel-collector:4318/v1/metrics   # OTLP/HTTP, JSON encoding
   #   interval: 15s
+limits:                         # what one client may ask; beyond: RESOURCE_EXHAUSTED naming the key
+  streams: 100000               # open at once, all clients together
+  streams_per_connection: 100
+  names_per_request: 100000     # names (and locators) one request subscribes or unsubscribes
+  names_per_stream: 200000      # all types together
+  name_length: 4096             # characters
+  node_size: 64KiB              # a client's encoded Node
+  dynamic_parameters: 64        # per locator (or per type of the Node)
+  request_size: 16MiB           # one encoded request
 # persistence:                  # keep the last-known-good config across restarts (off by default)
 #   redis:                      # shared by the zone's replicas ...
 #     url: redis://redis:6379/0 # rediss:// for TLS; a password in the URL or in password_file
