@@ -44,9 +44,13 @@ class Core:
         return cls(cache, index, serving, clock)
 
     def follow(self, dialer: Dialer, state: UpstreamState, backoff: Backoff) -> UpstreamClient:
-        """The client of the origin stream, linked as the way back up from the index."""
+        """The client of the origin stream, linked as the way back up from the index.
+
+        It batches what clients ask of the origin over ``server.batch_window``,
+        as pushes to clients are batched (see :class:`UpstreamClient`).
+        """
         client = UpstreamClient(dialer, state, self.index, backoff, self.serving.metrics,
-                                self.clock)
+                                self.clock, self.serving.batch_window)
         self.index.link(client)
         return client
 

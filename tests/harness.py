@@ -426,6 +426,11 @@ async def running_stack(origin: Any = None, *, channel_options: Sequence[tuple[s
     following it (``config``: see :func:`relay_config``; its timers on
     ``clock``) and a channel to it."""
     origin = await (origin or ScriptedOrigin()).start()
+    if clock is not None and "batch_window" not in config.get("server", ""):
+        # The upstream's batch window runs on the clock: a test that moves
+        # time itself would have to move it past every window.
+        server = config.get("server", "")
+        config["server"] = f"{server}, batch_window: 0s" if server else "batch_window: 0s"
     relay = Relay(parse_config(relay_config(origin.port, **config)), clock)
     await relay.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}",

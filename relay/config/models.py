@@ -212,8 +212,9 @@ class ServerConfig(_Section):
     batch_window: DurationField = Field(
         default=0.005,
         description="how long a push caused by an origin change waits for the rest of its "
-                    "burst, so that clients get the change in make-before-break order; "
-                    "0 disables")
+                    "burst (clients get it in make-before-break order), and how long "
+                    "clients' subscription changes gather before going to the origin (at "
+                    "most one per type per window); 0 disables")
     drain_period: DurationField = Field(
         default=10.0,
         description="on SIGTERM, refuse new streams and close the open ones spread over "

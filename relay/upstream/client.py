@@ -52,18 +52,30 @@ class UpstreamClient:
 
     It is the receiving end of :class:`relay.interest.Upward`: told that the
     clients' interest in a type changed, or that they need fresh copies, it
-    acts in a later turn of the event loop (changes in one turn coalesce),
-    reading what is wanted from ``demand``.
+    acts once ``batch_window`` (on ``clock``) has passed since the first of
+    them, reading what is wanted from ``demand`` at that moment: however
+    clients churn, the origin gets at most one subscription change per type
+    per window (split if it is too large for one request, see
+    :func:`~relay.upstream.requests.split_requests`, or for one turn of the
+    event loop, see :meth:`_take_changed`), and a name subscribed and
+    unsubscribed within one window costs it nothing. The price is latency: a
+    client asking for a name no other client has waits up to one window more
+    (``server.batch_window``, 5 ms by default) for its first answer. With no
+    window it acts in the next turn of the event loop (changes in one turn
+    coalesce). Lingering subscriptions that run out go when they do (see
+    :meth:`_timer`), not with the window.
     """
 
     def __init__(self, dialer: Dialer, state: UpstreamState, demand: Demand, backoff: Backoff,
-                 metrics: Metrics, clock: Clock | None = None) -> None:
+                 metrics: Metrics, clock: Clock | None = None,
+                 batch_window: float = 0.0) -> None:
         self.dialer = dialer
         self.state = state
         self.demand = demand
         self.backoff = backoff
         self.metrics = metrics
         self.clock: Clock = clock or MonotonicClock()
+        self.batch_window = batch_window
         self.streams_opened = 0
         self._outbox: asyncio.Queue[Request] | None = None
         self._timer_changed = asyncio.Event()
@@ -71,10 +83,14 @@ class UpstreamClient:
         # set once the relay is synced: the origin sent a valid response (or,
         # with nothing subscribed yet, kept a stream open for answer_grace)
         self.synced_event = asyncio.Event()
-        # what clients asked for since the last turn: per type, names whose
-        # interest changed, and names to fetch afresh
+        # what clients asked for and the upstream has not acted on yet: per
+        # type, names whose interest changed, and names to fetch afresh
         self._changed: dict[str, set[str]] = {}
         self._refetches: dict[str, set[str]] = {}
+        # the open batch window: it acts on the batch when it closes
+        self._window: asyncio.Task[None] | None = None
+        # an act in the next turn of the event loop is due (no window, or
+        # the rest of a batch too large for one turn)
         self._scheduled = False
 
     @property
@@ -92,9 +108,29 @@ class UpstreamClient:
         self._schedule()
 
     def _schedule(self) -> None:
+        """Act on what clients asked for once the batch window closes: the
+        first change after a quiet spell opens it, later ones join it, as they
+        join a batch still being acted on (see :meth:`_take_changed`)."""
+        if self._scheduled or self._window is not None:
+            return
+        if self.batch_window <= 0:
+            self._next_turn()
+            return
+        self._window = asyncio.get_running_loop().create_task(
+            self._close_window(self.clock.now() + self.batch_window),
+            name="upstream-batch-window")
+
+    def _next_turn(self) -> None:
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._act_on_demand)
+
+    async def _close_window(self, closes: float) -> None:
+        try:
+            await self.clock.sleep(max(0.0, closes - self.clock.now()))
+        finally:
+            self._window = None
+        self._act_on_demand()
 
     def _act_on_demand(self) -> None:
         self._scheduled = False
@@ -109,8 +145,9 @@ class UpstreamClient:
 
     def _take_changed(self) -> dict[str, set[str]]:
         """Names whose interest changed, at most :data:`MAX_NAMES_PER_TURN` of
-        them: the rest wait for the next turn of the event loop, so that a
-        client subscribing to 100,000 names holds up nobody."""
+        them: the rest wait for the next turn of the event loop (not for
+        another window: they are of this batch), so that a client subscribing
+        to 100,000 names holds up nobody."""
         taken: dict[str, set[str]] = {}
         room = MAX_NAMES_PER_TURN
         for type_url in sorted(self._changed):
@@ -123,7 +160,7 @@ class UpstreamClient:
                 taken[type_url] = {names.pop() for _ in range(room)}
             break
         if self._changed:
-            self._schedule()
+            self._next_turn()
         return taken
 
     def _send(self, requests: list[Request]) -> None:
@@ -147,6 +184,10 @@ class UpstreamClient:
                 await self.clock.sleep(delay)
         finally:
             timer.cancel()
+            if self._window is not None:
+                # Nothing to send it to: a new stream subscribes what is
+                # wanted then (on_connect reads the demand whole).
+                self._window.cancel()
 
     async def _one_stream(self) -> bool:
         """One attempt: dial, subscribe, serve until the stream ends.

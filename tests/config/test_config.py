@@ -182,7 +182,8 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      server:
        addr: "0.0.0.0:1"
      upstream: {address: "a:1"}
-     """, 3, "server.addr", "address, batch_window, drain_period, workers, keepalive, extra_type_urls, tls, "
+     """, 3, "server.addr",
+     "address, batch_window, drain_period, workers, keepalive, extra_type_urls, tls, "
      "authorization"),
     ("""
      node: {id: a}

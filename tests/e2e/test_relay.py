@@ -74,6 +74,8 @@ async def test_invariant_25_upstream_subscription_follows_clients_dropped_by_las
         await first.recv()
         await second.send(node=node("2"), type_url=ENDPOINT, resource_names_subscribe=["a", "b"])
         await second.recv()
+        # b's subscription is out before a goes (else one batch window holds both)
+        await eventually(lambda: len(origin.subscription_requests()) == 2)
         await first.send(type_url=ENDPOINT, resource_names_unsubscribe=["a"])
         await second.send(type_url=ENDPOINT, resource_names_unsubscribe=["a"])
         await eventually(lambda: any(list(r.resource_names_unsubscribe) == ["a"]
