@@ -60,6 +60,9 @@ class Dialer:
             # the default 30 s is well clear of that.
             ("grpc.keepalive_time_ms", int(self.keepalive_time * 1000)),
             ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout * 1000)),
+            # What ends a connection whose ping goes unanswered: without it gRPC
+            # waits a minute, whatever keepalive_timeout says.
+            ("grpc.http2.ping_timeout_ms", int(self.keepalive_timeout * 1000)),
             # Keep pinging on an idle stream (gRPC stops after two pings
             # without data otherwise): a quiet origin is the normal case.
             ("grpc.http2.max_pings_without_data", 0),

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -21,6 +22,8 @@ from google.rpc import status_pb2
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from relay.app import Relay
+from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.harness import (
     ADS,
@@ -34,6 +37,7 @@ from tests.harness import (
     node,
     running_stack,
 )
+from tests.ports import free_port
 
 DELTA_ADS = ADS + "DeltaAggregatedResources"
 SOTW_ADS = ADS + "StreamAggregatedResources"
@@ -346,3 +350,55 @@ async def test_extra_type_urls_are_served() -> None:
         await client.send(node=node("n"), type_url=custom, resource_names_subscribe=["x"])
         request = await origin.next_request()
         assert request.type_url == custom and list(request.resource_names_subscribe) == ["x"]
+
+
+async def test_a_frozen_origin_is_left_within_keepalive_time_and_timeout(tmp_path: Path) -> None:
+    """The relay's own connection: an origin process that stops answering
+    (SIGSTOP) is given up on in seconds, not gRPC's default minute, and the
+    relay goes on serving its clients from cache meanwhile."""
+    port = free_port()
+    config = tmp_path / "origin.yaml"
+    config.write_text(f"""
+node: {{id: origin}}
+server: {{address: "127.0.0.1:{port}"}}
+admin: {{address: "127.0.0.1:0"}}
+upstream: {{files: "{tmp_path}"}}
+""")
+    (tmp_path / "clusters.yaml").write_text(
+        "resources:\n- '@type': type.googleapis.com/envoy.config.cluster.v3.Cluster\n"
+        "  name: a\n  connect_timeout: 1s\n")
+    origin = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "relay", "run", "--config", str(config),
+        stderr=asyncio.subprocess.DEVNULL)
+    relay_config = f"""
+node: {{id: zone}}
+server: {{address: "127.0.0.1:0"}}
+admin: {{address: "127.0.0.1:0"}}
+upstream:
+  address: "127.0.0.1:{port}"
+  backoff: {{initial: 0.1s, max: 0.5s}}
+  keepalive: {{time: 1s, timeout: 1s}}
+"""
+    relay = Relay(parse_config(relay_config))
+    await relay.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
+    try:
+        assert relay.upstream is not None
+        await eventually(relay.upstream.synced_event.is_set, timeout=20)
+        client = XdsClient(channel, DELTA_ADS, delta=True)
+        await client.send(node=node("c"), type_url=CLUSTER, resource_names_subscribe=["a"])
+        assert names_of(await client.recv(timeout=20)) == ["a"]
+        opened = relay.upstream.streams_opened
+        os.kill(origin.pid, signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await eventually(lambda: not relay.upstream.connected_event.is_set(), timeout=30)
+        assert loop.time() - started < 15
+        os.kill(origin.pid, signal.SIGCONT)
+        await eventually(lambda: relay.upstream.streams_opened > opened, timeout=20)
+        client.close()
+    finally:
+        await channel.close()
+        await relay.stop(0)
+        origin.kill()
+        await origin.wait()
