@@ -11,8 +11,10 @@ moves messages, registers interest, counts and logs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -316,8 +318,10 @@ class DownstreamStream:
         self.serving.per_connection[self.peer] += 1
         self.serving.idle.clear()
         # gRPC ends the call when its connection dies (keepalive), whether or
-        # not the read below ever returns: then the stream ends too.
-        context.add_done_callback(self._call_ended)
+        # not the read below ever returns: then the stream ends too. Through a
+        # weak reference: gRPC's call objects are freed only by a full garbage
+        # collection, and must not keep an ended stream (and all it was sent).
+        context.add_done_callback(functools.partial(_call_ended, weakref.ref(self)))
         reader = asyncio.create_task(self._read(requests))
         try:
             while not self._ended:
@@ -337,7 +341,8 @@ class DownstreamStream:
             self.serving.leave(self)
             metrics.downstream_streams.add(-1, {"protocol": self.protocol})
 
-    def _call_ended(self, _context: object) -> None:
+    def call_ended(self) -> None:
+        """gRPC ended the call: stop serving it."""
         self._ended = True
         self.wake()
 
@@ -400,3 +405,8 @@ class DownstreamStream:
         finally:
             self.wake()
 
+
+def _call_ended(stream: weakref.ref[DownstreamStream], _context: object) -> None:
+    ended = stream()
+    if ended is not None:
+        ended.call_ended()

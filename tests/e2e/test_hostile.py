@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
 import signal
 import sys
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -402,3 +404,26 @@ upstream:
         await relay.stop(0)
         origin.kill()
         await origin.wait()
+
+
+async def test_an_ended_stream_is_freed_without_waiting_for_a_full_collection() -> None:
+    """The relay runs with rare full garbage collections (relay.runtime): an
+    ended stream, and everything it was sent, must go by reference counting,
+    not wait in a cycle with gRPC's call objects."""
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"))
+    async with running_stack(origin) as stack:
+        client = stack.client()
+        await client.send(node=node("leaving"), type_url=CLUSTER, resource_names_subscribe=["a"])
+        await client.ack(await client.recv())
+        [stream] = stack.relay.serving.streams
+        gone = weakref.ref(stream)
+        del stream
+        gc.collect()
+        gc.disable()
+        try:
+            client.close()
+            await eventually(lambda: not stack.relay.serving.streams)
+            await eventually(lambda: gone() is None)
+        finally:
+            gc.enable()
