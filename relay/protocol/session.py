@@ -144,13 +144,13 @@ class Session:
         if state is None:
             state = self._new_state(type_url)
         outcome = state.on_request(request)
-        if outcome.interest_changed or first:
-            self._check_names_held()
         # A new node may change every type's parameters; a request, its own type.
         touched = self._states.items() if node_changed else [(type_url, state)]
         interest = [(t, change) for t, s in touched
                     if (change := s.take_interest_change()) is not None]
         outcome.interest_changed = any(t == type_url for t, _ in interest)
+        if outcome.interest_changed:
+            self._check_names_held()
         if first and not outcome.interest_changed:
             # Registered even with no names, to hear that the type became synced.
             interest.append((type_url, InterestChange()))

@@ -18,7 +18,7 @@ from relay.protocol.outcome import ProtocolError
 from relay.protocol.session import Session
 from relay.protocol.sotw import SotwSubscription
 from relay.protocol.view import NonceSource
-from relay.server.decoding import request_decoder
+from relay.server.decoding import RequestTooLarge, UndecodableRequest, request_decoder
 from relay.server.streams import DownstreamStream, ServingContext, XdsProtocol, encode_plan
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
@@ -58,8 +58,18 @@ def _stream_handler(serving: ServingContext, protocol: XdsProtocol,
 def _fetch_handler(serving: ServingContext, type_url: str) -> grpc.RpcMethodHandler:
     """REST-style one-shot fetch: the current state of the requested resources."""
 
-    async def behaviour(request: discovery_pb2.DiscoveryRequest,
-                        context: grpc.aio.ServicerContext) -> bytes:
+    # Decoded here, not by gRPC: a unary call's decoding error would end it
+    # UNKNOWN, with a traceback in the log.
+    decode = request_decoder(discovery_pb2.DiscoveryRequest, serving.max_request_size)
+
+    async def behaviour(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            request = decode(data)
+        except RequestTooLarge as too_large:
+            serving.metrics.downstream_limited.add(1, {"limit": too_large.limit})
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(too_large))
+        except UndecodableRequest as undecodable:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(undecodable))
         if serving.access is not None:
             identity = await serving.access.admit(context)
             error = serving.access.node_error(
@@ -87,9 +97,7 @@ def _fetch_handler(serving: ServingContext, type_url: str) -> grpc.RpcMethodHand
         return encode_plan(plan)
 
     return grpc.unary_unary_rpc_method_handler(
-        behaviour, request_deserializer=request_decoder(discovery_pb2.DiscoveryRequest,
-                                                        serving.max_request_size),
-        response_serializer=_identity)
+        behaviour, request_deserializer=_identity, response_serializer=_identity)
 
 
 def discovery_handlers(serving: ServingContext) -> list[grpc.GenericRpcHandler]:

@@ -177,7 +177,9 @@ async def test_garbage_to_the_fetch_method_is_invalid_argument() -> None:
             request_serializer=lambda data: data, response_deserializer=lambda data: data)
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await fetch(b"\xff\xff\xff\xff", timeout=5)
-        assert error.value.code() != grpc.StatusCode.OK
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details().startswith(
+            "the request is not a DiscoveryRequest: Error parsing message")
 
 
 async def test_a_request_over_request_size_is_resource_exhausted_naming_the_limit() -> None:
