@@ -35,9 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,11 +50,10 @@ import grpc
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from benchmarks.processes import RelayProcess, relay_process, stop_process, wait_ready
+from benchmarks.processes import RelayProcess, relay_process
 from tests.fuzz.driver import FuzzRig, LoopThread, Watcher, fuzz_origin
 from tests.fuzz.rules import TEST_LIMITS, Limits
 from tests.fuzz.strategies import ADS_DELTA, Case, cases
-from tests.ports import free_port
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -74,30 +71,10 @@ def memory(pid: int) -> tuple[int, int]:
 async def fuzzed_relay(origin_port: int, limits: str, stderr: IO[bytes]
                        ) -> AsyncIterator[RelayProcess]:
     """A relay process following the origin; ``limits``: the ``limits`` keys
-    (YAML flow; empty: the relay's defaults, and :func:`relay_process`)."""
-    if not limits:
-        async with relay_process("fuzz-relay", origin_port, 1.0, log_level="error",
-                                 stderr=stderr) as relay:
-            yield relay
-        return
-    xds_port, admin_port = free_port(), free_port()
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as config:
-        config.write(f"""
-node: {{id: fuzz-relay}}
-server: {{address: "127.0.0.1:{xds_port}", drain_period: 1s}}
-admin: {{address: "127.0.0.1:{admin_port}"}}
-upstream: {{address: "127.0.0.1:{origin_port}"}}
-logging: {{level: error}}
-limits: {{{limits}}}
-""")
-    process = subprocess.Popen(  # noqa: ASYNC220 (started once, before measuring)
-        [sys.executable, "-m", "relay", "run", "--config", config.name], stderr=stderr)
-    try:
-        await wait_ready(admin_port)
-        yield RelayProcess(process, xds_port, admin_port)
-    finally:
-        stop_process(process)
-        os.unlink(config.name)
+    (YAML flow; empty: the relay's defaults)."""
+    async with relay_process("fuzz-relay", origin_port, 1.0, log_level="error", stderr=stderr,
+                             sections=f"limits: {{{limits}}}" if limits else "") as relay:
+        yield relay
 
 
 def clients(relay: RelayProcess) -> list[dict[str, Any]]:

@@ -92,7 +92,7 @@ class RelayProcess:
 @contextlib.asynccontextmanager
 async def relay_process(node_id: str, origin_port: int, drain_period: float, *,
                         upstream_extra: str = "", server_extra: str = "",
-                        log_level: str = "warning",
+                        sections: str = "", log_level: str = "warning",
                         stderr: IO[bytes] | None = None, run_args: Sequence[str] = ()
                         ) -> AsyncIterator[RelayProcess]:
     """``xds-relay run`` following the origin on ``origin_port``, once ready.
@@ -100,6 +100,7 @@ async def relay_process(node_id: str, origin_port: int, drain_period: float, *,
     ``upstream_extra`` adds keys to the ``upstream`` section (YAML flow
     style, e.g. ``"backoff: {max: 5s}"``), ``server_extra`` to the
     ``server`` section (e.g. ``"tls: {cert_file: ..., key_file: ...}"``);
+    ``sections`` are more top-level lines (e.g. ``"limits: {name_length: 100}"``);
     ``run_args`` are more arguments to ``run`` (e.g. ``["--workers", "4"]``);
     the relay logs at ``log_level`` to ``stderr`` (the harness's own by
     default). Stopped on the way out (SIGTERM, then SIGKILL after 10 s) if
@@ -115,6 +116,7 @@ server: {{address: "127.0.0.1:{xds_port}", drain_period: {drain_period}s{server}
 admin: {{address: "127.0.0.1:{admin_port}"}}
 upstream: {{address: "127.0.0.1:{origin_port}"{extra}}}
 logging: {{level: {log_level}}}
+{sections}
 """)
     process = subprocess.Popen(  # noqa: ASYNC220 (started once, before measuring)
         [sys.executable, "-m", "relay", "run", "--config", config.name, *run_args],
