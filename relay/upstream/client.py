@@ -89,6 +89,8 @@ class UpstreamClient:
         self._refetches: dict[str, set[str]] = {}
         # the open batch window: it acts on the batch when it closes
         self._window: asyncio.Task[None] | None = None
+        # once run() has ended
+        self._stopped = False
         # an act in the next turn of the event loop is due (no window, or
         # the rest of a batch too large for one turn)
         self._scheduled = False
@@ -111,7 +113,8 @@ class UpstreamClient:
         """Act on what clients asked for once the batch window closes: the
         first change after a quiet spell opens it, later ones join it, as they
         join a batch still being acted on (see :meth:`_take_changed`)."""
-        if self._scheduled or self._window is not None:
+        if self._scheduled or self._window is not None or self._stopped:
+            # Stopped: nothing to send to, and no window left behind.
             return
         if self.batch_window <= 0:
             self._next_turn()
@@ -171,6 +174,7 @@ class UpstreamClient:
     async def run(self) -> None:
         """Connect, serve, reconnect; until cancelled."""
         timer = asyncio.create_task(self._timer())
+        self._stopped = False
         try:
             while True:
                 started = self.clock.now()
@@ -183,6 +187,7 @@ class UpstreamClient:
                     log.info("reconnecting to origin %s in %.2fs", self.target, delay)
                 await self.clock.sleep(delay)
         finally:
+            self._stopped = True
             timer.cancel()
             if self._window is not None:
                 # Nothing to send it to: a new stream subscribes what is
