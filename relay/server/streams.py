@@ -357,12 +357,12 @@ class DownstreamStream:
         if isinstance(error, LimitExceeded | RequestTooLarge):
             metrics.downstream_limited.add(1, {"limit": error.limit})
             self.serving.warn_limited(self.peer, error.limit, "refusing stream from %s: %s",
-                                 self.peer, error)
+                                      self.peer, error)
             return grpc.StatusCode.RESOURCE_EXHAUSTED, str(error)
         if isinstance(error, ProtocolError | UndecodableRequest):
             metrics.downstream_rejected.add(1, {"protocol": self.protocol})
             self.serving.warn_limited(self.peer, "invalid", "rejecting stream from %s: %s",
-                                 self.peer, error)
+                                      self.peer, error)
             return grpc.StatusCode.INVALID_ARGUMENT, str(error)
         log.error("stream from %s failed", self.peer, exc_info=error)
         return grpc.StatusCode.INTERNAL, "the relay failed to read this stream; see its log"
@@ -381,8 +381,8 @@ class DownstreamStream:
         """Check the first request's Node against the client's certificate
         before it subscribes to anything: raises :class:`Refused`."""
         assert self._unbound is not None and self.serving.access is not None
-        error = self.serving.access.node_error(self._unbound, first.node if first.HasField(
-            "node") else None)
+        node = first.node if first.HasField("node") else None
+        error = self.serving.access.node_error(self._unbound, node)
         if error is not None:
             raise Refused(error)
         self._unbound = None
