@@ -48,7 +48,6 @@ import asyncio
 import itertools
 import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -69,7 +68,7 @@ from benchmarks.processes import (
     wait_for_worker,
     workers,
 )
-from benchmarks.report import Comparison, compare, table, values
+from benchmarks.report import Comparison, compare, table, values, write_results
 from relay.xds_types import ENDPOINT
 
 TICK_MS = 20
@@ -383,10 +382,7 @@ def main() -> None:
         print(f"\nK = {result['resources']}, {args.runs} runs each:\n{table(rows, 'figure')}")
         for error in result["errors"]:
             print(f"  {error}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "command": " ".join(["python -m benchmarks.big_client", *sys.argv[1:]]),
-        "cpus": os.cpu_count(), "runs": args.runs, "results": results}, indent=2))
+    write_results(args.out, "benchmarks.big_client", runs=args.runs, results=results)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ from google.protobuf import any_pb2
 
 from benchmarks.bare import BareServer, Catalog
 from benchmarks.processes import DELTA_ADS, Workers, cpu_seconds, stop_process, workers
-from benchmarks.report import Comparison, compare, table, values
+from benchmarks.report import Comparison, compare, table, values, write_results
 from relay.cache import ResourceCache, Update
 from relay.persistence.entries import FORMAT, encode_entry
 from relay.persistence.stores import RedisStore, SnapshotBatch, SnapshotStore, StoredSnapshot
@@ -575,10 +575,7 @@ def main() -> None:
               f"{args.runs} runs each:\n{table(summarize(result), 'figure')}")
         for error in result["errors"]:
             print(f"  {error}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "command": " ".join(["python -m benchmarks.snapshot", *sys.argv[1:]]),
-        "cpus": os.cpu_count(), "runs": args.runs, "results": results}, indent=2))
+    write_results(args.out, "benchmarks.snapshot", runs=args.runs, results=results)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ import contextlib
 import json
 import os
 import statistics
-import sys
 import time
 import urllib.request
 from collections import Counter
@@ -69,7 +68,7 @@ from benchmarks.processes import (
     relay_process,
     workers,
 )
-from benchmarks.report import Comparison, compare, table, values
+from benchmarks.report import Comparison, compare, table, values, write_results
 from tests.builders import endpoints, version_of
 from tests.harness import ScriptedOrigin
 
@@ -312,13 +311,11 @@ def main() -> None:
           f"{args.runs} run(s) of each server, {args.rounds} updates per run, "
           f"load {min(loads):.1f}-{max(loads):.1f}; W = 1 is one process (no --workers), "
           f"the bare columns are the same bare runs for every W:\n{table(rows, 'figure')}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "command": " ".join(["python -m benchmarks.workers", *sys.argv[1:]]),
-        "cpus": cpus, "streams": args.streams, "clients": args.clients, "runs": args.runs,
-        "rounds": args.rounds, "bare_runs": bare,
-        "results": [{"workers": count, "runs": relay[count], "summary": summaries[count]}
-                    for count in counts]}, indent=2))
+    write_results(
+        args.out, "benchmarks.workers", streams=args.streams, clients=args.clients,
+        runs=args.runs, rounds=args.rounds, bare_runs=bare,
+        results=[{"workers": count, "runs": relay[count], "summary": summaries[count]}
+                 for count in counts])
 
 
 if __name__ == "__main__":
