@@ -10,10 +10,7 @@ import asyncio
 import contextlib
 import re
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -21,30 +18,11 @@ import grpc
 from relay.persistence.stores import RedisStore
 from relay.xds_types import CLUSTER
 from tests.e2e.test_persistence import received, subscribed
-from tests.e2e.test_workers import REPO, interrupted, until
+from tests.e2e.test_workers import REPO, RelayTree, interrupted, until
 from tests.harness import ScriptedOrigin, cluster, version_of
 from tests.redis_server import redis_server
 
 STARTED = re.compile(r"serving xDS on 127\.0\.0\.1:(\d+), admin on 127\.0\.0\.1:(\d+)")
-
-
-@dataclass
-class RelayProcess:
-    process: asyncio.subprocess.Process
-    log: Path
-    xds_port: int = 0
-    admin_port: int = 0
-
-    async def ready(self) -> tuple[int, str]:
-        def fetch() -> tuple[int, str]:
-            try:
-                with urllib.request.urlopen(
-                        f"http://127.0.0.1:{self.admin_port}/ready", timeout=5) as reply:
-                    return reply.status, reply.read().decode()
-            except urllib.error.HTTPError as error:
-                return error.code, error.read().decode()
-
-        return await asyncio.to_thread(fetch)
 
 
 def text_of(log: Path) -> str:
@@ -52,12 +30,12 @@ def text_of(log: Path) -> str:
 
 
 @contextlib.asynccontextmanager
-async def relay_process(config: Path, log: Path) -> AsyncIterator[RelayProcess]:
+async def relay_process(config: Path, log: Path) -> AsyncIterator[RelayTree]:
     with log.open("wb") as stderr:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "relay", "run", "--config", str(config), cwd=REPO,
             stderr=stderr)
-    relay = RelayProcess(process, log)
+    relay = RelayTree(process, log)
     try:
         async def started() -> bool:
             match = STARTED.search(text_of(log))
@@ -110,7 +88,8 @@ persistence: {{redis: {{url: "{redis.url}"}}}}
             clients = []
             channels = []
             for process in (restarted, replica):
-                status, body = await process.ready()
+                status, answer = await process.get("/ready")
+                body = answer.decode()
                 assert status == 200, body
                 assert body.startswith("ready: serving a snapshot (3 resources of 1 types "
                                        "from redis 127.0.0.1:"), body

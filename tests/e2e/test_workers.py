@@ -51,7 +51,7 @@ async def until(check: Callable[[], Awaitable[bool]], timeout: float = TIMEOUT) 
 
 @dataclass
 class RelayTree:
-    """A relay run with --workers: the hub process, its ports, its log."""
+    """A relay process (with --workers, the hub), its ports, its log."""
 
     process: asyncio.subprocess.Process
     log: Path
