@@ -203,13 +203,8 @@ class Relay:
         limits = self.config.limits
         serving = self.serving
         serving.limits = Limits(
-            names_per_request=limits.names_per_request, names_per_stream=limits.names_per_stream,
-            name_length=limits.name_length, node_size=limits.node_size,
-            dynamic_parameters=limits.dynamic_parameters,
+            **limits.model_dump(),
             type_urls=frozenset(KNOWN_TYPE_URLS) | frozenset(self.config.server.extra_type_urls))
-        serving.max_streams = limits.streams
-        serving.max_streams_per_connection = limits.streams_per_connection
-        serving.max_request_size = limits.request_size
         serving.refusal_log = RateLimitedLog(logging.getLogger("relay.downstream"),
                                              REFUSAL_LOG_INTERVAL, self.clock.now)
 

@@ -38,6 +38,7 @@ from relay.config.values import (
     WorkerCountField,
     is_dns_name,
 )
+from relay.protocol.limits import DEFAULT_LIMITS
 
 __all__ = [
     "LOG_LEVELS",
@@ -183,22 +184,26 @@ class LimitsConfig(_Section):
     counts them."""
 
     streams: CountField = Field(
-        default=100_000, description="downstream streams open at once, all clients together")
+        default=DEFAULT_LIMITS.streams,
+        description="downstream streams open at once, all clients together")
     streams_per_connection: CountField = Field(
-        default=100, description="streams open at once on one client connection")
+        default=DEFAULT_LIMITS.streams_per_connection,
+        description="streams open at once on one client connection")
     names_per_request: CountField = Field(
-        default=100_000,
+        default=DEFAULT_LIMITS.names_per_request,
         description="resource names (and locators) one request subscribes or unsubscribes")
     names_per_stream: CountField = Field(
-        default=200_000, description="resource names one stream subscribes to, all types")
+        default=DEFAULT_LIMITS.names_per_stream,
+        description="resource names one stream subscribes to, all types")
     name_length: CountField = Field(
-        default=4096, description="characters in one resource name")
+        default=DEFAULT_LIMITS.name_length, description="characters in one resource name")
     node_size: NodeSizeField = Field(
-        default=64 * 1024, description="the encoded size of a client's Node")
+        default=DEFAULT_LIMITS.node_size, description="the encoded size of a client's Node")
     dynamic_parameters: CountField = Field(
-        default=64, description="dynamic parameters of one locator (or of the Node, per type)")
+        default=DEFAULT_LIMITS.dynamic_parameters,
+        description="dynamic parameters of one locator (or of the Node, per type)")
     request_size: RequestSizeField = Field(
-        default=16 * 1024 * 1024,
+        default=DEFAULT_LIMITS.request_size,
         description="the encoded size of one request; gRPC itself refuses twice as much "
                     "before the relay sees it")
 

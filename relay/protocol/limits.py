@@ -15,7 +15,8 @@ from envoy.config.core.v3 import base_pb2
 
 from relay.protocol.outcome import ProtocolError
 
-__all__ = ["MAX_NACK_MESSAGE", "MAX_SHOWN", "LimitExceeded", "Limits", "kept_node", "shown"]
+__all__ = ["DEFAULT_LIMITS", "MAX_NACK_MESSAGE", "MAX_SHOWN", "LimitExceeded", "Limits",
+           "kept_node", "shown"]
 
 #: The most characters of a client's text that a log line, /clients or CSDS shows.
 MAX_SHOWN = 256
@@ -33,8 +34,11 @@ class LimitExceeded(ProtocolError):
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Per-stream limits (the defaults are ``limits.*``'s)."""
+    """What clients may ask (``limits.*``; these defaults are the config's)."""
 
+    streams: int = 100_000
+    streams_per_connection: int = 100
+    request_size: int = 16 * 1024 * 1024
     names_per_request: int = 100_000
     names_per_stream: int = 200_000
     name_length: int = 4_096
@@ -42,6 +46,9 @@ class Limits:
     dynamic_parameters: int = 64
     # the type URLs a stream may ask for (None: any)
     type_urls: frozenset[str] | None = None
+
+
+DEFAULT_LIMITS = Limits()
 
 
 def shown(text: str, limit: int = MAX_SHOWN) -> str:

@@ -31,7 +31,7 @@ from relay.constraints import EMPTY_PARAMS, Params, params_of
 from relay.encoding import locator_size
 from relay.interest import InterestChange
 from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
-from relay.protocol.limits import LimitExceeded, Limits, kept_node, shown
+from relay.protocol.limits import DEFAULT_LIMITS, LimitExceeded, Limits, kept_node, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
@@ -69,9 +69,6 @@ class Due:
     responses: list[Plan] = field(default_factory=list)
     # per type, names whose cached copy may not be served: fetch them afresh
     refetch: dict[str, frozenset[str]] = field(default_factory=dict)
-
-
-DEFAULT_LIMITS = Limits()
 
 
 class Session:

@@ -51,7 +51,7 @@ def _stream_handler(serving: ServingContext, protocol: XdsProtocol,
 
     return grpc.stream_stream_rpc_method_handler(
         behaviour, request_deserializer=request_decoder(request_class,
-                                                        serving.max_request_size),
+                                                        serving.limits.request_size),
         response_serializer=_identity)
 
 
@@ -60,7 +60,7 @@ def _fetch_handler(serving: ServingContext, type_url: str) -> grpc.RpcMethodHand
 
     # Decoded here, not by gRPC: a unary call's decoding error would end it
     # UNKNOWN, with a traceback in the log.
-    decode = request_decoder(discovery_pb2.DiscoveryRequest, serving.max_request_size)
+    decode = request_decoder(discovery_pb2.DiscoveryRequest, serving.limits.request_size)
 
     async def behaviour(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:

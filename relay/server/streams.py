@@ -28,7 +28,7 @@ from relay.cache import ResourceCache
 from relay.interest import InterestIndex
 from relay.logs import RateLimitedLog
 from relay.protocol.delta import split_request
-from relay.protocol.limits import LimitExceeded, Limits, shown
+from relay.protocol.limits import DEFAULT_LIMITS, LimitExceeded, Limits, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.session import Plan, Request, Session, XdsProtocol
 from relay.protocol.snapshot import SessionSnapshot
@@ -65,12 +65,8 @@ class ServingContext:
     # the authorization rules (None: everyone may do everything, as on the
     # private socket between the processes of --workers)
     access: Access | None = None
-    # what one stream may ask (limits.*), and how many streams may be open
-    limits: Limits = field(default_factory=Limits)
-    max_streams: int = 100_000
-    max_streams_per_connection: int = 100
-    # the largest request decoded (limits.request_size)
-    max_request_size: int = 16 * 1024 * 1024
+    # what clients may ask (limits.*)
+    limits: Limits = DEFAULT_LIMITS
     # streams open per client connection (its peer address)
     per_connection: Counter[str] = field(default_factory=Counter)
     # lines about bad requests: at most one per kind and client host per interval
@@ -105,11 +101,11 @@ class ServingContext:
 
     def admission_error(self, peer: str) -> tuple[str, str] | None:
         """Why a new stream from ``peer`` is refused (the limit, the message), or None."""
-        if len(self.streams) >= self.max_streams:
+        if len(self.streams) >= self.limits.streams:
             return "streams", (f"the relay serves {len(self.streams)} streams, its most "
                                f"(limits.streams); connect to another replica")
         # A unix socket's peers cannot be told apart: they share no connection limit.
-        if peer != "unix:" and self.per_connection[peer] >= self.max_streams_per_connection:
+        if peer != "unix:" and self.per_connection[peer] >= self.limits.streams_per_connection:
             return "streams_per_connection", (
                 f"this connection has {self.per_connection[peer]} streams open, the most "
                 f"(limits.streams_per_connection)")
