@@ -9,6 +9,7 @@ import logging
 import random
 import signal
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -24,11 +25,11 @@ from relay.logs import RateLimitedLog
 from relay.persistence.restore import Restored, restore
 from relay.persistence.stores import DirectoryStore, RedisStore, SnapshotStore, StoreError
 from relay.persistence.writer import SnapshotWriter
-from relay.protocol.limits import Limits
+from relay.protocol.limits import NUMBERED_LIMITS, Limits
 from relay.server.access import REFUSAL_LOG_INTERVAL, Access, server_credentials
 from relay.server.ecosystem import Health, add_ecosystem_services
 from relay.server.services import DRAINING, discovery_handlers
-from relay.telemetry import new_metrics, prometheus_provider
+from relay.telemetry import new_metrics, prometheus_provider, watch_loop_lag
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
 from relay.upstream.dial import Dialer, OriginTLS
@@ -191,6 +192,8 @@ class Relay:
             self.serving.access = Access(
                 Authorizer(rules.allow, rules.node_binding, rules.debug, rules.debug_loopback),
                 self.metrics, self.clock.now)
+        # what /ready and xds_relay_ready go by: the hub of --workers counts its workers in
+        self.readiness: Callable[[], str | None] = self.not_ready_reason
         self._reuse_port = reuse_port
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -213,6 +216,15 @@ class Relay:
         self.metrics.observe_state(
             self.cache.counts, self.serving.subscription_counts,
             self.upstream.state.subscription_counts if self.upstream is not None else None)
+        self.metrics.observe(
+            "xds_relay_ready", "1 while /ready says ready (serving what it has), 0 otherwise",
+            (), lambda: {(): int(self.readiness() is None)})
+        # What "near a limit" alerts divide by.
+        limits = self.config.limits
+        self.metrics.observe(
+            "xds_relay_limit", "The configured limits.* (counts, and sizes in bytes); "
+            "streams are per process",
+            ("limit",), lambda: {(name,): getattr(limits, name) for name in NUMBERED_LIMITS})
         certificates = self.certificates
         if certificates is not None:
             # what alerts on a certificate that rotation failed to renew watch
@@ -354,6 +366,8 @@ class Relay:
             self._tasks.append(asyncio.create_task(self.upstream.run(), name="upstream"))
         self._tasks.append(asyncio.create_task(self._report_ready(), name="ready"))
         self._tasks.append(asyncio.create_task(self.core.expire_ttls(), name="ttl"))
+        self._tasks.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag),
+                                               name="loop-lag"))
         serving = self._listen if self._listen.startswith("unix:") else \
             f"{self.config.server.address.host}:{self.xds_port}"
         if self.certificates is not None:

@@ -7,13 +7,14 @@ URLs (short names), wire protocol (sotw or delta), outcome. Never a client or re
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import HistogramMetricFamily
 
 from relay.xds_types import short_name
@@ -21,6 +22,11 @@ from relay.xds_types import short_name
 # Seconds; from a same-host push (sub-millisecond) to a large fan-out (seconds).
 PUSH_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                         1.0, 2.5, 5.0, 10.0)
+# Seconds the event loop ran late: a few ms is a busy loop, 100 ms+ is every
+# client waiting (a huge request decoded, a collection of a large heap).
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# How often the loop's lag is sampled.
+LOOP_LAG_INTERVAL = 0.1
 
 
 class HotCounter:
@@ -124,8 +130,13 @@ class Metrics:
             "xds_relay_push_latency_seconds",
             "From receiving an origin update to sending it to a client, per pushed response",
             ("type",), PUSH_LATENCY_BUCKETS)
+        self.loop_lag = HotHistogram(
+            "xds_relay_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 100 ms: the time every client "
+            "waited for this process to get to it", (), LOOP_LAG_BUCKETS)
         if registry is not None:
             registry.register(self.push_latency)
+            registry.register(self.loop_lag)
         self.variant_conflicts = meter.create_counter(
             "xds_relay_variant_conflicts",
             description="Lookups where several variants matched one client (an origin error)")
@@ -190,6 +201,20 @@ class Metrics:
         self._meter.create_observable_gauge(name, callbacks=[callback], description=description)
 
 
+async def watch_loop_lag(histogram: HotHistogram,
+                         interval: float = LOOP_LAG_INTERVAL) -> None:
+    """Record into ``histogram``, every ``interval``, how late the running
+    loop woke a timer: what any work that holds the loop costs every client.
+
+    The loop's own clock, not an injected one: this measures the process.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + interval
+        await asyncio.sleep(interval)
+        histogram.record(max(0.0, loop.time() - due))
+
+
 def prometheus_provider(otlp_endpoint: str | None = None, otlp_interval: float = 15.0
                         ) -> tuple[MeterProvider, CollectorRegistry]:
     """A meter provider whose readings a private Prometheus registry serves,
@@ -203,6 +228,11 @@ def prometheus_provider(otlp_endpoint: str | None = None, otlp_interval: float =
     from opentelemetry.sdk.metrics.export import MetricReader
 
     registry = CollectorRegistry()
+    # The series every Prometheus user expects of a process (process_*: CPU,
+    # memory, file descriptors; python_*: the collector's work and the version).
+    ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
+    PlatformCollector(registry=registry)
     readers: list[MetricReader] = [
         PrometheusMetricReader(disable_target_info=True, registry=registry)]
     if otlp_endpoint is not None:

@@ -9,14 +9,14 @@ what a client sends never decides how large a log line or a view grows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from envoy.config.core.v3 import base_pb2
 
 from relay.protocol.outcome import ProtocolError
 
-__all__ = ["DEFAULT_LIMITS", "MAX_NACK_MESSAGE", "MAX_SHOWN", "LimitExceeded", "Limits",
-           "kept_node", "shown"]
+__all__ = ["DEFAULT_LIMITS", "MAX_NACK_MESSAGE", "MAX_SHOWN", "NUMBERED_LIMITS",
+           "LimitExceeded", "Limits", "kept_node", "shown"]
 
 #: The most characters of a client's text that a log line, /clients or CSDS shows.
 MAX_SHOWN = 256
@@ -49,6 +49,8 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+#: The limits that are numbers (a count or a size in bytes), by their key's last part.
+NUMBERED_LIMITS = tuple(f.name for f in fields(Limits) if f.type == "int")
 
 
 def shown(text: str, limit: int = MAX_SHOWN) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from collections.abc import Callable
 
@@ -133,6 +134,43 @@ async def test_metrics_count_known_traffic_exactly() -> None:
     assert series(samples, "xds_relay_push_latency_seconds_count") == {
         labels(type="Cluster"): 6, labels(type="ClusterLoadAssignment"): 1}
     assert series(samples, "xds_relay_push_latency_seconds_sum")[labels(type="Cluster")] > 0
+
+
+async def test_metrics_have_the_process_series_readiness_and_limits() -> None:
+    origin = ScriptedOrigin()  # it has nothing to send yet: the relay is not ready
+    async with running_stack(origin, limits="streams: 7, names_per_request: 500") as stack:
+        before = await scrape(stack.relay.admin_port)
+        origin.set(cluster("a"), version="v1")
+        await eventually(lambda: stack.relay.not_ready_reason() is None)
+        after = await scrape(stack.relay.admin_port)
+
+    assert series(before, "xds_relay_ready") == {labels(): 0}
+    assert series(after, "xds_relay_ready") == {labels(): 1}
+    limits = series(after, "xds_relay_limit")
+    assert limits[labels(limit="streams")] == 7
+    assert limits[labels(limit="names_per_request")] == 500
+    assert limits[labels(limit="request_size")] == 16 * 1024 * 1024
+    # What Prometheus users expect of any process (prometheus_client's collectors).
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes",
+                 "process_open_fds", "process_max_fds", "process_start_time_seconds"):
+        assert series(after, name)[labels()] > 0, name
+    assert set(series(after, "python_gc_collections_total")) == {
+        labels(generation=str(g)) for g in range(3)}
+
+
+async def test_event_loop_lag_records_a_blocked_loop() -> None:
+    async with running_stack() as stack:
+        lag = stack.relay.metrics.loop_lag
+        await eventually(lambda: bool(lag._counts))  # the watcher has ticked
+        # Hold the loop for 0.3 s: the tick due within 0.1 s of the start runs
+        # at least 0.2 s late, however busy the machine.
+        time.sleep(0.3)  # noqa: ASYNC251 - blocking the loop is the point
+        await asyncio.sleep(0.15)  # the late tick, and the next, are recorded
+        samples = await scrape(stack.relay.admin_port)
+
+    buckets = series(samples, "xds_relay_event_loop_lag_seconds_bucket")
+    assert buckets[labels(le="0.1")] < buckets[labels(le="+Inf")]
+    assert series(samples, "xds_relay_event_loop_lag_seconds_sum")[labels()] >= 0.2
 
 
 async def test_clients_endpoint_shows_each_client_subscriptions_acks_and_nacks() -> None:

@@ -225,6 +225,12 @@ async def test_workers_serve_clients_from_one_origin_stream_and_a_killed_one_com
             streams = {s.labels["worker"]: s.value for s in series
                        if s.name == "xds_relay_downstream_streams"}
             assert sorted(streams) == ["1", "2"] and sum(streams.values()) == len(followers)
+            # Each process's own series, the hub's too; readiness is the hub's alone.
+            pids = {s.labels["worker"]: s.value for s in series
+                    if s.name == "process_start_time_seconds"}
+            assert sorted(pids) == ["1", "2", "hub"]
+            assert [("worker" in s.labels, s.value) for s in series
+                    if s.name == "xds_relay_ready"] == [(False, 1)]
 
             placement = await tree.placement()
             [victim, survivor] = (await tree.clients())["workers"]

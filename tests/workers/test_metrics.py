@@ -83,3 +83,25 @@ def test_merged_page_has_one_help_and_type_per_family() -> None:
     assert len(types) == len(set(types))
     assert "# TYPE xds_relay_downstream_pushes_total counter" in types
     assert "# TYPE xds_relay_push_latency_seconds histogram" in types
+
+
+def test_process_series_come_from_every_process_the_hubs_labelled_hub() -> None:
+    merged = samples(merge_metrics(page(hub), {1: page(worker(1, 0.1)),
+                                               2: page(worker(1, 0.1))}))
+    rss = {dict(key[1])["worker"] for key in merged
+           if key[0] == "process_resident_memory_bytes"}
+    assert rss == {"hub", "1", "2"}
+    collections = {dict(key[1])["worker"] for key in merged
+                   if key[0] == "python_gc_collections_total"}
+    assert collections == {"hub", "1", "2"}
+
+
+def test_readiness_is_the_hubs_alone() -> None:
+    def ready(value: int) -> Callable[[Metrics], None]:
+        def record(metrics: Metrics) -> None:
+            metrics.observe("xds_relay_ready", "ready", (), lambda: {(): value})
+        return record
+
+    merged = samples(merge_metrics(page(ready(0)), {1: page(ready(1))}))
+    assert {key: v for key, v in merged.items() if key[0] == "xds_relay_ready"} == \
+        {("xds_relay_ready", labels()): 0}
