@@ -88,13 +88,17 @@ class SnapshotWriter:
         if not self._pending:
             return True
         pending, self._pending = self._pending, {}
-        batch = await self._batch(pending)
         started = time.perf_counter()
         try:
+            batch = await self._batch(pending)
             await self.store.write(batch)
+        except asyncio.CancelledError:
+            # Stopped mid-write (the relay stopping): the names stay noted, so
+            # that the last write on the way out still has them.
+            self._note(pending)
+            raise
         except StoreError as error:
-            for type_url, names in pending.items():
-                self._pending.setdefault(type_url, set()).update(names)
+            self._note(pending)
             self.metrics.snapshot_writes.add(1, {"outcome": "failed"})
             self._failures += 1
             if self._failures == 1:
@@ -111,6 +115,11 @@ class SnapshotWriter:
             self.retry.reset()
         self.written.set()
         return True
+
+    def _note(self, pending: Mapping[str, set[str]]) -> None:
+        """Note ``pending`` again (a write of them did not happen)."""
+        for type_url, names in pending.items():
+            self._pending.setdefault(type_url, set()).update(names)
 
     async def _batch(self, pending: Mapping[str, set[str]]) -> SnapshotBatch:
         """The entries of ``pending`` names as the cache holds them now."""

@@ -207,3 +207,32 @@ async def test_the_run_loop_writes_after_changes_and_retries_on_its_own(rig: Rig
     finally:
         task.cancel()
 
+
+
+async def test_a_write_cut_short_by_a_stop_is_made_by_the_last_write(rig: Rig) -> None:
+    import asyncio
+
+    class HeldStore:
+        """The rig's store, with a write that waits until cancelled."""
+
+        def __init__(self) -> None:
+            self.entered = asyncio.Event()
+
+        async def write(self, batch: SnapshotBatch) -> None:
+            self.entered.set()
+            await asyncio.Event().wait()
+
+    held = HeldStore()
+    rig.writer.store = held  # type: ignore[assignment]
+    task = asyncio.create_task(rig.writer.run())
+    rig.cache.apply(CLUSTER, Update([origin_resource("a", "v1")]))
+    await asyncio.wait_for(held.entered.wait(), 5)
+    task.cancel()  # what Relay.stop does to the writer's task
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert rig.writer.pending() == 1
+
+    rig.writer.store = rig.store
+    assert await rig.writer.write_pending()  # the write on the way out
+    fresh, _ = await rig.restored()
+    assert list(variants_of(fresh, "a")) == [""]
