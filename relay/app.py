@@ -26,7 +26,12 @@ from relay.persistence.restore import Restored, restore
 from relay.persistence.stores import DirectoryStore, RedisStore, SnapshotStore, StoreError
 from relay.persistence.writer import SnapshotWriter
 from relay.protocol.limits import NUMBERED_LIMITS, Limits
-from relay.server.access import REFUSAL_LOG_INTERVAL, Access, server_credentials
+from relay.server.access import (
+    REFUSAL_LOG_INTERVAL,
+    REFUSAL_REASONS,
+    Access,
+    server_credentials,
+)
 from relay.server.ecosystem import Health, add_ecosystem_services
 from relay.server.services import DRAINING, discovery_handlers
 from relay.telemetry import new_metrics, prometheus_provider, watch_loop_lag
@@ -180,6 +185,7 @@ class Relay:
         self.certificates = None if tls is None else \
             WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file)
         self._observe_state()
+        self._count_from_zero()
         self.health = Health()
         self.admin: AdminServer | None = None
         if admin:
@@ -232,6 +238,23 @@ class Relay:
                 "xds_relay_tls_certificate_expiry_timestamp_seconds",
                 "When the certificate the xDS port serves expires (Unix time)", (),
                 lambda: {(): int(certificates.current.not_after.timestamp())})
+
+    def _count_from_zero(self) -> None:
+        """Start at 0 the series that alerts take ``increase()`` of, rather
+        than at their first count: the first refusal, limit hit or failed
+        write is then an increase, and a relay that never reached its origin
+        says ``xds_relay_upstream_connected 0``."""
+        metrics = self.metrics
+        for limit in NUMBERED_LIMITS:
+            metrics.downstream_limited.add(0, {"limit": limit})
+        for reason in REFUSAL_REASONS:
+            metrics.downstream_refused.add(0, {"reason": reason})
+        if self.upstream is not None:
+            metrics.upstream_connected.add(0)
+            metrics.upstream_reconnects.add(0)
+        if self.snapshot is not None:
+            for outcome in ("ok", "failed"):
+                metrics.snapshot_writes.add(0, {"outcome": outcome})
 
     async def set_not_serving(self) -> None:
         """Turn every gRPC health status NOT_SERVING, for good (when draining starts)."""

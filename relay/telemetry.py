@@ -25,6 +25,10 @@ PUSH_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 # Seconds the event loop ran late: a few ms is a busy loop, 100 ms+ is every
 # client waiting (a huge request decoded, a collection of a large heap).
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# Seconds; a Redis round trip on the same host (sub-millisecond) to a large
+# batch over a slow link.
+SNAPSHOT_WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                          2.5, 5.0, 10.0)
 # How often the loop's lag is sampled.
 LOOP_LAG_INTERVAL = 0.1
 
@@ -150,7 +154,9 @@ class Metrics:
             description="Writes of the persisted snapshot, by outcome (ok, failed)")
         self.snapshot_write_seconds = meter.create_histogram(
             "xds_relay_snapshot_write_seconds", unit="s",
-            description="Time to write one batch of changes to the snapshot store")
+            description="Time to write one batch of changes to the snapshot store",
+            # the SDK's default buckets are for milliseconds (5 to 10,000)
+            explicit_bucket_boundaries_advisory=SNAPSHOT_WRITE_BUCKETS)
         self.snapshot_restored = meter.create_counter(
             "xds_relay_snapshot_restored_resources",
             description="Resource variants loaded from the snapshot at start")

@@ -26,6 +26,9 @@ __all__ = ["Access", "Refused", "server_credentials"]
 
 # How often one kind of refusal is logged at most.
 REFUSAL_LOG_INTERVAL = 10.0
+#: The ``reason`` of a refusal: not an allowed identity, a Node its
+#: certificate does not bind, a debug call from a peer not allowed to debug.
+REFUSAL_REASONS = ("identity", "node_binding", "debug")
 
 
 class Refused(Exception):

@@ -214,6 +214,7 @@ class Hub:
         self.socket = f"unix:{self._dir / 'hub.sock'}"
         self.relay = Relay(config, listen=self.socket, admin=False)
         self.relay.readiness = self.not_ready_reason  # xds_relay_ready says what /ready says
+        self.relay.metrics.worker_restarts.add(0)  # a series from the start, for increase()
         self.workers = [WorkerProcess(i) for i in range(1, config.server.workers + 1)]
         self.admin = HubAdmin(self.relay.cache, self.not_ready_reason, self.clients,
                               self.metrics, self.relay.ready_detail)

@@ -11,6 +11,10 @@ from collections.abc import Callable
 from google.rpc import status_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
+from relay.app import Relay
+from relay.config import parse_config
+from relay.protocol.limits import NUMBERED_LIMITS
+from relay.server.access import REFUSAL_REASONS
 from relay.xds_types import CLUSTER, ENDPOINT, WILDCARD
 from tests.harness import (
     ScriptedOrigin,
@@ -19,8 +23,10 @@ from tests.harness import (
     endpoints,
     eventually,
     node,
+    relay_config,
     running_stack,
 )
+from tests.ports import free_port
 
 Labels = frozenset[tuple[str, str]]
 
@@ -156,6 +162,24 @@ async def test_metrics_have_the_process_series_readiness_and_limits() -> None:
         assert series(after, name)[labels()] > 0, name
     assert set(series(after, "python_gc_collections_total")) == {
         labels(generation=str(g)) for g in range(3)}
+
+
+async def test_series_alerts_take_increase_of_start_at_zero() -> None:
+    # An origin that never answers: nothing has been counted yet.
+    relay = Relay(parse_config(relay_config(free_port())))
+    await relay.start()
+    try:
+        samples = await scrape(relay.admin_port)
+    finally:
+        await relay.stop(0)
+
+    assert series(samples, "xds_relay_upstream_connected") == {labels(): 0}
+    assert series(samples, "xds_relay_upstream_reconnects_total") == {labels(): 0}
+    assert series(samples, "xds_relay_downstream_limited_streams_total") == {
+        labels(limit=limit): 0 for limit in NUMBERED_LIMITS}
+    assert series(samples, "xds_relay_downstream_refused_streams_total") == {
+        labels(reason=reason): 0 for reason in REFUSAL_REASONS}
+    assert series(samples, "xds_relay_ready") == {labels(): 0}
 
 
 async def test_event_loop_lag_records_a_blocked_loop() -> None:

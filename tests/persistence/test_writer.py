@@ -204,6 +204,11 @@ async def test_the_run_loop_writes_after_changes_and_retries_on_its_own(rig: Rig
         rig.cache.apply(CLUSTER, Update([origin_resource("a")]))
         await asyncio.wait_for(rig.writer.written.wait(), 5)
         assert rig.writer.pending() == 0
+        # in seconds: a local write falls under 0.5 s (the SDK's default
+        # buckets, meant for milliseconds, have no such bound)
+        assert rig.registry.get_sample_value("xds_relay_snapshot_write_seconds_bucket", {
+            "le": "0.5", "otel_scope_name": "xds-relay", "otel_scope_schema_url": "",
+            "otel_scope_version": ""}) == 1
     finally:
         task.cancel()
 
