@@ -1,5 +1,5 @@
-"""The ``xds-relay`` command: run a relay, validate a config, list the config keys, or run
-the demo stack."""
+"""The ``xds-relay`` command: run a relay, validate a config, list the config keys, run
+the demo stack, or show a running relay's clients."""
 
 from __future__ import annotations
 
@@ -16,6 +16,23 @@ _DESCRIPTION = """\
 A caching xDS relay: one Delta-ADS stream to an origin control plane (or a
 directory of resource files), many xDS clients (Envoy, gRPC) served from its
 cache over ADS and the per-type discovery services, SotW and delta.
+"""
+
+
+_STATUS_DESCRIPTION = """\
+Ask a running relay's admin API (/clients) which xDS clients it serves, and
+print one line per stream: node id, peer, protocol (and worker, with
+--workers), per type whether the client is in sync with the relay's cache
+(and the version it holds), and its last NACK. Per type:
+
+  SYNCED    every resource ACKed at the version the cache has
+  STALE     a response in flight, or the cache has moved on since: a push
+            under way
+  NOT SENT  cached resources the client subscribes to were not sent yet
+  NACKED    the client rejected the latest response carrying a resource
+
+--node ID shows every stream of that node in detail: subscriptions, ACKs,
+the whole NACK message, each resource's status and held and cached version.
 """
 
 
@@ -73,7 +90,44 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--origin-port", type=int, default=18001, help="origin xDS port (18001)")
     demo.add_argument("--once", action="store_true",
                       help="exit after showing the client served (for scripts and tests)")
+
+    from relay.status_command import DEFAULT_ADMIN, EXIT_CODES
+
+    status = commands.add_parser(
+        "status", help="show the clients a running relay serves, and whether they are in sync",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
+        description=_STATUS_DESCRIPTION)
+    status.add_argument("--admin", default=DEFAULT_ADMIN, metavar="URL",
+                        help=f"the relay's admin API, as admin.address serves it: http:// or "
+                             f"https:// (with admin.tls) (default: {DEFAULT_ADMIN})")
+    status.add_argument("--node", metavar="ID",
+                        help="show every stream of the client with this node id in detail")
+    status.add_argument("--token-file", type=Path, metavar="FILE",
+                        help="a file holding the admin token (the relay's admin.token_file)")
+    status.add_argument("--ca-file", type=Path, metavar="FILE",
+                        help="PEM CA certificates to trust for an https:// admin API (default: "
+                             "the system's)")
+    status.add_argument("--timeout", type=_seconds, default=5.0, metavar="SECONDS",
+                        help="how long to wait for the relay's answer (default: 5)")
+    status.add_argument("--output", "-o", choices=["text", "json"], default="text",
+                        help="text (default), or json: the relay's /clients answer, only the "
+                             "streams of --node with it")
+    status.add_argument("--check", action="store_true",
+                        help="exit non-zero unless every client listed is synced in every "
+                             "type: 4 when one NACKed, 5 when one is stale or not sent (see "
+                             "below)")
     return parser
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: a positive number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return seconds
 
 
 def _worker_count(text: str) -> int:
@@ -108,6 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             configure_logging(level, config.logging.format,
                               "hub" if config.server.workers > 1 else None)
             return asyncio.run(_run(config, level))
+        if args.command == "status":
+            from relay.status_command import run_status
+
+            return run_status(args.admin, node=args.node, token_file=args.token_file,
+                              ca_file=args.ca_file, timeout=args.timeout, output=args.output,
+                              check=args.check)
         configure_logging("info")
         from relay.demo import run_demo
 

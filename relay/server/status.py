@@ -2,7 +2,8 @@
 
 Pure functions from :class:`~relay.protocol.snapshot.SessionSnapshot` (one per
 stream) to ``envoy.service.status.v3`` messages, and to the dictionaries
-``/clients`` shows: both render the same snapshot. The gRPC servicer around
+``/clients`` shows: both render the same snapshot. ``/clients`` also compares
+it with the cache (:func:`type_sync`), which CSDS does not. The gRPC servicer around
 them is in :mod:`relay.server.ecosystem`. The relay is the management server
 of its clients, so every resource carries both views: ``config_status`` (what
 the relay sent and how it was answered) and ``client_status`` (what the
@@ -27,6 +28,7 @@ from envoy.type.matcher.v3 import node_pb2, string_pb2
 from google.protobuf import any_pb2
 
 from relay.cache import Missing, ResourceCache
+from relay.constraints import UNCONSTRAINED
 from relay.protocol.snapshot import (
     ResourceState,
     ResourceStatus,
@@ -130,13 +132,15 @@ def _body(cache: ResourceCache, type_url: str, held: ResourceState) -> any_pb2.A
     return None
 
 
-def client_summary(snapshot: SessionSnapshot, peer: str) -> dict[str, Any]:
+def client_summary(snapshot: SessionSnapshot, peer: str,
+                   cache: ResourceCache) -> dict[str, Any]:
     """What ``/clients`` shows of one stream: per type, what it subscribes to,
-    holds, ACKed and last NACKed.
+    holds, ACKed and last NACKed, and how that compares with the cache.
 
     ``acked`` is the version_info of the last ACKed response for SotW, and its
     nonce for delta (whose versions are per resource: ``versions``). A NACK
-    names what it rejected: SotW's ``version``, delta's ``versions``.
+    names what it rejected: SotW's ``version``, delta's ``versions``. ``sync``
+    and ``unsynced`` compare the stream with ``cache``: see :func:`type_sync`.
     """
     types: dict[str, Any] = {}
     for state in snapshot.types:
@@ -148,6 +152,7 @@ def client_summary(snapshot: SessionSnapshot, peer: str) -> dict[str, Any]:
                 rejected["versions"] = dict(nack.resources)
             else:
                 rejected["version"] = nack.version_info
+        sync, unsynced = type_sync(state, cache)
         types[state.type_url] = {
             "subscribed": list(state.subscribed),
             "wildcard": state.wildcard,
@@ -158,9 +163,121 @@ def client_summary(snapshot: SessionSnapshot, peer: str) -> dict[str, Any]:
             # ``versions`` may not be what the client runs
             "in_flight": state.in_flight,
             "last_nack": rejected,
+            "sync": sync,
+            "unsynced": unsynced,
         }
     return {"node_id": snapshot.node_id, "peer": peer, "protocol": snapshot.protocol,
             "types": types}
+
+
+# The values of ``sync``, from the worst.
+NACKED = "nacked"
+STALE = "stale"
+NOT_SENT = "not_sent"
+SYNCED = "synced"
+
+
+def type_sync(state: TypeSnapshot, cache: ResourceCache) -> tuple[str, dict[str, Any]]:
+    """How one type of one stream compares with the cache: its ``sync``, and
+    what ``unsynced`` lists.
+
+    ``unsynced`` has, by the name subscribed (as in ``versions``), every
+    resource that the client does not hold ACKED at the version the cache has
+    for it (those are the common case: they are in ``versions`` only, so that
+    a client in sync costs nothing more). Each entry has ``status`` (a
+    :class:`~relay.protocol.snapshot.ResourceStatus` value: what CSDS reports
+    as its ``client_status``); ``version``, what the client holds, when it
+    holds something; ``cached_version`` when the cache's differs from
+    ``version`` (null: the cache has none); ``name`` when the resource goes
+    by another name than the one subscribed (an alias); ``error``, the
+    origin's message, for ``received_error``. A NACK's message is the type's
+    ``last_nack``, not repeated per resource.
+
+    ``sync``, the first of these that holds:
+
+    * ``nacked``: a resource is NACKED (the latest response carrying it was
+      rejected, and nothing the client accepted has replaced it);
+    * ``stale``: a response is in flight (sent, not yet answered), or the
+      cache has moved on from what the client holds (a new version, another
+      variant, or a resource the cache no longer has): a push is under way;
+    * ``not_sent``: a subscribed name (or, for a wildcard, any name of the
+      type) is cached but nothing of it was sent yet;
+    * ``synced``: otherwise. Names the origin has not answered, names the
+      client was told do not exist and the origin's errors do not stop a type
+      from being synced: the client has what the cache has.
+
+    The cache's version of a held resource is that of the variant it was
+    sent. For a name not held (and one the client only declared), only an
+    unconstrained variant is compared: which constrained variant a client's
+    parameters select is not in the snapshot. CSDS reports the same resource
+    statuses; it does not compare with the cache.
+    """
+    unsynced: dict[str, Any] = {}
+    nacked = not_sent = False
+    stale = state.in_flight is not None
+    seen: set[str] = set()
+    for resource in state.resources:
+        subscribed_as = resource.subscribed_as or resource.name
+        seen.add(subscribed_as)
+        known, cached = _cached_version(cache, state.type_url, subscribed_as,
+                                        resource.variant_key)
+        status = resource.status
+        if status is ResourceStatus.ACKED and (not known or cached == resource.version):
+            continue
+        entry: dict[str, Any] = {"status": status.value}
+        if resource.version:
+            entry["version"] = resource.version
+        if known and cached != (resource.version or None):
+            entry["cached_version"] = cached
+        if resource.name != subscribed_as:
+            entry["name"] = resource.name
+        if status is ResourceStatus.RECEIVED_ERROR:
+            entry["error"] = resource.message
+        unsynced[subscribed_as] = entry
+        if status is ResourceStatus.NACKED:
+            nacked = True
+        elif status in (ResourceStatus.ACKED, ResourceStatus.SENT):
+            stale = True
+        elif status is ResourceStatus.DOES_NOT_EXIST:
+            stale = stale or cached is not None
+        elif status is ResourceStatus.REQUESTED:
+            not_sent = not_sent or cached is not None
+    if state.wildcard:
+        # A wildcard subscribes to every name of the type: the cached ones not
+        # in the snapshot are not sent yet.
+        for name in cache.names(state.type_url):
+            if name in seen:
+                continue
+            known, cached = _cached_version(cache, state.type_url, name, None)
+            if known and cached is not None:
+                unsynced[name] = {"status": ResourceStatus.REQUESTED.value,
+                                  "cached_version": cached}
+                not_sent = True
+    if nacked:
+        return NACKED, unsynced
+    if stale:
+        return STALE, unsynced
+    return (NOT_SENT if not_sent else SYNCED), unsynced
+
+
+def _cached_version(cache: ResourceCache, type_url: str, name: str,
+                    variant_key: str | None) -> tuple[bool, str | None]:
+    """Whether the cache's version to compare with is known, and that version
+    (None: the cache has none).
+
+    ``variant_key`` is the variant the client was sent; None for a name it
+    was sent nothing of, or only declared a version of: then the
+    unconstrained variant, which every client gets, if there is one.
+    """
+    variants = cache.variants(type_url, name)
+    if isinstance(variants, Missing):
+        return True, None
+    found = variants.get(variant_key if variant_key is not None else UNCONSTRAINED.key)
+    if found is not None:
+        return True, found.version
+    if variant_key is not None:
+        return True, None  # the variant sent is gone
+    return False, None
 
 
 # -- node matchers -----------------------------------------------------------

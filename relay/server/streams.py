@@ -178,7 +178,8 @@ class ServingContext:
     def client_statuses(self) -> list[dict[str, Any]]:
         """What ``/clients`` shows of every connected client (see
         :func:`relay.server.status.client_summary`)."""
-        return [client_summary(snapshot, peer) for snapshot, peer in self.snapshots()]
+        return [client_summary(snapshot, peer, self.cache)
+                for snapshot, peer in self.snapshots()]
 
     @classmethod
     def create(cls, cache: ResourceCache, index: InterestIndex, metrics: Metrics,

@@ -226,10 +226,14 @@ async def test_clients_endpoint_shows_each_client_subscriptions_acks_and_nacks()
     assert clients == {"clients": [
         {"node_id": "delta-1", "protocol": "delta", "types": {ENDPOINT: {
             "subscribed": ["a"], "wildcard": False, "versions": {"a": "v1"},
-            "acked": answer.nonce, "in_flight": None, "last_nack": None}}},
+            "acked": answer.nonce, "in_flight": None, "last_nack": None,
+            "sync": "synced", "unsynced": {}}}},
         {"node_id": "sotw-1", "protocol": "sotw", "types": {CLUSTER: {
             "subscribed": [], "wildcard": True, "versions": {"a": "v2", "b": "v1"},
             "acked": first.version_info, "in_flight": None,
             "last_nack": {"nonce": rejected.nonce, "version": rejected.version_info,
-                          "message": "bad cluster"}}}},
+                          "message": "bad cluster"},
+            # SotW: every name of the type shares the fate of the rejected response
+            "sync": "nacked", "unsynced": {"a": {"status": "nacked", "version": "v2"},
+                                           "b": {"status": "nacked", "version": "v1"}}}}},
     ]}

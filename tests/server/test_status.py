@@ -13,6 +13,7 @@ from envoy.type.matcher.v3 import node_pb2, string_pb2
 from google.rpc import status_pb2
 
 from relay.cache import Update
+from relay.constraints import compile_constraints
 from relay.core import Core
 from relay.resource import CachedResource
 from relay.server.status import UnsupportedMatcher, client_config, client_status
@@ -278,3 +279,151 @@ def test_unsupported_matchers_are_refused_even_with_no_client(matcher: Any, mess
     with pytest.raises(UnsupportedMatcher) as raised:
         node_ids(serving(), matcher)
     assert str(raised.value) == message
+
+
+# -- /clients: how each type compares with the cache ---------------------------
+
+
+def sync_of(ctx: ServingContext, type_url: str) -> tuple[str, dict[str, Any]]:
+    """The one stream's ``sync`` and ``unsynced`` for ``type_url``, as /clients shows them."""
+    [client] = ctx.client_statuses()
+    state = client["types"][type_url]
+    return state["sync"], state["unsynced"]
+
+
+def put_variant(ctx: ServingContext, name: str, env: str, version: str) -> None:
+    dpc = discovery_pb2.DynamicParameterConstraints(constraint={"key": "env", "value": env})
+    resource = discovery_pb2.Resource(name=name, version=version, resource=pack(cluster(name)))
+    ctx.cache.apply(CLUSTER, Update([CachedResource(CLUSTER, name, version, resource,
+                                                    compile_constraints(dpc))]))
+
+
+def subscribed_and_acked(ctx: ServingContext, *names: str, protocol: XdsProtocol = "delta",
+                         type_url: str = CLUSTER) -> DownstreamStream:
+    stream = open_stream(ctx, protocol)
+    if protocol == "delta":
+        send(stream, Delta(type_url=type_url, resource_names_subscribe=list(names)))
+        [response] = sent(stream)
+        send(stream, Delta(type_url=type_url, response_nonce=response.nonce))
+    else:
+        send(stream, Sotw(type_url=type_url, resource_names=list(names)))
+        [response] = sent(stream)
+        send(stream, Sotw(type_url=type_url, resource_names=list(names),
+                          response_nonce=response.nonce, version_info=response.version_info))
+    return stream
+
+
+def test_every_resource_acked_at_the_cached_version_is_synced_and_lists_nothing() -> None:
+    ctx = serving()
+    put(ctx, cluster("a"), "1")
+    put(ctx, cluster("b"), "2")
+    subscribed_and_acked(ctx, "a", "b")
+    assert sync_of(ctx, CLUSTER) == ("synced", {})
+
+
+def test_a_response_in_flight_is_stale() -> None:
+    ctx = serving()
+    put(ctx, cluster("a"), "1")
+    stream = open_stream(ctx)
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    sent(stream)
+    assert sync_of(ctx, CLUSTER) == ("stale", {"a": {"status": "sent", "version": "1"}})
+
+
+def test_a_cache_moved_on_from_what_the_client_acked_is_stale_with_the_cached_version() -> None:
+    ctx = serving()
+    put(ctx, cluster("a"), "1")
+    put(ctx, cluster("b"), "1")
+    subscribed_and_acked(ctx, "a", "b")
+    put(ctx, cluster("a", timeout_s=9), "2")  # not yet pushed
+    assert sync_of(ctx, CLUSTER) == ("stale", {
+        "a": {"status": "acked", "version": "1", "cached_version": "2"}})
+
+
+def test_a_resource_the_cache_no_longer_has_is_stale_with_a_null_cached_version() -> None:
+    ctx = serving()
+    put(ctx, cluster("a"), "1")
+    subscribed_and_acked(ctx, "a")
+    ctx.cache.apply(CLUSTER, Update(removed=["a"]))  # the removal not yet sent
+    assert sync_of(ctx, CLUSTER) == ("stale", {
+        "a": {"status": "acked", "version": "1", "cached_version": None}})
+
+
+def test_a_nack_is_nacked_whatever_else_is_stale() -> None:
+    ctx = serving()
+    put(ctx, cluster("a"), "1")
+    put(ctx, cluster("b"), "7")
+    stream = subscribed_and_acked(ctx, "a")
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["b"]))
+    [response] = sent(stream)
+    send(stream, Delta(type_url=CLUSTER, response_nonce=response.nonce,
+                       error_detail=status_pb2.Status(code=3, message="bad b")))
+    put(ctx, cluster("a", timeout_s=9), "2")
+    assert sync_of(ctx, CLUSTER) == ("nacked", {
+        "a": {"status": "acked", "version": "1", "cached_version": "2"},
+        "b": {"status": "nacked", "version": "7"}})
+
+
+def test_an_ack_after_a_sotw_nack_makes_the_type_synced_again() -> None:
+    ctx = serving()
+    put(ctx, endpoints("a", 1), "1")
+    stream = subscribed_and_acked(ctx, "a", protocol="sotw", type_url=ENDPOINT)
+    put(ctx, endpoints("a", 2), "2")
+    [rejected] = sent(stream)
+    send(stream, Sotw(type_url=ENDPOINT, resource_names=["a"], response_nonce=rejected.nonce,
+                      error_detail=status_pb2.Status(code=3, message="bad port")))
+    assert sync_of(ctx, ENDPOINT) == ("nacked", {"a": {"status": "nacked", "version": "2"}})
+    put(ctx, endpoints("a", 3), "3")
+    [accepted] = sent(stream)
+    send(stream, Sotw(type_url=ENDPOINT, resource_names=["a"], response_nonce=accepted.nonce,
+                      version_info=accepted.version_info))
+    assert sync_of(ctx, ENDPOINT) == ("synced", {})
+
+
+def test_a_cached_name_subscribed_and_not_sent_yet_is_not_sent() -> None:
+    ctx = serving()
+    put(ctx, cluster("a"), "1")
+    stream = open_stream(ctx)
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))  # not yet answered
+    assert sync_of(ctx, CLUSTER) == ("not_sent", {
+        "a": {"status": "requested", "cached_version": "1"}})
+
+
+def test_a_wildcard_is_not_sent_a_name_the_cache_just_got() -> None:
+    ctx = serving()
+    put(ctx, cluster("a"), "1")
+    subscribed_and_acked(ctx, protocol="sotw")  # CDS: an empty first request is wildcard
+    put(ctx, cluster("b"), "4")
+    assert sync_of(ctx, CLUSTER) == ("not_sent", {
+        "b": {"status": "requested", "cached_version": "4"}})
+
+
+def test_names_the_origin_has_not_answered_or_says_do_not_exist_or_erred_stay_synced() -> None:
+    ctx = serving()
+    ctx.cache.apply(ENDPOINT, Update(removed=["gone"], errors=[discovery_pb2.ResourceError(
+        resource_name=discovery_pb2.ResourceName(name="erred"),
+        error_detail=status_pb2.Status(code=7, message="not allowed"))]))
+    stream = open_stream(ctx)
+    send(stream, Delta(type_url=ENDPOINT, resource_names_subscribe=["gone", "erred", "new"]))
+    [response] = sent(stream)
+    send(stream, Delta(type_url=ENDPOINT, response_nonce=response.nonce))
+    assert sync_of(ctx, ENDPOINT) == ("synced", {
+        "erred": {"status": "received_error", "error": "not allowed"},
+        "gone": {"status": "does_not_exist"},
+        "new": {"status": "requested"}})
+
+
+def test_a_variant_is_compared_with_the_variant_sent_not_its_siblings() -> None:
+    ctx = serving()
+    put_variant(ctx, "a", "canary", "c1")
+    put_variant(ctx, "a", "prod", "p1")
+    stream = open_stream(ctx)
+    send(stream, Delta(type_url=CLUSTER, resource_names_subscribe=["a"], node=base_pb2.Node(
+        id="n1", dynamic_parameters={CLUSTER: {"params": {"env": "canary"}}})))
+    [response] = sent(stream)
+    send(stream, Delta(type_url=CLUSTER, response_nonce=response.nonce))
+    put_variant(ctx, "a", "prod", "p2")
+    assert sync_of(ctx, CLUSTER) == ("synced", {})
+    put_variant(ctx, "a", "canary", "c2")
+    assert sync_of(ctx, CLUSTER) == ("stale", {
+        "a": {"status": "acked", "version": "c1", "cached_version": "c2"}})
