@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from relay.server.status import NACKED, NOT_SENT, STALE, SYNCED
-from relay.xds_types import push_rank, short_name
+from relay.xds_types import PER_TYPE_SERVICES, push_rank, short_name
 
 #: The admin API's address when admin.address is left at its default.
 DEFAULT_ADMIN = "http://127.0.0.1:19000"
@@ -210,6 +210,18 @@ def check_code(clients: Iterable[Mapping[str, Any]]) -> int:
     return OK
 
 
+# per-type services by their short names (ADS has none: its streams show just the protocol)
+_ABBREVIATIONS = {service.service: service.abbreviation for service in PER_TYPE_SERVICES}
+
+
+def protocol_of(client: Mapping[str, Any]) -> str:
+    """``sotw`` or ``delta`` for ADS; with the service's short name for a
+    per-type service's stream (``sotw/CDS``)."""
+    protocol = str(client.get("protocol", ""))
+    service = _ABBREVIATIONS.get(str(client.get("service", "")))
+    return protocol if service is None else f"{protocol}/{service}"
+
+
 def summary_lines(clients: Sequence[Mapping[str, Any]]) -> list[str]:
     """One line per stream after a header: node, peer, protocol, (worker), one
     column per type (its sync state and the version the client holds) and the
@@ -225,7 +237,7 @@ def summary_lines(clients: Sequence[Mapping[str, Any]]) -> list[str]:
     for client in clients:
         types = _types(client)
         row = [_printable(str(client.get("node_id", ""))) or '""',
-               _printable(str(client.get("peer", ""))), str(client.get("protocol", ""))]
+               _printable(str(client.get("peer", ""))), protocol_of(client)]
         if workers:
             row.append(str(client.get("worker", _NOTHING)))
         row += [_type_cell(types[t]) if t in types else _NOTHING for t in type_urls]
@@ -244,7 +256,7 @@ def detail_lines(clients: Sequence[Mapping[str, Any]]) -> list[str]:
             lines.append("")
         head = (f"node {_printable(str(client.get('node_id', '')))}  "
                 f"peer {_printable(str(client.get('peer', '')))}  "
-                f"protocol {client.get('protocol', '')}")
+                f"protocol {protocol_of(client)}")
         if "worker" in client:
             head += f"  worker {client['worker']}"
         lines.append(head)

@@ -62,25 +62,26 @@ class TypeService:
     sotw_method: str | None
     delta_method: str | None
     fetch_method: str | None
+    abbreviation: str     # what Envoy's docs call it: CDS, EDS, ...
 
 
 PER_TYPE_SERVICES: tuple[TypeService, ...] = (
     TypeService("envoy.service.listener.v3.ListenerDiscoveryService", LISTENER,
-                "StreamListeners", "DeltaListeners", "FetchListeners"),
+                "StreamListeners", "DeltaListeners", "FetchListeners", "LDS"),
     TypeService("envoy.service.route.v3.RouteDiscoveryService", ROUTE,
-                "StreamRoutes", "DeltaRoutes", "FetchRoutes"),
+                "StreamRoutes", "DeltaRoutes", "FetchRoutes", "RDS"),
     TypeService("envoy.service.route.v3.ScopedRoutesDiscoveryService", SCOPED_ROUTE,
-                "StreamScopedRoutes", "DeltaScopedRoutes", "FetchScopedRoutes"),
+                "StreamScopedRoutes", "DeltaScopedRoutes", "FetchScopedRoutes", "SRDS"),
     TypeService("envoy.service.route.v3.VirtualHostDiscoveryService", VIRTUAL_HOST,
-                None, "DeltaVirtualHosts", None),
+                None, "DeltaVirtualHosts", None, "VHDS"),
     TypeService("envoy.service.cluster.v3.ClusterDiscoveryService", CLUSTER,
-                "StreamClusters", "DeltaClusters", "FetchClusters"),
+                "StreamClusters", "DeltaClusters", "FetchClusters", "CDS"),
     TypeService("envoy.service.endpoint.v3.EndpointDiscoveryService", ENDPOINT,
-                "StreamEndpoints", "DeltaEndpoints", "FetchEndpoints"),
+                "StreamEndpoints", "DeltaEndpoints", "FetchEndpoints", "EDS"),
     TypeService("envoy.service.secret.v3.SecretDiscoveryService", SECRET,
-                "StreamSecrets", "DeltaSecrets", "FetchSecrets"),
+                "StreamSecrets", "DeltaSecrets", "FetchSecrets", "SDS"),
     TypeService("envoy.service.runtime.v3.RuntimeDiscoveryService", RUNTIME,
-                "StreamRuntime", "DeltaRuntime", "FetchRuntime"),
+                "StreamRuntime", "DeltaRuntime", "FetchRuntime", "RTDS"),
 )
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"

@@ -23,6 +23,7 @@ from relay.status_command import (
     admin_url,
     check_code,
     detail_lines,
+    protocol_of,
     read_token,
     run_status,
     streams_of,
@@ -326,3 +327,14 @@ def test_https_to_a_plain_http_admin_says_there_is_no_tls(
     assert command(secure) == (UNREACHABLE, "", f"xds-relay status: cannot reach the relay's "
                                f"admin API at {secure}: TLS: WRONG_VERSION_NUMBER (no TLS "
                                f"there: without admin.tls, use an http:// --admin)\n")
+
+
+@pytest.mark.parametrize(("service", "shown"), [
+    ("envoy.service.discovery.v3.AggregatedDiscoveryService", "sotw"),
+    ("envoy.service.cluster.v3.ClusterDiscoveryService", "sotw/CDS"),
+    ("envoy.service.runtime.v3.RuntimeDiscoveryService", "sotw/RTDS"),
+    (None, "sotw"),  # a relay from before /clients named the service
+])
+def test_protocol_names_a_per_type_service(service: str | None, shown: str) -> None:
+    client = {"protocol": "sotw", **({"service": service} if service else {})}
+    assert protocol_of(client) == shown

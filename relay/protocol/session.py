@@ -328,7 +328,8 @@ class Session:
         """What the client subscribes to and holds, per type."""
         return SessionSnapshot(self._node, self.protocol,
                                tuple(state.snapshot() for _, state in
-                                     sorted(self._states.items())))
+                                     sorted(self._states.items())),
+                               self._fixed_type_url)
 
 
 def _node_params_of(node: base_pb2.Node) -> dict[str, Params]:

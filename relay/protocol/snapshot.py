@@ -69,6 +69,8 @@ class SessionSnapshot:
     node: base_pb2.Node | None
     protocol: str
     types: tuple[TypeSnapshot, ...]
+    # the type of a per-type service's stream (StreamClusters, ...); None for ADS
+    fixed_type_url: str | None = None
 
     @property
     def node_id(self) -> str:

@@ -36,8 +36,11 @@ from relay.protocol.snapshot import (
     TypeSnapshot,
 )
 from relay.redaction import redacted
+from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
 GenericXdsConfig = csds_pb2.ClientConfig.GenericXdsConfig
+# per type URL, the per-type service whose streams are fixed to it
+_SERVICES = {service.type_url: service.service for service in PER_TYPE_SERVICES}
 ClientStatus = config_dump_shared_pb2.ClientResourceStatus
 ConfigStatus = csds_pb2.ConfigStatus
 NodePredicate = Callable[[base_pb2.Node | None], bool]
@@ -167,7 +170,13 @@ def client_summary(snapshot: SessionSnapshot, peer: str,
             "unsynced": unsynced,
         }
     return {"node_id": snapshot.node_id, "peer": peer, "protocol": snapshot.protocol,
-            "types": types}
+            "service": service_of(snapshot), "types": types}
+
+
+def service_of(snapshot: SessionSnapshot) -> str:
+    """The gRPC service a stream came through: ADS, or the per-type service of its type."""
+    fixed = snapshot.fixed_type_url
+    return ADS_SERVICE if fixed is None else _SERVICES[fixed]
 
 
 # The values of ``sync``, from the worst.

@@ -15,7 +15,7 @@ from relay.app import Relay
 from relay.config import parse_config
 from relay.protocol.limits import NUMBERED_LIMITS
 from relay.server.access import REFUSAL_REASONS
-from relay.xds_types import CLUSTER, ENDPOINT, WILDCARD
+from relay.xds_types import ADS_SERVICE, CLUSTER, ENDPOINT, WILDCARD
 from tests.harness import (
     ScriptedOrigin,
     Stack,
@@ -224,11 +224,11 @@ async def test_clients_endpoint_shows_each_client_subscriptions_acks_and_nacks()
     for client in clients["clients"]:
         assert client.pop("peer").startswith("ipv4:127.0.0.1:")
     assert clients == {"clients": [
-        {"node_id": "delta-1", "protocol": "delta", "types": {ENDPOINT: {
+        {"node_id": "delta-1", "protocol": "delta", "service": ADS_SERVICE, "types": {ENDPOINT: {
             "subscribed": ["a"], "wildcard": False, "versions": {"a": "v1"},
             "acked": answer.nonce, "in_flight": None, "last_nack": None,
             "sync": "synced", "unsynced": {}}}},
-        {"node_id": "sotw-1", "protocol": "sotw", "types": {CLUSTER: {
+        {"node_id": "sotw-1", "protocol": "sotw", "service": ADS_SERVICE, "types": {CLUSTER: {
             "subscribed": [], "wildcard": True, "versions": {"a": "v2", "b": "v1"},
             "acked": first.version_info, "in_flight": None,
             "last_nack": {"nonce": rejected.nonce, "version": rejected.version_info,

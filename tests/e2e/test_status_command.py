@@ -59,13 +59,15 @@ class Scene:
 
 @contextlib.asynccontextmanager
 async def scene() -> AsyncIterator[Scene]:
-    """``synced-1`` (delta, endpoints ``a`` ACKed at v1); ``stale-1`` (delta,
+    """``synced-1`` (delta, through EDS: endpoints ``a`` ACKed at v1); ``stale-1`` (delta,
     endpoints ``b``: v2 sent and not ACKed, the cache at v3 since); ``nacker-1``
     (SotW, every cluster: a v2 NACKed, b v1)."""
     origin = ScriptedOrigin()
     origin.set(cluster("a"), cluster("b"), endpoints("a", 1), endpoints("b", 1), version="v1")
     async with running_stack(origin) as stack:
-        synced = stack.client(delta=True)
+        # through the per-type service, not ADS
+        synced = stack.client(
+            delta=True, method="/envoy.service.endpoint.v3.EndpointDiscoveryService/DeltaEndpoints")
         await synced.send(node=node("synced-1"), type_url=ENDPOINT,
                           resource_names_subscribe=["a"])
         await synced.ack(await synced.recv())
@@ -134,7 +136,7 @@ async def test_status_prints_one_line_per_client_with_each_type_sync_and_last_na
         ["nacker-1", s.peer, "sotw", "NACKED (2 versions)", "-",
          "Cluster: cluster a: bad timeout field connect_timeout: out of range"],
         ["stale-1", s.peer, "delta", "-", "STALE (v2)", "-"],
-        ["synced-1", s.peer, "delta", "-", "SYNCED (v1)", "-"],
+        ["synced-1", s.peer, "delta/EDS", "-", "SYNCED (v1)", "-"],
     ]
 
 
@@ -217,7 +219,7 @@ async def test_status_runs_as_the_installed_command(tmp_path: Path) -> None:
         out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
     assert (process.returncode, err) == (0, b"")
     assert out.decode().splitlines()[:3] == [
-        f"node synced-1  peer {s.peer}  protocol delta",
+        f"node synced-1  peer {s.peer}  protocol delta/EDS",
         f"  ClusterLoadAssignment: SYNCED  ({ENDPOINT_URL})",
         "    subscribed: 1 name: a"]
     assert out.decode().splitlines()[-2:] == [
