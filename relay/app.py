@@ -33,6 +33,8 @@ from relay.server.access import (
     server_credentials,
 )
 from relay.server.ecosystem import Health, add_ecosystem_services
+from relay.server.fetch import Fetcher
+from relay.server.rest import RestServer
 from relay.server.services import DRAINING, discovery_handlers
 from relay.telemetry import new_metrics, prometheus_provider, watch_loop_lag
 from relay.upstream.backoff import Backoff
@@ -192,6 +194,13 @@ class Relay:
             self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
                                      self.serving.client_statuses, self.ready_detail)
         self._listen = listen or str(config.server.address)
+        # One-shot fetches (gRPC Fetch*, REST polling) and the leases they hold;
+        # REST is served by the processes that serve clients (not a --workers hub).
+        self.fetcher = Fetcher(self.serving, self.clock, config.rest.lease, config.rest.wait)
+        self.rest: RestServer | None = None
+        if config.rest.address is not None and listen is None:
+            self.rest = RestServer(self.serving, self.fetcher, config.rest.address,
+                                   config.server.tls, reuse_port)
         self._apply_limits()
         if listen is None:
             rules = config.server.authorization
@@ -206,6 +215,7 @@ class Relay:
         self._stopped = False
         self.xds_port = 0
         self.admin_port = 0
+        self.rest_port = 0
 
     def _apply_limits(self) -> None:
         """What ``limits.*`` and ``server.extra_type_urls`` ask of every stream."""
@@ -225,6 +235,11 @@ class Relay:
         self.metrics.observe(
             "xds_relay_ready", "1 while /ready says ready (serving what it has), 0 otherwise",
             (), lambda: {(): int(self.readiness() is None)})
+        self.metrics.observe(
+            "xds_relay_fetch_leases",
+            "Resource sets kept subscribed for REST polls and gRPC fetches (rest.lease after "
+            "their last poll; at most limits.streams)", ("type",),
+            lambda: self.fetcher.lease_counts())
         # What "near a limit" alerts divide by.
         limits = self.config.limits
         self.metrics.observe(
@@ -368,7 +383,7 @@ class Relay:
         options = [*server_options(self.config),
                    ("grpc.so_reuseport", 1 if self._reuse_port else 0)]
         server = grpc.aio.server(options=options)
-        server.add_generic_rpc_handlers(discovery_handlers(self.serving))
+        server.add_generic_rpc_handlers(discovery_handlers(self.serving, self.fetcher))
         await add_ecosystem_services(server, self.serving, self.health)
         try:
             if self.certificates is not None:
@@ -385,6 +400,8 @@ class Relay:
         admin = self.config.admin.address
         if self.admin is not None:
             self.admin_port = await self.admin.start(self.config.admin)
+        if self.rest is not None:
+            self.rest_port = await self.rest.start()
         if self.upstream is not None:
             self._tasks.append(asyncio.create_task(self.upstream.run(), name="upstream"))
         self._tasks.append(asyncio.create_task(self._report_ready(), name="ready"))
@@ -421,6 +438,9 @@ class Relay:
         self._tasks = []
         if self.admin is not None:
             await self.admin.stop()
+        if self.rest is not None:
+            await self.rest.stop()
+        await self.fetcher.aclose()
         await self._close_snapshot()
         if self._server is not None:
             # Streams never end on their own: close them with a status the

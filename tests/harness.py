@@ -399,10 +399,11 @@ class Stack:
 
 def relay_config(upstream_port: int, linger: str = "0s", backoff: str = "0.05s",
                  answer_grace: str = "0.5s", upstream: str = "", node: str = "",
-                 server: str = "", limits: str = "") -> str:
+                 server: str = "", limits: str = "", rest: str = "") -> str:
     """A relay following the origin on ``upstream_port``; ``upstream`` adds
-    lines to the upstream section, ``node``, ``server`` and ``limits`` keys to
-    the node, the server and the limits (YAML flow)."""
+    lines to the upstream section, ``node``, ``server``, ``limits`` and
+    ``rest`` keys to the node, the server, the limits and the REST listener
+    (YAML flow)."""
     upstream_lines = "".join(f"\n  {line}" for line in upstream.strip().splitlines())
     node_keys = f", {node}" if node else ""
     server_keys = f", {server}" if server else ""
@@ -416,6 +417,7 @@ upstream:
   answer_grace: {answer_grace}
   backoff: {{initial: {backoff}, max: 0.5s}}{upstream_lines}
 limits: {{{limits}}}
+rest: {{{rest}}}
 """
 
 

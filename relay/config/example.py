@@ -70,6 +70,10 @@ limits:                         # what one client may ask; beyond: RESOURCE_EXHA
   node_size: 64KiB              # a client's encoded Node
   dynamic_parameters: 64        # per locator (or per type of the Node)
   request_size: 16MiB           # one encoded request
+rest:                           # Envoy's REST-JSON polling (api_type: REST); off by default
+  # address: 0.0.0.0:18080      # POST /v3/discovery:clusters ...; TLS, authorization: server.*
+  lease: 60s                    # keep a poll's resources subscribed this long after its last poll
+  wait: 500ms                   # a poll of what is not cached yet waits this long for the origin
 # persistence:                  # keep the last-known-good config across restarts (off by default)
 #   redis:                      # shared by the zone's replicas ...
 #     url: redis://redis:6379/0 # rediss:// for TLS; a password in the URL or in password_file

@@ -57,6 +57,7 @@ __all__ = [
     "PersistenceConfig",
     "RedisConfig",
     "RelayConfig",
+    "RestConfig",
     "ServerConfig",
     "ServerTLSConfig",
     "UpstreamConfig",
@@ -401,6 +402,33 @@ class AdminConfig(_Section):
                     "/healthz and /ready then needs `Authorization: Bearer <token>`")
 
 
+class RestConfig(_Section):
+    """Envoy's REST-JSON polling (api_type: REST): POST /v3/discovery:clusters and
+    the other types, answered from the cache with the TLS and authorization of
+    the xDS port. The lease and wait hold for the gRPC Fetch* methods too."""
+
+    address: AddressField | None = Field(
+        default=None,
+        description="where REST pollers POST a JSON DiscoveryRequest (HTTP/1.1; HTTPS with "
+                    "server.tls); unset: no REST listener")
+    lease: PositiveDurationField = Field(
+        default=60.0,
+        description="keep a poll's resources subscribed on the origin this long after the "
+                    "last poll of the same set; longer than the pollers' refresh_delay")
+    wait: DurationField = Field(
+        default=0.5,
+        description="how long a poll of resources not yet cached waits for the origin before "
+                    "503; below Envoy's request_timeout (1s by default)")
+
+    @model_validator(mode="after")
+    def _lease_outlasts_wait(self) -> RestConfig:
+        if self.lease <= self.wait:
+            raise ValueError(f"lease ({self.lease:g}s) must be longer than wait "
+                             f"({self.wait:g}s): a subscription would lapse while a poll "
+                             f"waits for it")
+        return self
+
+
 class LoggingConfig(_Section):
     """Logging; ``level`` is normalized to lowercase."""
 
@@ -497,6 +525,7 @@ class RelayConfig(_Section):
     metrics: MetricsConfig = MetricsConfig()
     persistence: PersistenceConfig | None = None
     limits: LimitsConfig = LimitsConfig()
+    rest: RestConfig = RestConfig()
 
     @model_validator(mode="after")
     def _persistence_needs_an_origin(self) -> RelayConfig:

@@ -13,13 +13,10 @@ from typing import Any
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.protocol.limits import LimitExceeded, shown
-from relay.protocol.outcome import ProtocolError
-from relay.protocol.session import Session
-from relay.protocol.sotw import SotwSubscription
-from relay.protocol.view import NonceSource
+from relay.clock import MonotonicClock
 from relay.server.decoding import RequestTooLarge, UndecodableRequest, request_decoder
-from relay.server.streams import DownstreamStream, ServingContext, XdsProtocol, encode_plan
+from relay.server.fetch import Denied, Fetcher, Invalid, Limited, Served
+from relay.server.streams import DownstreamStream, ServingContext, XdsProtocol
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
 # The status message of streams refused or closed while the relay drains.
@@ -55,14 +52,19 @@ def _stream_handler(serving: ServingContext, protocol: XdsProtocol,
         response_serializer=_identity)
 
 
-def _fetch_handler(serving: ServingContext, type_url: str) -> grpc.RpcMethodHandler:
-    """REST-style one-shot fetch: the current state of the requested resources."""
+def _fetch_handler(serving: ServingContext, fetcher: Fetcher, service: str,
+                   method: str, type_url: str) -> grpc.RpcMethodHandler:
+    """REST-style one-shot fetch: the current state of the requested resources
+    (see :mod:`relay.server.fetch`, which REST polling shares)."""
 
     # Decoded here, not by gRPC: a unary call's decoding error would end it
     # UNKNOWN, with a traceback in the log.
     decode = request_decoder(discovery_pb2.DiscoveryRequest, serving.limits.request_size)
+    path = f"/{service}/{method}"
 
     async def behaviour(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if serving.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, DRAINING)
         try:
             request = decode(data)
         except RequestTooLarge as too_large:
@@ -70,38 +72,29 @@ def _fetch_handler(serving: ServingContext, type_url: str) -> grpc.RpcMethodHand
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(too_large))
         except UndecodableRequest as undecodable:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(undecodable))
-        if serving.access is not None:
-            identity = await serving.access.admit(context)
-            error = serving.access.node_error(
-                identity, request.node if request.HasField("node") else None)
-            if error is not None:
-                await serving.access.refuse(context, "node_binding", error)
-        if request.type_url and request.type_url != type_url:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"type_url {shown(request.type_url, 200)!r} sent to the fetch "
-                                f"method for {type_url!r}")
-        try:
-            Session("sotw", type_url, serving.max_locator_size, serving.limits).check(request)
-        except LimitExceeded as error:
-            serving.metrics.downstream_limited.add(1, {"limit": error.limit})
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
-        except ProtocolError as error:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        state = SotwSubscription(type_url)
-        state.on_request(request)
-        plan = state.next_response(serving.view, NonceSource())
-        if plan is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                "the relay has not yet received these resources from its origin")
-        assert plan is not None
-        return encode_plan(plan)
+        identity = await serving.access.admit(context) if serving.access is not None else None
+        outcome = await fetcher.fetch(request, type_url, context.peer(), identity, path)
+        if isinstance(outcome, Served):
+            return serving.encoder.encode(outcome.plan)
+        if isinstance(outcome, Denied):
+            assert serving.access is not None
+            await serving.access.refuse(context, outcome.reason, outcome.message)
+        code = (grpc.StatusCode.INVALID_ARGUMENT if isinstance(outcome, Invalid) else
+                grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(outcome, Limited) else
+                grpc.StatusCode.UNAVAILABLE)
+        await context.abort(code, outcome.message)
+        raise AssertionError("abort returned")  # (it raises)
 
     return grpc.unary_unary_rpc_method_handler(
         behaviour, request_deserializer=_identity, response_serializer=_identity)
 
 
-def discovery_handlers(serving: ServingContext) -> list[grpc.GenericRpcHandler]:
-    """Handlers for ADS (both variants) and every per-type discovery service."""
+def discovery_handlers(serving: ServingContext, fetcher: Fetcher | None = None
+                       ) -> list[grpc.GenericRpcHandler]:
+    """Handlers for ADS (both variants) and every per-type discovery service;
+    ``fetcher`` answers the ``Fetch*`` methods (one of its own by default)."""
+    if fetcher is None:
+        fetcher = Fetcher(serving, MonotonicClock())
     handlers = [grpc.method_handlers_generic_handler(ADS_SERVICE, {
         "StreamAggregatedResources": _stream_handler(serving, "sotw", None),
         "DeltaAggregatedResources": _stream_handler(serving, "delta", None),
@@ -113,7 +106,8 @@ def discovery_handlers(serving: ServingContext) -> list[grpc.GenericRpcHandler]:
         if service.delta_method:
             methods[service.delta_method] = _stream_handler(serving, "delta", service.type_url)
         if service.fetch_method:
-            methods[service.fetch_method] = _fetch_handler(serving, service.type_url)
+            methods[service.fetch_method] = _fetch_handler(
+                serving, fetcher, service.service, service.fetch_method, service.type_url)
         handlers.append(grpc.method_handlers_generic_handler(service.service, methods))
     return handlers
 

@@ -222,12 +222,18 @@ class Hub:
         self.port = 0  # where the workers serve clients
         self.admin_port = 0
         self._reserved: socket.socket | None = None
+        self.rest_port: int | None = None  # where the workers serve REST polling, if they do
+        self._rest_reserved: socket.socket | None = None
         self._supervisors: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         """Hold the port, start following the origin, serve admin, start the workers."""
         self._reserved = reserve_port(self.config.server.address)
         self.port = int(self._reserved.getsockname()[1])
+        rest = self.config.rest.address
+        if rest is not None:
+            self._rest_reserved = reserve_port(rest)
+            self.rest_port = int(self._rest_reserved.getsockname()[1])
         await self.relay.start()
         admin = self.config.admin.address
         self.admin_port = await self.admin.start(self.config.admin)
@@ -236,6 +242,8 @@ class Hub:
         log.info("serving xDS on %s:%d with %d workers, admin on %s:%d",
                  self.config.server.address.host, self.port, len(self.workers), admin.host,
                  self.admin_port)
+        if rest is not None:
+            log.info("workers serve REST polling on %s:%d", rest.host, self.rest_port)
 
     def not_ready_reason(self) -> str | None:
         """Why ``/ready`` says 503: the hub's own reason, or the first worker not ready."""
@@ -272,7 +280,8 @@ class Hub:
         """Keep a worker in the slot: restart it, after a backoff, whenever it exits."""
         backoff = Backoff(*RESTART_BACKOFF)
         loop = asyncio.get_running_loop()
-        spec = WorkerSpec(worker.index, worker_config(self.config, worker.index, self.port),
+        spec = WorkerSpec(worker.index, worker_config(self.config, worker.index, self.port,
+                                                      self.rest_port),
                           self.socket, self.log_level)
         while True:
             started = loop.time()
@@ -351,8 +360,9 @@ class Hub:
             worker.close()
         await self.admin.stop()
         await self.relay.stop(grace=1.0)
-        if self._reserved is not None:
-            self._reserved.close()
+        for reserved in (self._reserved, self._rest_reserved):
+            if reserved is not None:
+                reserved.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 

@@ -47,17 +47,23 @@ def worker_node_id(node_id: str, index: int) -> str:
     return f"{node_id}/worker-{index}"
 
 
-def worker_config(config: RelayConfig, index: int, port: int) -> RelayConfig:
+def worker_config(config: RelayConfig, index: int, port: int,
+                  rest_port: int | None = None) -> RelayConfig:
     """``config`` as worker ``index`` runs it.
 
-    Clients on ``port`` (the one the hub holds: ``server.address`` may say 0);
+    Clients on ``port`` (the one the hub holds: ``server.address`` may say 0),
+    and REST pollers on ``rest_port`` (likewise, for ``rest.address``);
     a node id of its own; the hub as origin, which honours
     ``initial_resource_versions`` and is local, so a short backoff; no OTLP
     push (the hub's ``/metrics`` is where its series go); no snapshot (the
     hub keeps it).
     """
+    rest = config.rest
+    if rest.address is not None and rest_port is not None:
+        rest = rest.model_copy(update={"address": Address(rest.address.host, rest_port)})
     return config.model_copy(update={
         "node": config.node.model_copy(update={"id": worker_node_id(config.node.id, index)}),
+        "rest": rest,
         "server": config.server.model_copy(update={
             "address": Address(config.server.address.host, port), "workers": 1}),
         "upstream": config.upstream.model_copy(update={

@@ -32,6 +32,12 @@ def test_worker_config_follows_the_hub_under_a_node_id_of_its_own() -> None:
     assert config.node.id == "relay-zone-a"  # the origin still sees this one
 
 
+def test_worker_config_serves_rest_on_the_port_the_hub_holds() -> None:
+    config = parse_config(CONFIG + 'rest: {address: "127.0.0.1:0"}\n')
+    assert worker_config(config, 1, 18123, 18080).rest.address == Address("127.0.0.1", 18080)
+    assert worker_config(parse_config(CONFIG), 1, 18123, None).rest.address is None
+
+
 def test_reserved_port_is_shared_with_reuseport_listeners_only() -> None:
     held = reserve_port(Address("127.0.0.1", 0))
     try:

@@ -1,0 +1,370 @@
+"""One-shot fetches, answered from the cache: the gRPC ``Fetch*`` methods and
+REST-JSON polling (:mod:`relay.server.rest`) both come here.
+
+A fetch is a SotW request without a stream. A fresh
+:class:`~relay.protocol.session.Session` checks it as a stream's first request
+(limits, names the origin can take) and answers it as that stream's first
+response: the same variant for the node's dynamic parameters, the same
+``version_info`` for the same resources. Nothing of the session outlives the
+fetch.
+
+What a fetch needs from the origin it holds through a :class:`Lease`: a
+subscriber of the interest index that is not a stream. Polls of the same
+resources (type, wildcard, each name with its parameters) share one lease;
+every poll renews it, and it is dropped ``lease`` seconds after the last one,
+on the relay's clock, so a poller that stops does not keep the origin
+subscription forever. A fetch waits for what it asked at most ``wait``
+seconds from when its lease subscribed (or from its own asking for fresh
+copies of do-not-cache resources): a poll of resources the origin never
+answers for is not slowed down again and again.
+
+The outcome of a fetch is one of :data:`FetchOutcome`; the gRPC and HTTP
+adapters map it to a status each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from relay.authorization import PeerIdentity
+from relay.cache import UNKNOWN
+from relay.clock import Clock, wait_until
+from relay.constraints import Params
+from relay.interest import InterestChange
+from relay.protocol.limits import LimitExceeded, shown
+from relay.protocol.outcome import ProtocolError
+from relay.protocol.session import Session
+from relay.protocol.sotw import SotwResponsePlan, state_version
+from relay.protocol.subscription import MAX_NAMES_PER_RESPONSE
+from relay.protocol.view import NonceSource, ResourceView
+from relay.resource import CachedResource, arrival_clock
+from relay.server.streams import NAMES_PER_TURN, ServingContext
+from relay.xds_types import short_name
+
+__all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT", "Denied", "FetchOutcome", "Fetcher", "Invalid",
+           "Lease", "Limited", "Served", "Unanswered", "Unavailable", "unanswered"]
+
+log = logging.getLogger("relay.fetch")
+
+#: ``rest.lease`` and ``rest.wait`` when not configured.
+DEFAULT_LEASE = 60.0
+DEFAULT_WAIT = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The response: ``plan`` (its nonce is the fetch's own), and the lease
+    that keeps its resources subscribed (None: nothing was asked)."""
+
+    plan: SotwResponsePlan
+    lease: Lease | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Denied:
+    """Refused by ``server.authorization`` (``reason``: node_binding)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A request that breaks the protocol (a type that is not the method's, a
+    name the relay could not forward to its origin)."""
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Limited:
+    """A request beyond ``limits.<limit>`` (counted, and logged rate-limited)."""
+
+    limit: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """Nothing to answer with yet: the origin has not sent what was asked."""
+
+    message: str
+
+
+FetchOutcome: TypeAlias = Served | Denied | Invalid | Limited | Unavailable
+
+# (type URL, wildcard, each name with the parameters it is subscribed with)
+LeaseKey: TypeAlias = tuple[str, bool, frozenset[tuple[str, Params]]]
+
+
+class Lease:
+    """The origin subscription that polls of one exact set of resources keep.
+
+    A :class:`~relay.interest.Subscriber` of the interest index: the cache's
+    changes to its names wake the fetches waiting on it. ``rendered`` is the
+    last response body an adapter made for its pollers (REST's JSON), keyed by
+    what decides it, so that a thousand pollers of the same set cost one
+    encoding per change.
+    """
+
+    __slots__ = ("_changed", "expires", "key", "rendered", "subscribed_at")
+
+    def __init__(self, key: LeaseKey, now: float, expires: float) -> None:
+        self.key = key
+        self.subscribed_at = now
+        self.expires = expires
+        self.rendered: tuple[Hashable, bytes] | None = None
+        self._changed = asyncio.Event()
+
+    @property
+    def type_url(self) -> str:
+        return self.key[0]
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """Set at the next change to the lease's resources (take it before looking)."""
+        return self._changed
+
+    def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
+        """Nothing to do: a poll gets the resources, heartbeats or not."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unanswered:
+    """What the cache cannot answer yet for a fetch."""
+
+    # names the origin has said nothing of ("*": the wildcard's complete set)
+    missing: frozenset[str]
+    # do-not-cache resources cached before the fetch asked: not its to have
+    stale: frozenset[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.stale)
+
+
+def unanswered(view: ResourceView, type_url: str, wanted: Mapping[str, Params],
+               wildcard: bool, complete: bool, since: int) -> Unanswered:
+    """Which of ``wanted`` (names with their parameters; ``wildcard``: every
+    resource, known when the cache is ``complete``) the cache cannot answer
+    for: neither present, nor said not to exist, nor reported in error. A
+    do-not-cache resource that arrived by ``since`` (an arrival stamp) is
+    stale. No I/O."""
+    if not view.is_synced(type_url):
+        return Unanswered(frozenset(wanted) | ({"*"} if wildcard else set()), frozenset())
+    missing: set[str] = set()
+    stale: set[str] = set()
+    errors = view.has_errors(type_url)
+    if wildcard and not complete:
+        missing.add("*")
+    for name, params in wanted.items():
+        found = view.lookup(type_url, name, params)
+        if found is UNKNOWN:
+            if not (errors and view.error(type_url, name, params) is not None):
+                missing.add(name)
+        elif isinstance(found, CachedResource) and found.do_not_cache and \
+                found.arrival <= since:
+            stale.add(name)
+    return Unanswered(frozenset(missing), frozenset(stale))
+
+
+class Fetcher:
+    """Answers fetches from the cache, holding what they need through leases."""
+
+    def __init__(self, serving: ServingContext, clock: Clock, lease: float = DEFAULT_LEASE,
+                 wait: float = DEFAULT_WAIT) -> None:
+        self._serving = serving
+        self._clock = clock
+        self.lease = lease
+        self.wait = wait
+        # by key, the least recently renewed first: all leases last as long,
+        # so this is also the order in which they expire
+        self._leases: OrderedDict[LeaseKey, Lease] = OrderedDict()
+        self._reaper: asyncio.Task[None] | None = None
+
+    def lease_counts(self) -> dict[tuple[str, ...], int]:
+        """Leases held per short type name (the ``xds_relay_fetch_leases`` gauge)."""
+        counts: dict[tuple[str, ...], int] = {}
+        for type_url, _, _ in list(self._leases):
+            key = (short_name(type_url),)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def leases(self) -> list[Lease]:
+        """The leases held now, the soonest to expire first."""
+        return list(self._leases.values())
+
+    async def fetch(self, request: Any, type_url: str, peer: str,
+                    identity: PeerIdentity | None = None, method: str = "") -> FetchOutcome:
+        """Answer one DiscoveryRequest for ``type_url`` (what ``method``, the
+        gRPC method or HTTP path it came on, serves) from ``peer``, whose
+        certificate says ``identity`` (None: no rule needs it)."""
+        serving = self._serving
+        if serving.access is not None:
+            error = serving.access.node_error(
+                identity, request.node if request.HasField("node") else None)
+            if error is not None:
+                return Denied("node_binding", error)
+        if request.type_url and request.type_url != type_url:
+            return Invalid(f"type_url {shown(request.type_url, 200)!r} sent to {method}, which "
+                           f"serves {type_url!r}")
+        session = Session("sotw", type_url, serving.max_locator_size, serving.limits)
+        try:
+            received = session.receive(request)
+        except LimitExceeded as error:
+            serving.metrics.downstream_limited.add(1, {"limit": error.limit})
+            serving.warn_limited(peer, error.limit, "refusing fetch from %s: %s", peer, error)
+            return Limited(error.limit, str(error))
+        except ProtocolError as error:
+            return Invalid(str(error))
+        since = arrival_clock()
+        change = next((c for t, c in received.interest if t == type_url), InterestChange())
+        wildcard = bool(change.wildcard)
+        lease = self._renew(type_url, change)
+        if isinstance(lease, Limited):
+            serving.metrics.downstream_limited.add(1, {"limit": lease.limit})
+            serving.warn_limited(peer, lease.limit, "refusing fetch from %s: %s", peer,
+                                 lease.message)
+            return lease
+        waiting = await self._wait(lease, type_url, change.added, wildcard, since)
+        many = wildcard or len(change.added) > MAX_NAMES_PER_RESPONSE
+        plan = self._answer(session, request, many)
+        if plan is not None:
+            return Served(plan, lease)
+        if waiting.missing or waiting.stale:
+            return Unavailable(_not_yet(type_url, waiting))
+        # Every name said not to exist (SotW sends nothing then), or none asked.
+        return Served(SotwResponsePlan(type_url, NonceSource().next(), state_version({}), []),
+                      lease)
+
+    def _answer(self, session: Session, request: Any, many: bool) -> SotwResponsePlan | None:
+        """The session's response, whole.
+
+        A stream gets more than :data:`MAX_NAMES_PER_RESPONSE` names of a type
+        that is not full-state over several responses, each ACKed before the
+        next; a fetch has one, so when it may have ``many`` names, the parts
+        are ACKed here and joined.
+        """
+        view = self._serving.view
+        parts: list[SotwResponsePlan] = []
+        while True:
+            due = session.due(view)
+            if not due.responses:
+                break
+            part = due.responses[0]
+            assert isinstance(part, SotwResponsePlan)
+            parts.append(part)
+            if not many:
+                break  # the whole of it (the common case: no copy of the request)
+            ack = type(request)()
+            ack.CopyFrom(request)
+            ack.ClearField("node")
+            ack.response_nonce, ack.version_info = part.nonce, part.version_info
+            session.receive(ack)
+        if len(parts) <= 1:
+            return parts[0] if parts else None
+        last = parts[-1]
+        return SotwResponsePlan(
+            last.type_url, last.nonce, last.version_info,
+            [resource for part in parts for resource in part.resources],
+            frozenset().union(*(part.wrapped for part in parts)),
+            [error for part in parts for error in part.errors])
+
+    async def _wait(self, lease: Lease | None, type_url: str, wanted: Mapping[str, Params],
+                    wildcard: bool, since: int) -> Unanswered:
+        """Until the cache answers for everything wanted, or the lease's wait is over."""
+        serving, clock = self._serving, self._clock
+        deadline = lease.subscribed_at + self.wait if lease is not None else clock.now()
+        refetched = False
+        while True:
+            changed = lease.changed if lease is not None else None
+            waiting = unanswered(serving.view, type_url, wanted, wildcard,
+                                 serving.cache.is_complete(type_url), since)
+            if waiting.stale and not refetched:
+                # Fresh copies for this fetch: worth a wait of its own.
+                serving.index.request_refetch(type_url, waiting.stale)
+                refetched = True
+                deadline = max(deadline, clock.now() + self.wait)
+            if not waiting or changed is None or clock.now() >= deadline:
+                return waiting
+            await wait_until(clock, changed, deadline)
+            # Only what was still missing needs looking at again.
+            wanted = {name: wanted[name] for name in waiting.missing | waiting.stale
+                      if name in wanted}
+            wildcard = wildcard and "*" in waiting.missing
+
+    def _renew(self, type_url: str, change: InterestChange) -> Lease | Limited | None:
+        """The lease of what ``change`` subscribes, renewed, or a new one
+        (registered with the interest index); None when it subscribes nothing."""
+        if not change:
+            return None
+        key: LeaseKey = (type_url, bool(change.wildcard), frozenset(change.added.items()))
+        now = self._clock.now()
+        lease = self._leases.get(key)
+        if lease is not None:
+            lease.expires = now + self.lease
+            self._leases.move_to_end(key)
+            return lease
+        limit = self._serving.limits.streams
+        if len(self._leases) >= limit:
+            return Limited("streams", f"the relay holds {len(self._leases)} polling "
+                           f"subscriptions, its most (limits.streams); poll another replica")
+        lease = self._leases[key] = Lease(key, now, now + self.lease)
+        self._serving.index.apply(lease, type_url, change)
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._expire(),
+                                                                  name="fetch-leases")
+        return lease
+
+    async def _expire(self) -> None:
+        """Drop each lease once it lapses, until none is left."""
+        never = asyncio.Event()  # nothing wakes the reaper early: renewals only extend
+        while self._leases:
+            first = next(iter(self._leases.values()))
+            if first.expires > self._clock.now():
+                await wait_until(self._clock, never, first.expires)
+                continue
+            del self._leases[first.key]
+            log.debug("fetch lease of %d %s names lapsed", len(first.key[2]),
+                      short_name(first.type_url))
+            # A lease of many names is forgotten in slices, as a stream's is.
+            while not self._serving.index.remove(first, NAMES_PER_TURN):  # noqa: ASYNC110
+                await asyncio.sleep(0)
+
+    def close(self) -> None:
+        """Drop every lease at once (the relay stops)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+        for lease in self._leases.values():
+            self._serving.index.remove(lease)
+        self._leases.clear()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and wait for the reaper to end."""
+        reaper = self._reaper
+        self.close()
+        if reaper is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+
+
+def _not_yet(type_url: str, waiting: Unanswered) -> str:
+    """Why a fetch has nothing to answer with yet."""
+    what = short_name(type_url)
+    names = sorted(waiting.missing - {"*"} | waiting.stale)
+    if not names:
+        return (f"the relay has not yet received the {what} resources from its origin; it "
+                f"has subscribed to them: ask again shortly")
+    return (f"the relay has not yet received {len(names)} of these {what} resources from "
+            f"its origin (the first: {shown(names[0], 200)!r}); it has subscribed to them: "
+            f"ask again shortly")

@@ -1,0 +1,451 @@
+"""REST-JSON polling, as Envoy's ``api_type: REST`` subscriptions do it.
+
+A poller POSTs a JSON ``DiscoveryRequest`` to ``/v3/discovery:clusters`` (or
+the path of another type: :data:`REST_PATHS`) every ``refresh_delay`` and
+gets a JSON ``DiscoveryResponse``, answered from the cache as a SotW stream's
+first response would be (see :mod:`relay.server.fetch`, shared with the gRPC
+``Fetch*`` methods), or ``304 Not Modified`` with no body when its
+``version_info`` is already the version it would get.
+
+Two layers, as in :mod:`relay.admin`. The decisions take no I/O and are
+tested directly: :func:`route` (path and method), :func:`decode_request`
+(JSON to a request, or what is wrong with it), :func:`reply_for` (a fetch's
+outcome as a status, headers and body) and :func:`peer_identity` (a TLS peer
+certificate's SPIFFE ID and DNS names). :class:`RestServer` is aiohttp around
+them, with the xDS port's TLS (re-read on rotation), mutual TLS and
+``server.authorization``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import ssl
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2, json_format
+from google.protobuf.message import DecodeError, Message
+
+from relay.admin import Reply
+from relay.authorization import PeerIdentity
+from relay.certificates import CertificateError, WatchedKeyPair
+from relay.config.models import ServerTLSConfig
+from relay.config.values import Address
+from relay.protocol.limits import MAX_NACK_MESSAGE, shown
+from relay.protocol.sotw import SotwResponsePlan
+from relay.redaction import message_class
+from relay.server.fetch import Denied, Fetcher, FetchOutcome, Invalid, Limited, Served
+from relay.server.plans import encode_plan
+from relay.server.streams import ServingContext
+from relay.xds_types import (
+    CLUSTER,
+    ENDPOINT,
+    LISTENER,
+    ROUTE,
+    RUNTIME,
+    SCOPED_ROUTE,
+    SECRET,
+    short_name,
+)
+
+__all__ = ["REST_PATHS", "BadRequest", "RestServer", "decode_request", "peer_identity",
+           "render_json", "reply_for", "route"]
+
+log = logging.getLogger("relay.rest")
+# aiohttp's own lines (see _quiet_bad_requests)
+_http_log = logging.getLogger("relay.rest.http")
+
+#: The paths polled, each with its type: the ``google.api.http`` POST path of
+#: each type's ``Fetch*`` method in the xDS protos, which Envoy polls.
+REST_PATHS: Mapping[str, str] = {
+    "/v3/discovery:clusters": CLUSTER,
+    "/v3/discovery:endpoints": ENDPOINT,
+    "/v3/discovery:listeners": LISTENER,
+    "/v3/discovery:routes": ROUTE,
+    "/v3/discovery:scoped-routes": SCOPED_ROUTE,
+    "/v3/discovery:secrets": SECRET,
+    "/v3/discovery:runtime": RUNTIME,
+}
+#: How long ``stop`` lets polls in progress finish.
+STOP_GRACE = 1.0
+#: What a 503 or 429 tells a poller to wait, in seconds (Envoy polls again
+#: after its refresh_delay whatever it says).
+RETRY_AFTER = "1"
+#: The status message while the relay drains (as the xDS port's).
+DRAINING = "the relay is draining; poll another replica"
+
+_JSON = "application/json"
+
+
+class BadRequest(ValueError):
+    """A body that is not a JSON DiscoveryRequest (400); the message says why."""
+
+
+class Unrenderable(ValueError):
+    """A response holding a type no installed module describes: no JSON for it."""
+
+
+# -- decisions, no I/O --------------------------------------------------------------
+
+
+def route(method: str, path: str) -> str | Reply:
+    """The type URL a request to ``path`` polls, or the 404 or 405 to answer."""
+    type_url = REST_PATHS.get(path)
+    if type_url is None:
+        return Reply(404, f"not found; REST polling is served on {' '.join(REST_PATHS)}\n"
+                     .encode())
+    if method != "POST":
+        return Reply(405, f"{method} is not allowed; POST a JSON DiscoveryRequest\n".encode(),
+                     headers={"Allow": "POST"})
+    return type_url
+
+
+def decode_request(body: bytes) -> Any:
+    """The ``DiscoveryRequest`` a body holds as JSON; :class:`BadRequest` saying
+    what is wrong otherwise (unknown fields are wrong: a typo would be lost)."""
+    if not body.strip():
+        raise BadRequest("the body is empty: POST a DiscoveryRequest as a JSON object")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as error:  # (UnicodeDecodeError is a ValueError)
+        raise BadRequest(f"the body is not JSON: {shown(str(error))}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"the body is a JSON {_json_kind(data)}, not an object: POST a "
+                         f"DiscoveryRequest as a JSON object")
+    request = discovery_pb2.DiscoveryRequest()
+    try:
+        json_format.ParseDict(data, request)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as error:
+        raise BadRequest(f"the body is not a DiscoveryRequest: "
+                         f"{shown(str(error), MAX_NACK_MESSAGE)}") from None
+    return request
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+def render_json(plan: SotwResponsePlan) -> bytes:
+    """The JSON of a planned response, without its nonce (a poll is no stream);
+    :class:`Unrenderable` for a resource of a type no installed module has."""
+    response = discovery_pb2.DiscoveryResponse.FromString(
+        encode_plan(dataclasses.replace(plan, nonce="")))  # an empty field is left out
+    try:
+        text = json_format.MessageToJson(response, indent=None)
+    except TypeError:
+        # An Any of a type nothing imported yet (a filter's typed_config): its
+        # package's modules are imported, then once more.
+        _import_any_types(response)
+        try:
+            text = json_format.MessageToJson(response, indent=None)
+        except TypeError as error:
+            raise Unrenderable(str(error)) from None
+    return text.encode() + b"\n"
+
+
+def _import_any_types(message: Message) -> None:
+    """Import the modules of every type an ``Any`` in ``message`` holds, at any depth."""
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue
+        values: Iterable[Any]
+        if field.message_type.GetOptions().map_entry:
+            values = value.values()
+        elif isinstance(value, Message):
+            values = (value,)
+        else:  # repeated
+            values = value
+        for item in values:
+            if not isinstance(item, Message):
+                continue  # a map of scalars
+            if isinstance(item, any_pb2.Any):
+                found = message_class(item.type_url.rsplit("/", 1)[-1])
+                if found is not None:
+                    with contextlib.suppress(DecodeError):  # MessageToJson will say so
+                        _import_any_types(found.FromString(item.value))
+            else:
+                _import_any_types(item)
+
+
+def reply_for(outcome: FetchOutcome, version_info: str,
+              render: Callable[[Served], bytes] = lambda served: render_json(served.plan)
+              ) -> Reply:
+    """What to answer a poll carrying ``version_info``: 200 with the JSON
+    response (``render`` makes it), 304 with no body when the poller holds that
+    version already, or the refusal's status with its message."""
+    if isinstance(outcome, Served):
+        if version_info and version_info == outcome.plan.version_info:
+            return Reply(304, b"")
+        try:
+            return Reply(200, render(outcome), _JSON)
+        except Unrenderable as error:
+            return Reply(500, f"the relay cannot write this response as JSON ({error}); "
+                              f"poll over gRPC (api_type: GRPC)\n".encode())
+    message = f"{outcome.message}\n".encode()
+    if isinstance(outcome, Denied):
+        return Reply(403, message)
+    if isinstance(outcome, Invalid):
+        return Reply(400, message)
+    if isinstance(outcome, Limited):
+        if outcome.limit == "request_size":
+            return Reply(413, message)
+        if outcome.limit == "streams":  # the relay is full now; it may not be later
+            return Reply(429, message, headers={"Retry-After": RETRY_AFTER})
+        return Reply(400, message)  # this request will never be taken as it is
+    return Reply(503, message, headers={"Retry-After": RETRY_AFTER})
+
+
+def peer_identity(peercert: Mapping[str, Any] | None) -> PeerIdentity:
+    """What a client certificate (``SSLSocket.getpeercert()``'s dict) says it is:
+    its SPIFFE ID when it has exactly one URI SAN and that is a SPIFFE ID (as
+    gRPC reads it), and its DNS SANs."""
+    names = peercert.get("subjectAltName", ()) if peercert else ()
+    uris = [value for kind, value in names if kind == "URI"]
+    dns = tuple(value for kind, value in names if kind == "DNS")
+    spiffe = uris[0] if len(uris) == 1 and _is_spiffe_id(uris[0]) else None
+    return PeerIdentity(spiffe, dns)
+
+
+def _is_spiffe_id(uri: str) -> bool:
+    scheme, _, rest = uri.partition("://")
+    trust_domain = rest.split("/", 1)[0]
+    return scheme.lower() == "spiffe" and bool(trust_domain) and \
+        not any(c in trust_domain for c in "@:?#")
+
+
+# -- the server ---------------------------------------------------------------------
+
+
+class RestServer:
+    """Serves REST polling on one address, for one relay's cache.
+
+    With ``tls`` (``server.tls``), HTTPS with the xDS port's certificate
+    (followed through rotation), and with its ``client_ca_file`` every poller
+    must present a certificate that chains to it; ``serving.access`` applies
+    ``server.authorization`` to the certificate's identity and the request's
+    node. ``reuse_port``: the processes of ``--workers`` share the port.
+    """
+
+    def __init__(self, serving: ServingContext, fetcher: Fetcher, address: Address,
+                 tls: ServerTLSConfig | None = None, reuse_port: bool = False) -> None:
+        self._serving = serving
+        self._fetcher = fetcher
+        self._address = address
+        self._tls = tls
+        self._reuse_port = reuse_port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> int:
+        """Listen; returns the bound port. ``OSError`` naming the address when it cannot."""
+        tls = _TLSFiles(self._tls) if self._tls is not None else None
+        # The body is read here, within limits.request_size (client_max_size
+        # only bounds request.read(), which this never calls).
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        runner = web.AppRunner(app, access_log=None, logger=_http_log,
+                               shutdown_timeout=STOP_GRACE)
+        await runner.setup()
+        site = web.TCPSite(runner, self._address.host, self._address.port,
+                           ssl_context=tls.context if tls is not None else None,
+                           reuse_port=self._reuse_port or None)
+        try:
+            await site.start()
+        except OSError as error:
+            await runner.cleanup()
+            raise OSError(f"cannot listen on {self._address} (rest.address): "
+                          f"{error.strerror or error}") from None
+        self._runner = runner
+        port = int(runner.addresses[0][1])
+        scheme = "http" if tls is None else "https"
+        mutual = " (mutual TLS)" if tls is not None and tls.mutual else ""
+        log.info("serving REST polling on %s://%s:%d%s", scheme, self._address.host, port,
+                 mutual)
+        return port
+
+    async def stop(self) -> None:
+        """Stop listening; polls in progress get ``STOP_GRACE`` to finish. Idempotent."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        routed = route(request.method, request.path)
+        if isinstance(routed, Reply):
+            return _response(routed)
+        type_url = routed
+        serving = self._serving
+        if serving.draining:
+            return _response(Reply(503, f"{DRAINING}\n".encode(),
+                                   headers={"Retry-After": RETRY_AFTER}), close=True)
+        peer = _peer(request)
+        access = serving.access
+        identity: PeerIdentity | None = None
+        if access is not None and access.checks_identity:
+            transport = request.transport
+            identity = peer_identity(transport.get_extra_info("peercert")
+                                     if transport is not None else None)
+            error = access.authorizer.connect_error(identity)
+            if error is not None:
+                access.refused("identity", peer, error)
+                return _response(Reply(403, f"{error}\n".encode()))
+        body = await _read_body(request, serving.limits.request_size)
+        if body is None:
+            limit = serving.limits.request_size
+            message = (f"a request of more than {limit} bytes; the relay takes requests of at "
+                       f"most {limit} (limits.request_size)")
+            serving.metrics.downstream_limited.add(1, {"limit": "request_size"})
+            serving.warn_limited(peer, "request_size", "refusing REST poll from %s: %s", peer,
+                                 message)
+            return _response(Reply(413, f"{message}\n".encode()), close=True)
+        try:
+            discovery_request = decode_request(body)
+        except BadRequest as bad:
+            return _response(self._rejected(peer, str(bad)))
+        outcome = await self._fetcher.fetch(discovery_request, type_url, peer, identity,
+                                            f"POST {request.path}")
+        if isinstance(outcome, Denied):
+            assert access is not None
+            access.refused(outcome.reason, peer, outcome.message)
+        elif isinstance(outcome, Invalid):
+            return _response(self._rejected(peer, outcome.message))
+        reply = reply_for(outcome, discovery_request.version_info, _render)
+        if reply.status == 200:
+            serving.metrics.push("rest", type_url)
+        elif reply.status == 304:
+            # The poller holds the current version: what a SotW client's ACK says.
+            serving.metrics.downstream_acks.add("rest", short_name(type_url))
+        return _response(reply)
+
+    def _rejected(self, peer: str, message: str) -> Reply:
+        """Count, log (rate-limited) and answer a poll that breaks the protocol."""
+        self._serving.metrics.downstream_rejected.add(1, {"protocol": "rest"})
+        self._serving.warn_limited(peer, "invalid", "rejecting REST poll from %s: %s", peer,
+                                   message)
+        return Reply(400, f"{message}\n".encode())
+
+
+def _render(served: Served) -> bytes:
+    """:func:`render_json`, once per version for all the pollers of a lease."""
+    plan, lease = served.plan, served.lease
+    if plan.errors or lease is None:
+        return render_json(plan)
+    key = (plan.version_info, plan.wrapped)
+    if lease.rendered is not None and lease.rendered[0] == key:
+        return lease.rendered[1]
+    body = render_json(plan)
+    lease.rendered = (key, body)
+    return body
+
+
+def _response(reply: Reply, close: bool = False) -> web.Response:
+    headers = dict(reply.headers)
+    if reply.status != 304:
+        headers["Content-Type"] = reply.content_type
+    response = web.Response(status=reply.status, body=reply.body or None, headers=headers)
+    if close:
+        response.force_close()
+    return response
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes | None:
+    """The request's body, or None when it is over ``limit`` bytes (read no further)."""
+    length = request.content_length
+    if length is not None and length > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _peer(request: web.Request) -> str:
+    """The client's address as gRPC writes a peer (``ipv4:10.0.0.7:41000``)."""
+    transport = request.transport
+    peername = transport.get_extra_info("peername") if transport is not None else None
+    if not peername:
+        return "unknown"
+    host, port = peername[0], peername[1]
+    return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+
+
+def _quiet_bad_requests(record: logging.LogRecord) -> bool:
+    """aiohttp logs a malformed request at ERROR with a traceback: anyone who can
+    connect could fill the log. Those become one DEBUG line; errors of ours pass."""
+    error = record.exc_info[1] if record.exc_info else None
+    if isinstance(error, HttpProcessingError):
+        log.debug("%s: %s %s", record.getMessage(), error.code, error.message)
+        return False
+    return True
+
+
+_http_log.addFilter(_quiet_bad_requests)
+
+
+class _TLSFiles:
+    """The REST listener's TLS context: ``server.tls``'s files, followed.
+
+    At each handshake (the context's ``sni_callback``) the files' ``stat`` is
+    compared; a changed, whole pair becomes a fresh context for this and later
+    connections, a broken or half-rotated one is logged (by
+    :class:`WatchedKeyPair`) and the last good one kept. With a client CA,
+    every poller must present a certificate that chains to it.
+    """
+
+    def __init__(self, tls: ServerTLSConfig) -> None:
+        self._cert_file, self._key_file = tls.cert_file, tls.key_file
+        try:
+            # A watcher of its own: the gRPC port's asks for changes on its own
+            # schedule, and each change is told once per watcher.
+            self._pair = WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file)
+            self.context = self._new_context()
+        except (CertificateError, ssl.SSLError, OSError) as error:
+            raise OSError(f"server.tls (for rest.address): {error}") from None
+        self.mutual = tls.client_ca_file is not None
+        self.context.sni_callback = self._on_client_hello
+        self._current = self.context
+
+    def _new_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self._cert_file, self._key_file)
+        client_ca = self._pair.current.client_ca_pem
+        if client_ca is not None:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cadata=client_ca.decode("ascii"))
+        return context
+
+    def _on_client_hello(self, connection: ssl.SSLObject | ssl.SSLSocket,
+                         server_name: str | None, context: ssl.SSLContext) -> None:
+        try:
+            changed = self._pair.refresh() is not None
+        except Exception as error:  # escaping, it would fail every handshake
+            log.warning("server.tls files changed but cannot be read (%s); REST still serves "
+                        "the previous certificate", error)
+            changed = False
+        if changed:
+            try:
+                # From the files again (OpenSSL checks the key against the
+                # certificate once more: they may have moved on since).
+                self._current = self._new_context()
+            except (ssl.SSLError, OSError) as error:
+                log.warning("server.tls files changed again while being read (%s); REST "
+                            "still serves the previous certificate", error)
+        if self._current is not self.context:
+            connection.context = self._current
