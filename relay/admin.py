@@ -16,7 +16,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,23 +23,23 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from relay.cache import ResourceCache
-from relay.certificates import CertificateError, WatchedKeyPair, file_signature
-from relay.config import AdminConfig, AdminTLSConfig
+from relay.certificates import file_signature
+from relay.config import AdminConfig
 from relay.redaction import redacted
+from relay.web import FollowedTLS, quiet_malformed_requests
 from relay.xds_types import PUSH_ORDER, message_class, short_name
 
 __all__ = ["OPEN_PATHS", "PATHS", "READ_METHODS", "AdminServer", "BadQuery", "Reply",
            "token_refusal"]
 
 log = logging.getLogger("relay.admin")
-# aiohttp's own lines (see _quiet_bad_requests)
+# aiohttp's own lines (see quiet_malformed_requests)
 _http_log = logging.getLogger("relay.admin.http")
 
 #: Every path served, in the order the 404 reply lists them.
@@ -119,7 +118,8 @@ class AdminServer:
         when the TLS files or the token file cannot be used.
         """
         address = config.address
-        tls = _TLSFiles(config.tls) if config.tls is not None else None
+        tls = None if config.tls is None else FollowedTLS(
+            config.tls.cert_file, config.tls.key_file, None, "admin.tls", log)
         self._token = _TokenFile(config.token_file) if config.token_file is not None else None
         _warn_if_exposed(config)
         app = web.Application()
@@ -245,17 +245,7 @@ class AdminServer:
                             headers={"Content-Type": reply.content_type, **reply.headers})
 
 
-def _quiet_bad_requests(record: logging.LogRecord) -> bool:
-    """aiohttp logs a malformed request at ERROR with a traceback: anyone who can
-    connect could fill the log. Those become one DEBUG line; errors of ours pass."""
-    error = record.exc_info[1] if record.exc_info else None
-    if isinstance(error, HttpProcessingError):
-        log.debug("%s: %s %s", record.getMessage(), error.code, error.message)
-        return False
-    return True
-
-
-_http_log.addFilter(_quiet_bad_requests)
+quiet_malformed_requests(_http_log, log)
 
 
 def _config_dump_query(query: str) -> dict[str, str | None]:
@@ -294,52 +284,6 @@ def _warn_if_exposed(config: AdminConfig) -> None:
     elif config.tls is None:
         log.warning("admin server on %s has admin.token_file but no admin.tls: the token "
                     "travels in clear text; set admin.tls", address)
-
-
-class _TLSFiles:
-    """The admin server's TLS context, following its certificate files.
-
-    ``context`` is the one the server listens with; at each handshake (its
-    ``sni_callback``, asked with or without SNI) the files' ``stat`` is
-    compared, and a changed, whole pair becomes a fresh context that this and
-    later connections are handed. A half-rotated or broken pair is logged
-    once per change (by :class:`WatchedKeyPair`) and the last good one kept.
-    """
-
-    def __init__(self, tls: AdminTLSConfig) -> None:
-        self._files = (tls.cert_file, tls.key_file)
-        try:
-            self._pair = WatchedKeyPair(*self._files)
-            self.context = self._new_context()
-        except (CertificateError, ssl.SSLError, OSError) as error:
-            raise OSError(f"admin.tls: {error}") from None
-        self.context.sni_callback = self._on_client_hello
-        self._current = self.context
-
-    def _new_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(*self._files)
-        return context
-
-    def _on_client_hello(self, connection: ssl.SSLObject | ssl.SSLSocket,
-                         server_name: str | None, context: ssl.SSLContext) -> None:
-        try:
-            changed = self._pair.refresh() is not None
-        except Exception as error:  # escaping, it would fail every handshake
-            # (refresh noted the change first: logged once per change, like its own warnings)
-            log.warning("admin.tls files changed but cannot be read (%s); still serving the "
-                        "previous certificate", error)
-            changed = False
-        if changed:
-            try:
-                # From the files again: they may have moved on since the check
-                # (OpenSSL checks the key against the certificate once more).
-                self._current = self._new_context()
-            except (ssl.SSLError, OSError) as error:
-                log.warning("admin.tls files changed again while being read (%s); still "
-                            "serving the previous certificate", error)
-        if self._current is not self.context:
-            connection.context = self._current
 
 
 class _TokenFile:

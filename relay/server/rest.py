@@ -22,19 +22,16 @@ import contextlib
 import dataclasses
 import json
 import logging
-import ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, json_format
 from google.protobuf.message import DecodeError, Message
 
 from relay.admin import Reply
 from relay.authorization import PeerIdentity
-from relay.certificates import CertificateError, WatchedKeyPair
 from relay.config.models import ServerTLSConfig
 from relay.config.values import Address
 from relay.protocol.limits import MAX_NACK_MESSAGE, shown
@@ -43,6 +40,7 @@ from relay.redaction import message_class
 from relay.server.fetch import Denied, Fetcher, FetchOutcome, Invalid, Limited, Served
 from relay.server.plans import encode_plan
 from relay.server.streams import ServingContext
+from relay.web import FollowedTLS, quiet_malformed_requests
 from relay.xds_types import (
     CLUSTER,
     ENDPOINT,
@@ -58,7 +56,7 @@ __all__ = ["REST_PATHS", "BadRequest", "RestServer", "decode_request", "peer_ide
            "render_json", "reply_for", "route"]
 
 log = logging.getLogger("relay.rest")
-# aiohttp's own lines (see _quiet_bad_requests)
+# aiohttp's own lines (see quiet_malformed_requests)
 _http_log = logging.getLogger("relay.rest.http")
 
 #: The paths polled, each with its type: the ``google.api.http`` POST path of
@@ -251,7 +249,9 @@ class RestServer:
 
     async def start(self) -> int:
         """Listen; returns the bound port. ``OSError`` naming the address when it cannot."""
-        tls = _TLSFiles(self._tls) if self._tls is not None else None
+        tls = None if self._tls is None else FollowedTLS(
+            self._tls.cert_file, self._tls.key_file, self._tls.client_ca_file,
+            "server.tls (for rest.address)", log)
         # The body is read here, within limits.request_size (client_max_size
         # only bounds request.read(), which this never calls).
         app = web.Application()
@@ -386,66 +386,4 @@ def _peer(request: web.Request) -> str:
     return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
 
 
-def _quiet_bad_requests(record: logging.LogRecord) -> bool:
-    """aiohttp logs a malformed request at ERROR with a traceback: anyone who can
-    connect could fill the log. Those become one DEBUG line; errors of ours pass."""
-    error = record.exc_info[1] if record.exc_info else None
-    if isinstance(error, HttpProcessingError):
-        log.debug("%s: %s %s", record.getMessage(), error.code, error.message)
-        return False
-    return True
-
-
-_http_log.addFilter(_quiet_bad_requests)
-
-
-class _TLSFiles:
-    """The REST listener's TLS context: ``server.tls``'s files, followed.
-
-    At each handshake (the context's ``sni_callback``) the files' ``stat`` is
-    compared; a changed, whole pair becomes a fresh context for this and later
-    connections, a broken or half-rotated one is logged (by
-    :class:`WatchedKeyPair`) and the last good one kept. With a client CA,
-    every poller must present a certificate that chains to it.
-    """
-
-    def __init__(self, tls: ServerTLSConfig) -> None:
-        self._cert_file, self._key_file = tls.cert_file, tls.key_file
-        try:
-            # A watcher of its own: the gRPC port's asks for changes on its own
-            # schedule, and each change is told once per watcher.
-            self._pair = WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file)
-            self.context = self._new_context()
-        except (CertificateError, ssl.SSLError, OSError) as error:
-            raise OSError(f"server.tls (for rest.address): {error}") from None
-        self.mutual = tls.client_ca_file is not None
-        self.context.sni_callback = self._on_client_hello
-        self._current = self.context
-
-    def _new_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self._cert_file, self._key_file)
-        client_ca = self._pair.current.client_ca_pem
-        if client_ca is not None:
-            context.verify_mode = ssl.CERT_REQUIRED
-            context.load_verify_locations(cadata=client_ca.decode("ascii"))
-        return context
-
-    def _on_client_hello(self, connection: ssl.SSLObject | ssl.SSLSocket,
-                         server_name: str | None, context: ssl.SSLContext) -> None:
-        try:
-            changed = self._pair.refresh() is not None
-        except Exception as error:  # escaping, it would fail every handshake
-            log.warning("server.tls files changed but cannot be read (%s); REST still serves "
-                        "the previous certificate", error)
-            changed = False
-        if changed:
-            try:
-                # From the files again (OpenSSL checks the key against the
-                # certificate once more: they may have moved on since).
-                self._current = self._new_context()
-            except (ssl.SSLError, OSError) as error:
-                log.warning("server.tls files changed again while being read (%s); REST "
-                            "still serves the previous certificate", error)
-        if self._current is not self.context:
-            connection.context = self._current
+quiet_malformed_requests(_http_log, log)
