@@ -32,7 +32,7 @@ from relay.cache import ResourceCache
 from relay.certificates import file_signature
 from relay.config import AdminConfig
 from relay.redaction import redacted
-from relay.web import FollowedTLS, quiet_malformed_requests
+from relay.web import FollowedTLS, listen, quiet_malformed_requests
 from relay.xds_types import PUSH_ORDER, message_class, short_name
 
 __all__ = ["OPEN_PATHS", "PATHS", "READ_METHODS", "AdminServer", "BadQuery", "Reply",
@@ -122,22 +122,10 @@ class AdminServer:
             config.tls.cert_file, config.tls.key_file, None, "admin.tls", log)
         self._token = _TokenFile(config.token_file) if config.token_file is not None else None
         _warn_if_exposed(config)
-        app = web.Application()
-        app.router.add_route("*", "/{path:.*}", self._handle)
         # No access log: probes ask every few seconds.
-        runner = web.AppRunner(app, access_log=None, logger=_http_log,
-                               shutdown_timeout=STOP_GRACE)
-        await runner.setup()
-        site = web.TCPSite(runner, address.host, address.port,
-                           ssl_context=tls.context if tls is not None else None)
-        try:
-            await site.start()
-        except OSError as error:
-            await runner.cleanup()
-            raise OSError(f"cannot listen on {address} (admin.address): "
-                          f"{error.strerror or error}") from None
-        self._runner = runner
-        return int(runner.addresses[0][1])
+        self._runner, port = await listen(self._handle, address, "admin.address", tls,
+                                          _http_log, STOP_GRACE)
+        return port
 
     async def stop(self) -> None:
         """Stop listening; requests in progress get ``STOP_GRACE`` to finish. Idempotent."""

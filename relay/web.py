@@ -5,13 +5,41 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from relay.certificates import CertificateError, WatchedKeyPair
+from relay.config.values import Address
 
-__all__ = ["FollowedTLS", "quiet_malformed_requests"]
+__all__ = ["FollowedTLS", "listen", "quiet_malformed_requests"]
+
+
+async def listen(handle: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                 address: Address, key: str, tls: FollowedTLS | None,
+                 http_log: logging.Logger, grace: float, reuse_port: bool = False
+                 ) -> tuple[web.AppRunner, int]:
+    """Serve every request (any method, any path) with ``handle`` on
+    ``address``: the runner (its ``cleanup`` stops it, letting requests in
+    progress finish within ``grace`` seconds) and the bound port. No access
+    log; aiohttp's own lines go to ``http_log``. ``OSError`` naming the
+    config ``key`` of the address when it cannot listen."""
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", handle)
+    runner = web.AppRunner(app, access_log=None, logger=http_log, shutdown_timeout=grace)
+    await runner.setup()
+    site = web.TCPSite(runner, address.host, address.port,
+                       ssl_context=tls.context if tls is not None else None,
+                       reuse_port=reuse_port or None)
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise OSError(f"cannot listen on {address} ({key}): "
+                      f"{error.strerror or error}") from None
+    return runner, int(runner.addresses[0][1])
 
 
 class FollowedTLS:

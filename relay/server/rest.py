@@ -40,7 +40,7 @@ from relay.redaction import message_class
 from relay.server.fetch import Denied, Fetcher, FetchOutcome, Invalid, Limited, Served
 from relay.server.plans import encode_plan
 from relay.server.streams import ServingContext
-from relay.web import FollowedTLS, quiet_malformed_requests
+from relay.web import FollowedTLS, listen, quiet_malformed_requests
 from relay.xds_types import (
     CLUSTER,
     ENDPOINT,
@@ -254,22 +254,8 @@ class RestServer:
             "server.tls (for rest.address)", log)
         # The body is read here, within limits.request_size (client_max_size
         # only bounds request.read(), which this never calls).
-        app = web.Application()
-        app.router.add_route("*", "/{path:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None, logger=_http_log,
-                               shutdown_timeout=STOP_GRACE)
-        await runner.setup()
-        site = web.TCPSite(runner, self._address.host, self._address.port,
-                           ssl_context=tls.context if tls is not None else None,
-                           reuse_port=self._reuse_port or None)
-        try:
-            await site.start()
-        except OSError as error:
-            await runner.cleanup()
-            raise OSError(f"cannot listen on {self._address} (rest.address): "
-                          f"{error.strerror or error}") from None
-        self._runner = runner
-        port = int(runner.addresses[0][1])
+        self._runner, port = await listen(self._handle, self._address, "rest.address", tls,
+                                          _http_log, STOP_GRACE, self._reuse_port)
         scheme = "http" if tls is None else "https"
         mutual = " (mutual TLS)" if tls is not None and tls.mutual else ""
         log.info("serving REST polling on %s://%s:%d%s", scheme, self._address.host, port,
