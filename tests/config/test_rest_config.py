@@ -3,24 +3,10 @@ error naming its file, line and key."""
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 
-from relay.config import Address, ConfigError, config_keys, parse_config
-
-HEAD = 'node: {id: relay-1}\nupstream: {address: "origin:18000"}\n'  # lines 1 and 2
-
-
-def document(body: str) -> str:
-    """``HEAD`` and then ``body`` (dedented): the body starts on line 3."""
-    return HEAD + textwrap.dedent(body).lstrip("\n")
-
-
-def error(body: str) -> ConfigError:
-    with pytest.raises(ConfigError) as info:
-        parse_config(document(body), "relay.yaml")
-    return info.value
+from relay.config import Address, config_keys, parse_config
+from tests.config.test_security_config import HEAD, document, error
 
 
 def test_rest_is_off_by_default_with_a_lease_and_a_wait() -> None:
