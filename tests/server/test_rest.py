@@ -4,6 +4,7 @@ a body means, which reply an outcome gets, who a certificate says it is."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from envoy.config.listener.v3 import listener_pb2
@@ -13,6 +14,8 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from envoy.service.discovery.v3 import discovery_pb2
 from google.api import annotations_pb2
 from google.protobuf import any_pb2, descriptor_pool, json_format
+from hypothesis import given
+from hypothesis import strategies as st
 
 from relay.admin import Reply
 from relay.authorization import PeerIdentity
@@ -101,6 +104,8 @@ def test_a_json_discovery_request_is_decoded() -> None:
      'the body is not a DiscoveryRequest: Message type '
      '"envoy.service.discovery.v3.DiscoveryRequest" has no field named "hidden"'),
     (b"[" * 100_000 + b"]" * 100_000, "the body is not JSON: "),
+    (b'{"resourceNames": ["\\ud800"]}', "the body is not a DiscoveryRequest: Failed to "
+                                        "parse resourceNames field: Unpaired surrogate"),
 ])
 def test_a_body_that_is_no_discovery_request_says_why(body: bytes, message: str) -> None:
     with pytest.raises(BadRequest) as error:
@@ -191,3 +196,29 @@ def test_no_spiffe_id_unless_exactly_one_uri_that_is_one(uris: tuple[str, ...]) 
 
 def test_no_certificate_is_no_identity() -> None:
     assert peer_identity(None) == PeerIdentity() == peer_identity({})
+
+
+_POLL_VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.text(),
+                         st.lists(st.one_of(st.text(), st.integers()), max_size=4),
+                         st.dictionaries(st.sampled_from(["id", "cluster", "hidden"]),
+                                         st.one_of(st.text(), st.integers()), max_size=2))
+
+
+@given(st.dictionaries(
+    st.sampled_from(["node", "resourceNames", "typeUrl", "versionInfo", "responseNonce",
+                     "resource_names", "errorDetail", "hidden"]),
+    _POLL_VALUES, max_size=5))
+def test_a_poll_decodes_as_json_format_decodes_it(data: dict[str, Any]) -> None:
+    # decode_request skips json_format for the usual fields: it must agree with
+    # it on every body, its request or its error
+    body = json.dumps(data).encode()
+    expected = discovery_pb2.DiscoveryRequest()
+    try:
+        json_format.ParseDict(data, expected)
+    except (json_format.ParseError, ValueError, TypeError) as error:
+        with pytest.raises(BadRequest) as refused:
+            decode_request(body)
+        assert str(refused.value).startswith("the body is not a DiscoveryRequest: "
+                                             f"{str(error)[:200]}")
+    else:
+        assert decode_request(body) == expected
