@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from relay.authorization import NodeBinding
 from relay.certificates import CertificateError, load_key_pair
@@ -429,6 +437,13 @@ class RestConfig(_Section):
         return self
 
 
+def _hosts_overlap(first: str, second: str) -> bool:
+    """Whether listeners on these hosts may share an address (a wildcard
+    address covers every other)."""
+    wildcard = {"0.0.0.0", "::", "[::]", ""}
+    return first == second or first in wildcard or second in wildcard
+
+
 class LoggingConfig(_Section):
     """Logging; ``level`` is normalized to lowercase."""
 
@@ -532,6 +547,24 @@ class RelayConfig(_Section):
         if self.persistence is not None and self.upstream.files is not None:
             raise ValueError("persistence keeps what an origin sent; with upstream.files the "
                              "files are the snapshot: remove 'persistence'")
+        return self
+
+    @model_validator(mode="after")
+    def _rest_has_a_port_of_its_own(self) -> RelayConfig:
+        rest = self.rest.address
+        if rest is None or rest.port == 0:
+            return self
+        for key, other in (("server.address", self.server.address),
+                           ("admin.address", self.admin.address)):
+            if other.port == rest.port and _hosts_overlap(rest.host, other.host):
+                # Raised at rest.address itself, so that the error names its line.
+                message = (f"the port of {key} ({other}): REST polling needs a port of its "
+                           f"own (with --workers both would bind it, and each would take "
+                           f"the other's connections)")
+                raise ValidationError.from_exception_data(type(self).__name__, [
+                    InitErrorDetails(type=PydanticCustomError("value_error", "{message}",
+                                                              {"message": message}),
+                                     loc=("rest", "address"), input=str(rest))])
         return self
 
     def snapshot_prefix(self) -> str:

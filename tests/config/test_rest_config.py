@@ -61,3 +61,26 @@ def test_rest_with_workers_on_a_port_number_is_accepted() -> None:
         rest: {address: "127.0.0.1:18080"}
         """))
     assert config.rest.address == Address("127.0.0.1", 18080)
+
+
+@pytest.mark.parametrize(("rest", "key", "other"), [
+    ("127.0.0.1:18000", "server.address", "0.0.0.0:18000"),
+    ("0.0.0.0:19000", "admin.address", "127.0.0.1:19000"),
+])
+def test_rest_on_the_port_of_another_listener_is_refused(rest: str, key: str,
+                                                          other: str) -> None:
+    err = error(f"""
+        rest: {{address: "{rest}"}}
+        """)
+    assert str(err) == (
+        f"relay.yaml:3: rest.address: the port of {key} ({other}): REST polling needs a port "
+        f"of its own (with --workers both would bind it, and each would take the other's "
+        f"connections)")
+
+
+def test_rest_on_the_port_of_another_host_is_accepted() -> None:
+    config = parse_config(document("""
+        server: {address: "10.0.0.1:18080"}
+        rest: {address: "10.0.0.2:18080"}
+        """))
+    assert config.rest.address == Address("10.0.0.2", 18080)
