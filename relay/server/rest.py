@@ -187,8 +187,10 @@ def render_json(plan: SotwResponsePlan) -> bytes:
         _import_any_types(response)
         try:
             text = json_format.MessageToJson(response, indent=None)
-        except TypeError as error:
+        except (TypeError, ValueError, DecodeError) as error:
             raise Unrenderable(str(error)) from None
+    except (ValueError, DecodeError) as error:  # an Any whose bytes do not parse
+        raise Unrenderable(str(error)) from None
     return text.encode() + b"\n"
 
 

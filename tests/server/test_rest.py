@@ -162,6 +162,18 @@ def test_a_response_of_a_type_no_module_describes_is_500_saying_so() -> None:
     assert reply.body.endswith(b"poll over gRPC (api_type: GRPC)\n")
 
 
+def test_a_response_holding_a_corrupt_nested_any_is_500_saying_so() -> None:
+    lst = listener_pb2.Listener(name="l")
+    lst.filter_chains.add().filters.add(name="hcm").typed_config.CopyFrom(any_pb2.Any(
+        type_url="type.googleapis.com/envoy.extensions.filters.network."
+                 "http_connection_manager.v3.HttpConnectionManager", value=b"\xff\xff"))
+    served = Served(SotwResponsePlan(LISTENER, "1", "v", [
+        CachedResource.from_message(LISTENER, pack(lst), "l", "1")]))
+    reply = reply_for(served, "")
+    assert reply.status == 500
+    assert reply.body.startswith(b"the relay cannot write this response as JSON (")
+
+
 def test_nested_any_types_are_written_as_json() -> None:
     manager = hcm_pb2.HttpConnectionManager(stat_prefix="ingress")
     lst = listener_pb2.Listener(name="l")
