@@ -88,9 +88,9 @@ class SnapshotWriter:
         if not self._pending:
             return True
         pending, self._pending = self._pending, {}
-        started = time.perf_counter()
         try:
             batch = await self._batch(pending)
+            started = time.perf_counter()  # the write alone (building it yields the loop)
             await self.store.write(batch)
         except asyncio.CancelledError:
             # Stopped mid-write (the relay stopping): the names stay noted, so
