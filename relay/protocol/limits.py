@@ -50,7 +50,7 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 #: The limits that are numbers (a count or a size in bytes), by their key's last part.
-NUMBERED_LIMITS = tuple(f.name for f in fields(Limits) if f.type == "int")
+NUMBERED_LIMITS = tuple(f.name for f in fields(Limits) if isinstance(f.default, int))
 
 
 def shown(text: str, limit: int = MAX_SHOWN) -> str:
