@@ -186,8 +186,6 @@ class Relay:
         tls = config.server.tls if listen is None else None
         self.certificates = None if tls is None else \
             WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file)
-        self._observe_state()
-        self._count_from_zero()
         self.health = Health()
         self.admin: AdminServer | None = None
         if admin:
@@ -209,6 +207,8 @@ class Relay:
                 self.metrics, self.clock.now)
         # what /ready and xds_relay_ready go by: the hub of --workers counts its workers in
         self.readiness: Callable[[], str | None] = self.not_ready_reason
+        self._observe_state()
+        self._count_from_zero()
         self._reuse_port = reuse_port
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -440,7 +440,6 @@ class Relay:
             await self.admin.stop()
         if self.rest is not None:
             await self.rest.stop()
-        await self.fetcher.aclose()
         await self._close_snapshot()
         if self._server is not None:
             # Streams never end on their own: close them with a status the
@@ -448,6 +447,8 @@ class Relay:
             self.serving.close_streams("the relay is shutting down")
             await self._server.stop(grace)
             self._server = None
+        # after both servers: no fetch can take a new lease any more
+        await self.fetcher.aclose()
         # Bounded: a collector that does not answer must not hold up the exit.
         self.meter_provider.shutdown(timeout_millis=1000)  # type: ignore[attr-defined]
 

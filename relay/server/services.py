@@ -13,7 +13,6 @@ from typing import Any
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.clock import MonotonicClock
 from relay.server.decoding import RequestTooLarge, UndecodableRequest, request_decoder
 from relay.server.fetch import Denied, Fetcher, Invalid, Limited, Served
 from relay.server.streams import DownstreamStream, ServingContext, XdsProtocol
@@ -89,12 +88,10 @@ def _fetch_handler(serving: ServingContext, fetcher: Fetcher, service: str,
         behaviour, request_deserializer=_identity, response_serializer=_identity)
 
 
-def discovery_handlers(serving: ServingContext, fetcher: Fetcher | None = None
+def discovery_handlers(serving: ServingContext, fetcher: Fetcher
                        ) -> list[grpc.GenericRpcHandler]:
     """Handlers for ADS (both variants) and every per-type discovery service;
-    ``fetcher`` answers the ``Fetch*`` methods (one of its own by default)."""
-    if fetcher is None:
-        fetcher = Fetcher(serving, MonotonicClock())
+    ``fetcher`` answers the ``Fetch*`` methods."""
     handlers = [grpc.method_handlers_generic_handler(ADS_SERVICE, {
         "StreamAggregatedResources": _stream_handler(serving, "sotw", None),
         "DeltaAggregatedResources": _stream_handler(serving, "delta", None),
