@@ -236,6 +236,11 @@ class Relay:
             "xds_relay_ready", "1 while /ready says ready (serving what it has), 0 otherwise",
             (), lambda: {(): int(self.readiness() is None)})
         self.metrics.observe(
+            "xds_relay_downstream_nacked_streams",
+            "Streams whose latest answered response of a type was NACKed, no ACK since: "
+            "clients running older config than the relay sent", ("protocol", "type"),
+            self.serving.rejection_counts)
+        self.metrics.observe(
             "xds_relay_fetch_leases",
             "Resource sets kept subscribed for REST polls and gRPC fetches (rest.lease after "
             "their last poll; at most limits.streams)", ("type",),

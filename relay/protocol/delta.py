@@ -127,6 +127,7 @@ class DeltaSubscription(SubscriptionState):
                 outcome.nack = self._last_nack
             else:
                 self._acked_nonce = nonce
+            self.rejected = outcome.nack is not None
         # A stale nonce still carries valid subscription changes: apply them.
         plain = request.resource_names_subscribe
         locators = request.resource_locators_subscribe

@@ -100,6 +100,10 @@ class Session:
         """The types this stream has asked for."""
         return list(self._states)
 
+    def rejected_types(self) -> list[str]:
+        """The types whose latest answered response the client NACKed (no ACK since)."""
+        return [type_url for type_url, state in self._states.items() if state.rejected]
+
     def has_work(self) -> bool:
         """Whether :meth:`due` may have a response to send now."""
         # A loop: any() over a generator costs more, on every request and write.

@@ -154,6 +154,7 @@ class SotwSubscription(SubscriptionState):
                 outcome.nack = self._last_nack
             else:
                 self._acked_version = self._version_info
+            self.rejected = outcome.nack is not None
             self._inflight_nonce = None
 
         if self._answer_next_request and request.response_nonce == self._last_nonce:

@@ -72,6 +72,8 @@ class SubscriptionState:
         # nonce of the response the client has not answered yet
         self._inflight_nonce: str | None = None
         self._last_nack: Nack | None = None
+        # the latest response the client answered was NACKed (no ACK since)
+        self.rejected = False
         # name -> the origin's error as last forwarded, so each is sent once
         self._errors_sent: dict[str, discovery_pb2.ResourceError] = {}
         # names whose subscription may have changed since the interest index

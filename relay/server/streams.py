@@ -165,6 +165,18 @@ class ServingContext:
                 counts[stream.protocol, short_name(type_url)] += 1
         return counts
 
+    def rejection_counts(self) -> Counter[tuple[str, ...]]:
+        """Streams whose latest answered response of a type was NACKed, by
+        (protocol, short type name): 0 for every pair some stream subscribes to."""
+        counts: Counter[tuple[str, ...]] = Counter()
+        for stream in list(self.streams):
+            session = stream.session
+            for type_url in session.types():
+                counts[stream.protocol, short_name(type_url)] += 0
+            for type_url in session.rejected_types():
+                counts[stream.protocol, short_name(type_url)] += 1
+        return counts
+
     def close_streams(self, reason: str) -> None:
         """Ask every downstream stream to end (see :meth:`DownstreamStream.close`)."""
         for stream in list(self.streams):

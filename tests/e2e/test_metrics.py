@@ -127,6 +127,11 @@ async def test_metrics_count_known_traffic_exactly() -> None:
         labels(protocol="sotw", type="Cluster"): 2}
     assert series(samples, "xds_relay_downstream_nacks_total") == {
         labels(protocol="sotw", type="Cluster"): 1}
+    # the SotW client ACKed the response after the one it NACKed: nobody rejects now
+    assert series(samples, "xds_relay_downstream_nacked_streams") == {
+        labels(protocol="delta", type="Cluster"): 0,
+        labels(protocol="delta", type="ClusterLoadAssignment"): 0,
+        labels(protocol="sotw", type="Cluster"): 0}
     assert series(samples, "xds_relay_downstream_coalesced_updates_total") == {
         labels(protocol="delta", type="Cluster"): 1, labels(protocol="sotw", type="Cluster"): 2}
     assert series(samples, "xds_relay_upstream_responses_total") == {
@@ -161,6 +166,37 @@ async def test_metrics_have_the_process_series_readiness_and_limits() -> None:
         assert series(after, name)[labels()] > 0, name
     assert set(series(after, "python_gc_collections_total")) == {
         labels(generation=str(g)) for g in range(3)}
+
+
+async def test_nacked_streams_count_clients_still_rejecting_their_latest_response() -> None:
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"), version="v1")
+    async with running_stack(origin) as stack:
+        clients = [stack.client(delta=False) for _ in range(2)]
+        for number, client in enumerate(clients):
+            await client.send(node=node(f"s{number}"), type_url=CLUSTER)
+            await client.ack(await client.recv())
+        origin.set(cluster("a", timeout_s=2), version="v2")
+        for client in clients:
+            pushed = await client.recv()
+            # s0 NACKs, s1 ACKs
+            if client is clients[0]:
+                await client.send(type_url=CLUSTER, response_nonce=pushed.nonce,
+                                  error_detail=status_pb2.Status(code=3, message="no"))
+            else:
+                await client.ack(pushed)
+        await eventually(answered(stack, "s0", "s1"))
+        rejecting = series(await scrape(stack.relay.admin_port),
+                           "xds_relay_downstream_nacked_streams")
+        origin.set(cluster("a", timeout_s=3), version="v3")
+        for client in clients:
+            await client.ack(await client.recv())
+        await eventually(answered(stack, "s0", "s1"))
+        after = series(await scrape(stack.relay.admin_port),
+                       "xds_relay_downstream_nacked_streams")
+
+    assert rejecting == {labels(protocol="sotw", type="Cluster"): 1}
+    assert after == {labels(protocol="sotw", type="Cluster"): 0}
 
 
 async def test_series_alerts_take_increase_of_start_at_zero() -> None:

@@ -305,3 +305,19 @@ def test_names_subscribed_while_a_big_subscription_is_under_way_come_next() -> N
         state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce))
     # The new names first (sorted), then what the first response had no room for.
     assert sent == later + first[limit:]
+
+
+def test_a_nack_marks_the_type_rejected_until_an_ack() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER))
+    first = state.next_response(view, nonces)
+    assert first is not None and not state.rejected
+    state.on_request(Req(type_url=CLUSTER, response_nonce=first.nonce,
+                         error_detail={"code": 3, "message": "no"}))
+    assert state.rejected
+    view.set("a", "2")
+    state.resources_changed(frozenset({"a"}), False)
+    second = state.next_response(view, nonces)
+    assert second is not None
+    state.on_request(Req(type_url=CLUSTER, response_nonce=second.nonce))
+    assert not state.rejected

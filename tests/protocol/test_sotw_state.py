@@ -236,3 +236,22 @@ def test_an_origin_error_held_back_while_a_full_state_response_waits_still_goes_
     plan = state.next_response(view, nonces)
     assert plan is not None and names(plan) == ["b"]
     assert list(plan.errors) == [view.errors["a"]]
+
+
+def test_a_nack_marks_the_type_rejected_until_an_ack() -> None:
+    state, view, nonces = setup(a="1")
+    state.on_request(Req(type_url=CLUSTER))
+    first = state.next_response(view, nonces)
+    assert first is not None and not state.rejected
+    state.on_request(Req(type_url=CLUSTER, response_nonce=first.nonce,
+                         error_detail={"message": "bad"}))
+    assert state.rejected
+    view.set("a", "2")
+    state.resources_changed(frozenset({"a"}), False)
+    second = state.next_response(view, nonces)
+    assert second is not None
+    state.on_request(Req(type_url=CLUSTER, response_nonce="stale"))
+    assert state.rejected  # a stale nonce answers nothing
+    state.on_request(Req(type_url=CLUSTER, response_nonce=second.nonce,
+                         version_info=second.version_info))
+    assert not state.rejected
