@@ -244,7 +244,7 @@ class Relay:
             "xds_relay_fetch_leases",
             "Resource sets kept subscribed for REST polls and gRPC fetches (rest.lease after "
             "their last poll; at most limits.streams)", ("type",),
-            lambda: self.fetcher.lease_counts())
+            self.fetcher.lease_counts)
         # What "near a limit" alerts divide by.
         limits = self.config.limits
         self.metrics.observe(

@@ -100,9 +100,10 @@ class Session:
         """The types this stream has asked for."""
         return list(self._states)
 
-    def rejected_types(self) -> list[str]:
-        """The types whose latest answered response the client NACKed (no ACK since)."""
-        return [type_url for type_url, state in self._states.items() if state.rejected]
+    def rejections(self) -> list[tuple[str, bool]]:
+        """Each type this stream has asked for, and whether the client NACKed
+        its latest answered response (no ACK since)."""
+        return [(type_url, state.rejected) for type_url, state in self._states.items()]
 
     def has_work(self) -> bool:
         """Whether :meth:`due` may have a response to send now."""

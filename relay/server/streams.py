@@ -170,11 +170,8 @@ class ServingContext:
         (protocol, short type name): 0 for every pair some stream subscribes to."""
         counts: Counter[tuple[str, ...]] = Counter()
         for stream in list(self.streams):
-            session = stream.session
-            for type_url in session.types():
-                counts[stream.protocol, short_name(type_url)] += 0
-            for type_url in session.rejected_types():
-                counts[stream.protocol, short_name(type_url)] += 1
+            for type_url, rejected in stream.session.rejections():
+                counts[stream.protocol, short_name(type_url)] += rejected
         return counts
 
     def close_streams(self, reason: str) -> None:
