@@ -20,6 +20,7 @@ from relay.certificates import WatchedKeyPair
 from relay.clock import Clock, MonotonicClock
 from relay.config import RelayConfig, node_proto
 from relay.core import Core
+from relay.demand import DemandLedger
 from relay.encoding import MAX_MESSAGE_SIZE
 from relay.logs import RateLimitedLog
 from relay.persistence.restore import Restored, restore
@@ -57,16 +58,18 @@ _SERVER_OPTIONS: list[tuple[str, Any]] = [
     # Ping idle connections too: a client that froze or vanished while idle
     # must be found as surely as a busy one (gRPC stops after 2 pings otherwise).
     ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_concurrent_streams", 1_000_000),
     # A response is as large as what clients subscribe to: as large as the
     # origin's own (istiod's CDS runs to many MB). Clients set their own limits.
     ("grpc.max_send_message_length", -1),
     # New streams wait in gRPC's queue until the event loop takes them, one per
-    # turn. When thousands of clients reconnect at once (a relay restart),
-    # gRPC's defaults (1000, hard limit 3000) cancel the excess with a bare
-    # CANCELLED; queue them instead.
-    ("grpc.server.max_pending_requests", 20_000),
-    ("grpc.server.max_pending_requests_hard_limit", 50_000),
+    # turn. gRPC's defaults (1000, hard limit 3000) cancel the excess of a
+    # reconnect storm with a bare CANCELLED, and the clients retry. Each call
+    # queued holds memory until it is taken, and a client resetting streams
+    # in a loop (HTTP/2 rapid reset) fills the queue at no cost to itself:
+    # 20,000 queued calls took the relay past its pod's 512 MiB. A queue a
+    # few times gRPC's own absorbs a restart's burst and stays small.
+    ("grpc.server.max_pending_requests", 5_000),
+    ("grpc.server.max_pending_requests_hard_limit", 10_000),
 ]
 
 
@@ -75,6 +78,9 @@ def server_options(config: RelayConfig) -> list[tuple[str, Any]]:
     keepalive, limits = config.server.keepalive, config.limits
     return [
         *_SERVER_OPTIONS,
+        # Advertised in SETTINGS: a client may not open more on one connection,
+        # so a reset flood holds no more than this many calls per connection.
+        ("grpc.max_concurrent_streams", limits.streams_per_connection),
         ("grpc.keepalive_time_ms", int(keepalive.time * 1000)),
         ("grpc.keepalive_timeout_ms", int(keepalive.timeout * 1000)),
         # What ends a connection whose ping goes unanswered: without it, gRPC
@@ -103,6 +109,15 @@ def dialer(config: RelayConfig) -> Dialer:
         keepalive_time=upstream.keepalive.time, keepalive_timeout=upstream.keepalive.timeout,
         max_response_size=upstream.max_response_size,
         connect_timeout=upstream.connect_timeout)
+
+
+def demand_ledger(config: RelayConfig, clock: Clock) -> DemandLedger:
+    """The bounds on what clients make one process that serves them
+    subscribe upstream: with ``server.workers``, each takes an equal share of
+    ``limits.upstream_names`` (their hub adds them up on the origin stream)."""
+    limits, workers = config.limits, max(1, config.server.workers)
+    return DemandLedger(-(-limits.upstream_names // workers), limits.upstream_names_per_host,
+                        clock.now)
 
 
 def snapshot_store(config: RelayConfig) -> SnapshotStore | None:
@@ -200,6 +215,8 @@ class Relay:
             self.rest = RestServer(self.serving, self.fetcher, config.rest.address,
                                    config.server.tls, reuse_port)
         self._apply_limits()
+        if listen is None and origin is not None:
+            self.index.limit_demand(demand_ledger(config, self.clock))
         if listen is None:
             rules = config.server.authorization
             self.serving.access = Access(

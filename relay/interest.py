@@ -22,6 +22,7 @@ from typing import Protocol
 
 from relay.cache import CacheChange
 from relay.constraints import EMPTY_PARAMS, Params
+from relay.demand import DemandLedger
 
 
 class Subscriber(Hashable, Protocol):
@@ -90,10 +91,12 @@ class Upward(Protocol):
 
 @dataclass(slots=True)
 class _Subscription:
-    """What the index knows one subscriber wants of one type."""
+    """What the index knows one subscriber wants of one type, and the client
+    host whose share of the upstream demand it counts against (None: none)."""
 
     names: dict[str, Params] = field(default_factory=dict)
     wildcard: bool = False
+    host: str | None = None
 
 
 class InterestIndex:
@@ -108,10 +111,22 @@ class InterestIndex:
         self._by_name: dict[str, dict[str, set[Subscriber]]] = defaultdict(dict)
         self._wildcard: dict[str, set[Subscriber]] = defaultdict(set)
         # type URL -> name -> parameter set -> how many subscribers use it:
-        # the union the upstream subscribes to
+        # the union the upstream subscribes to (per type, oldest name first)
         self._union: dict[str, dict[str, dict[Params, int]]] = defaultdict(dict)
+        self._union_names = 0  # names in the union, all types
         self._per_subscriber: dict[Subscriber, dict[str, _Subscription]] = {}
         self._upward: Upward | None = None
+        self._demand: DemandLedger | None = None
+
+    def limit_demand(self, ledger: DemandLedger) -> None:
+        """Check every subscription against ``ledger`` from now on (see
+        :mod:`relay.demand`): where the union goes to an origin."""
+        self._demand = ledger
+
+    @property
+    def upstream_names(self) -> int:
+        """Names in the union, all types: what the origin stream subscribes."""
+        return self._union_names
 
     def link(self, upward: Upward) -> None:
         """Tell ``upward`` of interest changes and re-fetches from now on (one only)."""
@@ -124,37 +139,57 @@ class InterestIndex:
 
     # -- downstream side -------------------------------------------------
 
-    def apply(self, subscriber: Subscriber, type_url: str, change: InterestChange) -> None:
+    def apply(self, subscriber: Subscriber, type_url: str, change: InterestChange,
+              host: str | None = None) -> None:
         """Record how ``subscriber``'s interest in ``type_url`` changed.
+
+        ``host`` is the client host whose share of the upstream demand the
+        subscriber's names count against (taken at its first change; None:
+        none). With a :class:`~relay.demand.DemandLedger`, a change that would
+        pass its bounds raises :class:`~relay.protocol.limits.LimitExceeded`
+        before anything of it is applied.
 
         Registers the subscriber for the type even when nothing changed, so
         that it hears when the type becomes synced.
         """
-        mine = self._per_subscriber.setdefault(subscriber, {}).get(type_url)
-        if mine is None:
-            mine = self._per_subscriber[subscriber][type_url] = _Subscription()
-        by_name = self._by_name[type_url]
+        mine = self._per_subscriber.get(subscriber, {}).get(type_url)
         union = self._union[type_url]
+        demand = self._demand
+        if demand is not None and change.added:
+            self._check_demand(demand, mine, host if mine is None else mine.host,
+                               type_url, change)
+        if mine is None:
+            mine = self._per_subscriber.setdefault(subscriber, {})[type_url] = \
+                _Subscription(host=host)
+        # whose share the names count against, where shares are counted
+        ledger, holder = (demand, mine.host) if demand is not None and mine.host is not None \
+            else (None, "")
+        by_name = self._by_name[type_url]
         touched: list[str] = []
         for name, params in change.removed.items():
             if mine.names.get(name) != params:
                 continue  # not subscribed so: nothing to take back
             del mine.names[name]
-            _uncount(union, name, params, touched)
+            self._uncount(union, name, params, touched)
             if name not in change.added:
                 holders = by_name[name]
                 holders.discard(subscriber)
                 if not holders:
                     del by_name[name]
+                if ledger is not None:
+                    ledger.release(holder, type_url, name)
         for name, params in change.added.items():
             had = mine.names.get(name)
             if had == params:
                 continue  # already subscribed so
             is_new = had is None
             if had is not None:  # other parameters, not said to be removed: they are
-                _uncount(union, name, had, touched)
+                self._uncount(union, name, had, touched)
             mine.names[name] = params
-            counts = union.setdefault(name, {})
+            counts = union.get(name)
+            if counts is None:
+                counts = union[name] = {}
+                self._union_names += 1
             if params in counts:
                 counts[params] += 1
             else:
@@ -162,6 +197,8 @@ class InterestIndex:
                 touched.append(name)
             if is_new:
                 by_name.setdefault(name, set()).add(subscriber)
+                if ledger is not None:
+                    ledger.hold(holder, type_url, name)
         wildcard_changed = False
         if change.wildcard is not None and change.wildcard != mine.wildcard:
             mine.wildcard = change.wildcard
@@ -174,6 +211,36 @@ class InterestIndex:
             wildcard_changed = before != bool(wildcard)
         if (touched or wildcard_changed) and self._upward is not None:
             self._upward.interest_changed(type_url, touched)
+
+    def _check_demand(self, demand: DemandLedger, mine: _Subscription | None,
+                      host: str | None, type_url: str, change: InterestChange) -> None:
+        """Raise LimitExceeded if ``change`` would pass a bound of ``demand``.
+
+        Costs what the change touches; its removals are counted only when its
+        additions alone would pass a bound."""
+        union = self._union.get(type_url, {})
+        held = mine.names if mine is not None else {}
+        new_upstream = new_for_host = 0
+        for name in change.added:
+            if name not in union:
+                new_upstream += 1
+            if host is not None and name not in held and not demand.holds(host, type_url, name):
+                new_for_host += 1
+        total = self._union_names
+        over_total = total + new_upstream > demand.upstream_names
+        over_host = host is not None and \
+            demand.host_total(host) + new_for_host > demand.upstream_names_per_host
+        if over_total or over_host:
+            # What the change takes away makes room for what it adds.
+            for name, params in change.removed.items():
+                if name in change.added or held.get(name) != params:
+                    continue
+                if union.get(name) == {params: 1}:
+                    new_upstream -= 1
+                if host is not None and demand.held_count(host, type_url, name) == 1:
+                    new_for_host -= 1
+        demand.check(host, type_url, total, max(0, new_upstream), max(0, new_for_host),
+                     (name for name in change.added if name not in held))
 
     def update(self, subscriber: Subscriber, type_url: str, interest: Interest) -> None:
         """Set the whole of what ``subscriber`` wants of ``type_url``.
@@ -205,6 +272,21 @@ class InterestIndex:
                 limit -= count
         self._per_subscriber.pop(subscriber, None)
         return True
+
+    def _uncount(self, union: dict[str, dict[Params, int]], name: str, params: Params,
+                 touched: list[str]) -> None:
+        """One subscriber fewer for ``name`` with ``params``; ``touched`` gets
+        the name if the union changed."""
+        counts = union[name]
+        left = counts[params] - 1
+        if left:
+            counts[params] = left
+            return
+        del counts[params]
+        touched.append(name)
+        if not counts:
+            del union[name]
+            self._union_names -= 1
 
     # -- upstream side ---------------------------------------------------
 
@@ -261,18 +343,3 @@ class InterestIndex:
                     affected.setdefault(subscriber, set()).add(name)
         return [*((s, frozenset(n)) for s, n in affected.items()),
                 *((s, names) for s in wildcard)]
-
-
-def _uncount(union: dict[str, dict[Params, int]], name: str, params: Params,
-             touched: list[str]) -> None:
-    """One subscriber fewer for ``name`` with ``params``; ``touched`` gets the
-    name if the union changed."""
-    counts = union[name]
-    left = counts[params] - 1
-    if left:
-        counts[params] = left
-        return
-    del counts[params]
-    touched.append(name)
-    if not counts:
-        del union[name]

@@ -63,13 +63,17 @@ metrics:                        # always scraped at http://ADMIN/metrics (Promet
   #   interval: 15s
 limits:                         # what one client may ask; beyond: RESOURCE_EXHAUSTED naming the key
   streams: 100000               # open at once, all clients together
-  streams_per_connection: 100
+  streams_per_connection: 100   # also HTTP/2's MAX_CONCURRENT_STREAMS
+  streams_per_host: 1000        # one client host (address), all its connections
+  connections_per_host: 100     # connections with a stream open, one client host
   names_per_request: 100000     # names (and locators) one request subscribes or unsubscribes
   names_per_stream: 200000      # all types together
   name_length: 4096             # characters
   node_size: 64KiB              # a client's encoded Node
   dynamic_parameters: 64        # per locator (or per type of the Node)
   request_size: 16MiB           # one encoded request
+  upstream_names: 200000        # names clients make the relay subscribe on its origin stream
+  upstream_names_per_host: 100000   # ... of which one client host's streams and polls
 rest:                           # Envoy's REST-JSON polling (api_type: REST); off by default
   # address: 0.0.0.0:18080      # POST /v3/discovery:clusters ...; TLS, authorization: server.*
   lease: 60s                    # keep a poll's resources subscribed this long after its last poll

@@ -197,7 +197,16 @@ class LimitsConfig(_Section):
         description="downstream streams open at once, all clients together")
     streams_per_connection: CountField = Field(
         default=DEFAULT_LIMITS.streams_per_connection,
-        description="streams open at once on one client connection")
+        description="streams open at once on one client connection; also what the relay "
+                    "advertises in HTTP/2 SETTINGS (MAX_CONCURRENT_STREAMS), so that a "
+                    "client resetting streams in a loop (rapid reset) holds no more")
+    streams_per_host: CountField = Field(
+        default=DEFAULT_LIMITS.streams_per_host,
+        description="streams open at once from one client host (its address), all its "
+                    "connections together")
+    connections_per_host: CountField = Field(
+        default=DEFAULT_LIMITS.connections_per_host,
+        description="connections with a stream open, from one client host")
     names_per_request: CountField = Field(
         default=DEFAULT_LIMITS.names_per_request,
         description="resource names (and locators) one request subscribes or unsubscribes")
@@ -211,6 +220,16 @@ class LimitsConfig(_Section):
     dynamic_parameters: CountField = Field(
         default=DEFAULT_LIMITS.dynamic_parameters,
         description="dynamic parameters of one locator (or of the Node, per type)")
+    upstream_names: CountField = Field(
+        default=DEFAULT_LIMITS.upstream_names,
+        description="resource names clients make the relay subscribe on its origin stream, "
+                    "all types and clients together (with server.workers, each process "
+                    "serving clients takes an equal share); a request that would pass it is "
+                    "refused, and the origin never sees it")
+    upstream_names_per_host: CountField = Field(
+        default=DEFAULT_LIMITS.upstream_names_per_host,
+        description="of upstream_names, the distinct names the streams and REST polls of "
+                    "one client host may hold at once")
     request_size: RequestSizeField = Field(
         default=DEFAULT_LIMITS.request_size,
         description="the encoded size of one request; gRPC itself refuses twice as much "

@@ -38,12 +38,21 @@ class Limits:
 
     streams: int = 100_000
     streams_per_connection: int = 100
+    # Per client host (its address; every port, every connection): what one
+    # machine may hold of a process that serves a whole zone.
+    streams_per_host: int = 1_000
+    connections_per_host: int = 100
     request_size: int = 16 * 1024 * 1024
     names_per_request: int = 100_000
     names_per_stream: int = 200_000
     name_length: int = 4_096
     node_size: int = 64 * 1024
     dynamic_parameters: int = 64
+    # Names clients make the relay subscribe on its origin stream, all types:
+    # in all, and of one client host. A default relay accepts names_per_stream
+    # on one stream, so a relay chained to another stays below what it accepts.
+    upstream_names: int = 200_000
+    upstream_names_per_host: int = 100_000
     # the type URLs a stream may ask for (None: any)
     type_urls: frozenset[str] | None = None
 

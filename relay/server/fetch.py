@@ -44,7 +44,7 @@ from relay.protocol.sotw import SotwResponsePlan, state_version
 from relay.protocol.subscription import MAX_NAMES_PER_RESPONSE
 from relay.protocol.view import NonceSource, ResourceView
 from relay.resource import CachedResource, arrival_clock
-from relay.server.streams import NAMES_PER_TURN, ServingContext
+from relay.server.streams import NAMES_PER_TURN, ServingContext, client_host
 from relay.xds_types import short_name
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT", "Denied", "FetchOutcome", "Fetcher", "Invalid",
@@ -229,7 +229,7 @@ class Fetcher:
         since = arrival_clock()
         change = next((c for t, c in received.interest if t == type_url), InterestChange())
         wildcard = bool(change.wildcard)
-        lease = self._renew(type_url, change)
+        lease = self._renew(type_url, change, client_host(peer))
         if isinstance(lease, Limited):
             serving.metrics.downstream_limited.add(1, {"limit": lease.limit})
             serving.warn_limited(peer, lease.limit, "refusing fetch from %s: %s", peer,
@@ -302,9 +302,12 @@ class Fetcher:
                       if name in wanted}
             wildcard = wildcard and "*" in waiting.missing
 
-    def _renew(self, type_url: str, change: InterestChange) -> Lease | Limited | None:
+    def _renew(self, type_url: str, change: InterestChange, host: str | None
+               ) -> Lease | Limited | None:
         """The lease of what ``change`` subscribes, renewed, or a new one
-        (registered with the interest index); None when it subscribes nothing."""
+        (registered with the interest index, its names counting against
+        ``host``'s share of the upstream demand); None when it subscribes
+        nothing."""
         if not change:
             return None
         key: LeaseKey = (type_url, bool(change.wildcard), frozenset(change.added.items()))
@@ -318,8 +321,12 @@ class Fetcher:
         if len(self._leases) >= limit:
             return Limited("streams", f"the relay holds {len(self._leases)} polling "
                            f"subscriptions, its most (limits.streams); poll another replica")
-        lease = self._leases[key] = Lease(key, now, now + self.lease)
-        self._serving.index.apply(lease, type_url, change)
+        lease = Lease(key, now, now + self.lease)
+        try:
+            self._serving.index.apply(lease, type_url, change, host)
+        except LimitExceeded as error:  # the upstream demand's bounds: nothing was applied
+            return Limited(error.limit, str(error))
+        self._leases[key] = lease
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.get_running_loop().create_task(self._expire(),
                                                                   name="fetch-leases")

@@ -69,6 +69,9 @@ class ServingContext:
     limits: Limits = DEFAULT_LIMITS
     # streams open per client connection (its peer address)
     per_connection: Counter[str] = field(default_factory=Counter)
+    # streams, and connections with a stream, open per client host
+    per_host: Counter[str] = field(default_factory=Counter)
+    connections_per_host: Counter[str] = field(default_factory=Counter)
     # lines about bad requests: at most one per kind and client host per interval
     refusal_log: RateLimitedLog = field(
         default_factory=lambda: RateLimitedLog(log, REFUSAL_LOG_INTERVAL, time.monotonic))
@@ -104,12 +107,37 @@ class ServingContext:
         if len(self.streams) >= self.limits.streams:
             return "streams", (f"the relay serves {len(self.streams)} streams, its most "
                                f"(limits.streams); connect to another replica")
+        host = client_host(peer)
         # A unix socket's peers cannot be told apart: they share no connection limit.
-        if peer != "unix:" and self.per_connection[peer] >= self.limits.streams_per_connection:
+        if host is None:
+            return None
+        limits = self.limits
+        on_connection = self.per_connection[peer]
+        if on_connection >= limits.streams_per_connection:
             return "streams_per_connection", (
-                f"this connection has {self.per_connection[peer]} streams open, the most "
+                f"this connection has {on_connection} streams open, the most "
                 f"(limits.streams_per_connection)")
+        if self.per_host[host] >= limits.streams_per_host:
+            return "streams_per_host", (
+                f"{shown(host, 64)} has {self.per_host[host]} streams open, the most one "
+                f"client host may (limits.streams_per_host)")
+        if not on_connection and self.connections_per_host[host] >= limits.connections_per_host:
+            return "connections_per_host", (
+                f"{shown(host, 64)} has {self.connections_per_host[host]} connections with "
+                f"streams open, the most one client host may (limits.connections_per_host)")
         return None
+
+    def join(self, stream: DownstreamStream) -> None:
+        """``stream`` opened: count it (see :meth:`admission_error`)."""
+        self.streams.add(stream)
+        peer = stream.peer
+        self.per_connection[peer] += 1
+        host = client_host(peer)
+        if host is not None:
+            self.per_host[host] += 1
+            if self.per_connection[peer] == 1:
+                self.connections_per_host[host] += 1
+        self.idle.clear()
 
     def warn_limited(self, peer: str, kind: str, message: str, *args: object) -> None:
         """Log a line a client causes (a refusal, a NACK), at most once per kind and
@@ -128,9 +156,15 @@ class ServingContext:
         """
         if stream in self.streams:
             self.streams.discard(stream)
-            self.per_connection[stream.peer] -= 1
-            if not self.per_connection[stream.peer]:
-                del self.per_connection[stream.peer]
+            peer = stream.peer
+            host = client_host(peer)
+            self.per_connection[peer] -= 1
+            if not self.per_connection[peer]:
+                del self.per_connection[peer]
+                if host is not None:
+                    _take_one(self.connections_per_host, host)
+            if host is not None:
+                _take_one(self.per_host, host)
         self._batched.discard(stream)
         if not self.streams:
             self.idle.set()
@@ -207,6 +241,7 @@ class DownstreamStream:
                  ) -> None:
         self.serving = serving
         self.peer = peer
+        self.host = client_host(peer)
         # set when gRPC ends the call (the client left, or its connection died)
         self._ended = False
         # the client's certificate identity, while its first Node awaits the
@@ -286,7 +321,7 @@ class DownstreamStream:
         elif outcome.ack_nonce is not None:
             metrics.downstream_acks.add(self.protocol, short_name(type_url))
         for changed_type, change in received.interest:
-            self.serving.index.apply(self, changed_type, change)
+            self.serving.index.apply(self, changed_type, change, self.host)
         return outcome
 
     # -- responses -----------------------------------------------------------
@@ -320,9 +355,7 @@ class DownstreamStream:
         """
         metrics = self.serving.metrics
         metrics.downstream_streams.add(1, {"protocol": self.protocol})
-        self.serving.streams.add(self)
-        self.serving.per_connection[self.peer] += 1
-        self.serving.idle.clear()
+        self.serving.join(self)
         # gRPC ends the call when its connection dies (keepalive), whether or
         # not the read below ever returns: then the stream ends too. Through a
         # weak reference: gRPC's call objects are freed only by a full garbage
@@ -410,6 +443,23 @@ class DownstreamStream:
                         self.wake()
         finally:
             self.wake()
+
+
+def client_host(peer: str) -> str | None:
+    """The host of a gRPC peer (``ipv4:10.0.0.7:41000``: ``ipv4:10.0.0.7``),
+    what per-host limits count by; None for a unix socket, whose peers
+    cannot be told apart."""
+    if peer.startswith("unix:"):
+        return None
+    return peer.rsplit(":", 1)[0]
+
+
+def _take_one(counts: Counter[str], key: str) -> None:
+    left = counts[key] - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 def _call_ended(stream: weakref.ref[DownstreamStream], _context: object) -> None:

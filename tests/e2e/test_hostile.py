@@ -279,39 +279,104 @@ async def test_a_node_over_node_size_is_refused_and_only_part_of_a_node_is_kept(
         assert kept.id == "x" * 256 + "... (44 more characters)"
 
 
-async def test_streams_in_total_and_per_connection_are_limited() -> None:
+async def test_streams_beyond_the_connection_limit_wait_for_http2() -> None:
+    """limits.streams_per_connection is HTTP/2's MAX_CONCURRENT_STREAMS: a
+    fifth stream on a connection of four waits in the client until one ends."""
     origin = ScriptedOrigin()
     origin.set(cluster("a"))
     async with running_stack(origin, limits=LIMITS) as stack:
-        # One connection (the harness's channel): four streams, not five.
         held = [stack.client() for _ in range(4)]
         for i, client in enumerate(held):
             await client.send(node=node(f"c{i}"), type_url=CLUSTER,
                               resource_names_subscribe=["a"])
             await client.recv()
-        error = await ended(stack.client(), node=node("fifth"), type_url=CLUSTER)
-        assert (error.code(), error.details()) == (
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            "this connection has 4 streams open, the most (limits.streams_per_connection)")
-        # Other connections: two more, then the relay is full.
-        channels = [grpc.aio.insecure_channel(
-            f"127.0.0.1:{stack.relay.xds_port}", options=[("grpc.use_local_subchannel_pool", 1)])
-            for _ in range(3)]
+        fifth = stack.client()
+        # gRPC holds the write until the connection has room for the stream.
+        sending = asyncio.create_task(fifth.send(node=node("fifth"), type_url=CLUSTER,
+                                                 resource_names_subscribe=["a"]))
+        await fifth.expect_nothing()
+        assert len(stack.relay.serving.streams) == 4
+        held[0].close()
+        await asyncio.wait_for(sending, TIMEOUT)
+        assert names_of(await fifth.recv()) == ["a"]
+        assert limited(stack, "streams_per_connection") == 0
+
+
+def separate_channels(stack: Stack, count: int) -> list[grpc.aio.Channel]:
+    """``count`` channels to the relay, each on a connection of its own."""
+    return [grpc.aio.insecure_channel(f"127.0.0.1:{stack.relay.xds_port}",
+                                      options=[("grpc.use_local_subchannel_pool", 1)])
+            for _ in range(count)]
+
+
+async def test_streams_in_total_are_limited() -> None:
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"))
+    async with running_stack(origin, limits=LIMITS) as stack:
+        channels = separate_channels(stack, 4)
         try:
-            for i, channel in enumerate(channels[:2]):
-                client = XdsClient(channel, DELTA_ADS, delta=True)
-                stack.clients.append(client)
-                await client.send(node=node(f"o{i}"), type_url=CLUSTER,
-                                  resource_names_subscribe=["a"])
-                await client.recv()
-            error = await ended(XdsClient(channels[2], DELTA_ADS, delta=True),
+            for i, channel in enumerate(channels):
+                for j in range(2 if i < 3 else 0):
+                    client = XdsClient(channel, DELTA_ADS, delta=True)
+                    stack.clients.append(client)
+                    await client.send(node=node(f"o{i}-{j}"), type_url=CLUSTER,
+                                      resource_names_subscribe=["a"])
+                    await client.recv()
+            error = await ended(XdsClient(channels[3], DELTA_ADS, delta=True),
                                 node=node("seventh"), type_url=CLUSTER)
             assert (error.code(), error.details()) == (
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "the relay serves 6 streams, its most (limits.streams); connect to another "
                 "replica")
             assert limited(stack, "streams") == 1
-            assert limited(stack, "streams_per_connection") == 1
+        finally:
+            for channel in channels:
+                await channel.close()
+
+
+async def test_streams_and_connections_per_host_are_limited() -> None:
+    """One client host (every port of 127.0.0.1 here) may hold at most
+    limits.streams_per_host streams, on at most limits.connections_per_host
+    connections; a stream that ends makes room again."""
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"))
+    async with running_stack(origin, limits="streams_per_host: 3, connections_per_host: 2"
+                             ) as stack:
+        channels = separate_channels(stack, 3)
+        try:
+            first = []
+            for i in range(2):
+                client = XdsClient(channels[0], DELTA_ADS, delta=True)
+                stack.clients.append(client)
+                await client.send(node=node(f"a{i}"), type_url=CLUSTER,
+                                  resource_names_subscribe=["a"])
+                await client.recv()
+                first.append(client)
+            second = XdsClient(channels[1], DELTA_ADS, delta=True)
+            stack.clients.append(second)
+            await second.send(node=node("b"), type_url=CLUSTER, resource_names_subscribe=["a"])
+            await second.recv()
+            error = await ended(XdsClient(channels[1], DELTA_ADS, delta=True),
+                                node=node("b2"), type_url=CLUSTER)
+            assert (error.code(), error.details()) == (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "ipv4:127.0.0.1 has 3 streams open, the most one client host may "
+                "(limits.streams_per_host)")
+            first[0].close()
+            await eventually(lambda: len(stack.relay.serving.streams) == 2)
+            # Room for a stream, but not on a third connection.
+            error = await ended(XdsClient(channels[2], DELTA_ADS, delta=True),
+                                node=node("c"), type_url=CLUSTER)
+            assert (error.code(), error.details()) == (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "ipv4:127.0.0.1 has 2 connections with streams open, the most one client "
+                "host may (limits.connections_per_host)")
+            again = XdsClient(channels[1], DELTA_ADS, delta=True)
+            stack.clients.append(again)
+            await again.send(node=node("b3"), type_url=CLUSTER, resource_names_subscribe=["a"])
+            assert names_of(await again.recv()) == ["a"]
+            assert limited(stack, "streams_per_host") == 1
+            assert limited(stack, "connections_per_host") == 1
         finally:
             for channel in channels:
                 await channel.close()

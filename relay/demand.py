@@ -1,0 +1,154 @@
+"""Upstream demand: the names clients make the relay subscribe on its origin
+stream, and the bounds on them.
+
+Every name a client subscribes to that no other client holds becomes a name
+on the relay's one origin stream. Unbounded, a few clients asking for made-up
+names can push that stream past what the origin accepts, and an origin that
+refuses it cuts the whole zone off (issue 22). So, before the interest index
+takes a subscription, :class:`DemandLedger` checks it against
+
+* ``limits.upstream_names``: the names on the origin stream, all types;
+* ``limits.upstream_names_per_host``: the distinct names one client host's
+  streams and polls hold (its share);
+* the names the origin itself refused lately (see :meth:`DemandLedger.refuse`).
+
+A request that would pass a bound is refused whole (:class:`LimitExceeded`,
+RESOURCE_EXHAUSTED naming the key) before anything of it is applied: the
+origin never sees it. The ledger does no I/O and knows nothing of streams.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+from relay.protocol.limits import LimitExceeded, shown
+from relay.xds_types import short_name
+
+__all__ = ["ORIGIN_REFUSED", "REFUSAL_COOLDOWN", "DemandLedger"]
+
+#: How long names the origin refused stay refused to clients, in seconds: long
+#: enough that a client reconnecting in a loop cannot put them back on the
+#: origin stream at once, short enough that an origin raising its limit is
+#: soon followed.
+REFUSAL_COOLDOWN = 60.0
+#: The ``limit`` of a subscription to a name the origin refused.
+ORIGIN_REFUSED = "origin"
+
+
+class DemandLedger:
+    """What each client host holds, and the bounds a new subscription must keep.
+
+    ``per_host`` counts, per host and type, how many of the host's
+    subscribers hold each name: a name held by ten streams of one host costs
+    that host one name, as it costs the origin one.
+    """
+
+    def __init__(self, upstream_names: int, upstream_names_per_host: int,
+                 now: Callable[[], float], max_refused: int | None = None) -> None:
+        self.upstream_names = upstream_names
+        self.upstream_names_per_host = upstream_names_per_host
+        self._now = now
+        # host -> type URL -> name -> how many of the host's subscribers hold it
+        self._held: dict[str, dict[str, dict[str, int]]] = {}
+        self._host_totals: dict[str, int] = {}
+        # (type URL, name) -> until when the origin's refusal holds, oldest first;
+        # bounded, so that a refusal of millions of names costs no more than this
+        self._refused: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._max_refused = max_refused if max_refused is not None else upstream_names
+
+    def host_total(self, host: str) -> int:
+        """The distinct names (all types) ``host`` holds."""
+        return self._host_totals.get(host, 0)
+
+    def holds(self, host: str, type_url: str, name: str) -> bool:
+        """Whether some subscriber of ``host`` holds ``name``."""
+        return name in self._held.get(host, {}).get(type_url, {})
+
+    def held_count(self, host: str, type_url: str, name: str) -> int:
+        """How many subscribers of ``host`` hold ``name``."""
+        return self._held.get(host, {}).get(type_url, {}).get(name, 0)
+
+    def check(self, host: str | None, type_url: str, upstream_total: int,
+              new_upstream: int, new_for_host: int, added: Iterable[str]) -> None:
+        """Raise :class:`LimitExceeded` if a subscription adding ``new_upstream``
+        names to the origin stream (which holds ``upstream_total``) and
+        ``new_for_host`` to ``host``'s share (None: a host without a share, a
+        unix socket's) may not be taken; ``added`` are its names, checked
+        against the origin's recent refusals."""
+        if new_upstream and upstream_total + new_upstream > self.upstream_names:
+            raise LimitExceeded(
+                "upstream_names",
+                f"subscribing {new_upstream} more names would have the relay ask its origin "
+                f"for {upstream_total + new_upstream}, more than it may "
+                f"(limits.upstream_names: {self.upstream_names})")
+        if host is not None and new_for_host:
+            held = self.host_total(host)
+            if held + new_for_host > self.upstream_names_per_host:
+                raise LimitExceeded(
+                    "upstream_names_per_host",
+                    f"clients at {shown(host, 64)} would hold {held + new_for_host} names, "
+                    f"more than one host may (limits.upstream_names_per_host: "
+                    f"{self.upstream_names_per_host})")
+        if self._refused:
+            self._forget_lapsed()
+            for name in added:
+                if (type_url, name) in self._refused:
+                    raise LimitExceeded(
+                        ORIGIN_REFUSED,
+                        f"the origin refused the relay's subscription to "
+                        f"{short_name(type_url)} {shown(name, 200)!r} lately; not asked "
+                        f"again for {REFUSAL_COOLDOWN:.0f}s")
+
+    def hold(self, host: str, type_url: str, name: str) -> None:
+        """One more subscriber of ``host`` holds ``name``."""
+        names = self._held.setdefault(host, {}).setdefault(type_url, {})
+        count = names.get(name, 0)
+        names[name] = count + 1
+        if not count:
+            self._host_totals[host] = self._host_totals.get(host, 0) + 1
+
+    def release(self, host: str, type_url: str, name: str) -> None:
+        """One subscriber of ``host`` fewer holds ``name``."""
+        per_type = self._held.get(host, {})
+        names = per_type.get(type_url, {})
+        count = names.get(name, 0)
+        if count > 1:
+            names[name] = count - 1
+            return
+        if not count:
+            return
+        del names[name]
+        total = self._host_totals[host] - 1
+        if total:
+            self._host_totals[host] = total
+            if not names:
+                del per_type[type_url]
+            return
+        # the host holds nothing more: forget it (its memory comes back)
+        del self._host_totals[host]
+        del self._held[host]
+
+    def refuse(self, type_url: str, names: Iterable[str]) -> None:
+        """The origin refused a subscription to ``names``: refuse them to
+        clients for :data:`REFUSAL_COOLDOWN` seconds."""
+        until = self._now() + REFUSAL_COOLDOWN
+        for name in names:
+            key = (type_url, name)
+            self._refused.pop(key, None)
+            self._refused[key] = until
+        while len(self._refused) > self._max_refused:
+            self._refused.popitem(last=False)
+
+    def refused_count(self) -> int:
+        """Names the origin refused whose refusal still holds."""
+        self._forget_lapsed()
+        return len(self._refused)
+
+    def _forget_lapsed(self) -> None:
+        now = self._now()
+        while self._refused:
+            key, until = next(iter(self._refused.items()))
+            if until > now:
+                return
+            del self._refused[key]
