@@ -21,7 +21,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
 from envoy.service.discovery.v3 import discovery_pb2
-from google.protobuf import message, struct_pb2
+from google.protobuf import json_format, message, struct_pb2
+from udpa.type.v1 import typed_struct_pb2 as udpa_typed_struct_pb2
+from xds.type.v3 import typed_struct_pb2 as xds_typed_struct_pb2
 
 from relay.admin import AdminServer
 from relay.cache import ResourceCache, Update
@@ -446,3 +448,36 @@ async def test_a_secret_with_a_sensitive_any_is_shown_redacted() -> None:
             "@type": "type.googleapis.com/google.protobuf.Struct",
             "value": {"pin": "[redacted]"}}}
     assert b"hunter2" not in dump
+
+
+async def test_keys_in_typed_structs_are_shown_redacted() -> None:
+    # A TLS context as JSON, in each kind of TypedStruct: its key is redacted there too.
+    ca = trustme.CA()
+    leaves = [ca.issue_cert(f"{n}.example") for n in "ab"]
+    listener = listener_pb2.Listener(name="l")
+    for typed_struct_class, leaf, as_string in zip(
+            (xds_typed_struct_pb2.TypedStruct, udpa_typed_struct_pb2.TypedStruct), leaves,
+            (True, False), strict=True):
+        context = tls_pb2.DownstreamTlsContext()
+        context.common_tls_context.tls_certificates.append(tls_certificate(leaf, as_string))
+        typed: Any = typed_struct_class(type_url=type_url_of(context))
+        typed.value.update(json_format.MessageToDict(context))
+        listener.filter_chains.add().transport_socket.typed_config.Pack(typed)
+    cache = cached((listener, "l"))
+    async with serving(AdminConfig(address="127.0.0.1:0"), admin_server(cache)) as port:
+        status, _, dump = await get(f"http://127.0.0.1:{port}/config_dump")
+    assert status == 200 and b'"undecodable"' not in dump
+    for leaf in leaves:
+        for piece in key_material(leaf):
+            assert piece not in dump
+    chains = json.loads(dump)["types"][LISTENER]["resources"][0]["resource"]["filterChains"]
+    shown = [chain["transportSocket"]["typedConfig"] for chain in chains]
+    assert [config["@type"] for config in shown] == [
+        "type.googleapis.com/xds.type.v3.TypedStruct",
+        "type.googleapis.com/udpa.type.v1.TypedStruct"]
+    assert [config["value"]["commonTlsContext"]["tlsCertificates"][0]["privateKey"]
+            for config in shown] == [
+        {"inlineString": "[redacted]"},
+        {"inlineBytes": base64.b64encode(b"[redacted]").decode()}]
+    assert shown[0]["value"]["commonTlsContext"]["tlsCertificates"][0]["certificateChain"] == {
+        "inlineBytes": base64.b64encode(leaves[0].cert_chain_pems[0].bytes()).decode()}

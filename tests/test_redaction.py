@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import base64
+import copy
+from typing import Any
+
+import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_pb2
@@ -15,6 +20,8 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
 from google.protobuf import any_pb2, json_format, struct_pb2
 from google.protobuf.message import Message
+from udpa.type.v1 import typed_struct_pb2 as udpa_typed_struct_pb2
+from xds.type.v3 import typed_struct_pb2 as xds_typed_struct_pb2
 
 from relay.redaction import REDACTED, redacted
 
@@ -246,6 +253,269 @@ def test_every_value_of_a_sensitive_string_map_is_redacted() -> None:
     assert result.virtual_hosts[0].domains == ["*"]
 
 
+# --------------------------------------------------------------------------- inside TypedStruct
+#
+# A TypedStruct holds a message as JSON: the key is found by the named type's
+# fields, and shown as it would be had the message been packed in an Any (a
+# bytes marker in base64, as JSON shows bytes); nothing else of the JSON changes.
+
+TYPED_STRUCTS = pytest.mark.parametrize(
+    "typed_struct_class", [xds_typed_struct_pb2.TypedStruct, udpa_typed_struct_pb2.TypedStruct],
+    ids=["xds.type.v3", "udpa.type.v1"])
+REDACTED_BASE64 = base64.b64encode(REDACTED.encode()).decode()
+
+
+def typed_struct(typed_struct_class: type[Message], type_name: str,
+                 value: dict[str, Any]) -> Any:
+    typed: Any = typed_struct_class()
+    typed.type_url = f"type.googleapis.com/{type_name}"
+    typed.value.update(value)
+    return typed
+
+
+def listener_with_socket(typed_config: Message) -> listener_pb2.Listener:
+    """A Listener whose one filter chain's TLS transport socket packs ``typed_config``."""
+    listener = listener_pb2.Listener(name="ingress")
+    listener.address.socket_address.port_value = 8443
+    chain = listener.filter_chains.add()
+    chain.transport_socket.name = "envoy.transport_sockets.tls"
+    chain.transport_socket.typed_config.Pack(typed_config)
+    return listener
+
+
+def shown_socket_config(out: any_pb2.Any, typed_struct_class: type[Message]) -> Any:
+    """The TypedStruct a redacted ``listener_with_socket`` packs, checking the rest."""
+    result = listener_pb2.Listener.FromString(out.value)
+    assert result.address.socket_address.port_value == 8443
+    socket = result.filter_chains[0].transport_socket
+    assert socket.name == "envoy.transport_sockets.tls"
+    typed: Any = typed_struct_class()
+    assert socket.typed_config.Unpack(typed)
+    return typed
+
+
+def tls_context_json(private_key: dict[str, str]) -> dict[str, Any]:
+    return {"requireClientCertificate": True,
+            "commonTlsContext": {
+                "alpnProtocols": ["h2", "http/1.1"],
+                "tlsCertificates": [{"certificateChain": {"inlineString": CERT_PEM},
+                                     "privateKey": private_key}]}}
+
+
+@TYPED_STRUCTS
+def test_an_inline_string_key_in_a_typed_struct_is_redacted(
+        typed_struct_class: type[Message]) -> None:
+    json = tls_context_json({"inlineString": KEY_PEM})
+    listener = listener_with_socket(typed_struct(
+        typed_struct_class, "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        json))
+    out, before = shown(pack(listener))
+    assert b"TOPSECRETKEYMATERIAL" in before
+    assert_no_secret_in(out)
+    typed = shown_socket_config(out, typed_struct_class)
+    assert typed.type_url == \
+        "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
+    expected = copy.deepcopy(json)
+    expected["commonTlsContext"]["tlsCertificates"][0]["privateKey"] = {"inlineString": REDACTED}
+    assert json_format.MessageToDict(typed.value) == expected
+    context = json_format.ParseDict(json_format.MessageToDict(typed.value),
+                                    tls_pb2.DownstreamTlsContext())
+    assert context.common_tls_context.tls_certificates[0].private_key.inline_string == REDACTED
+
+
+@TYPED_STRUCTS
+def test_an_inline_bytes_key_in_a_typed_struct_is_redacted_as_json_shows_bytes(
+        typed_struct_class: type[Message]) -> None:
+    json = tls_context_json({"inlineBytes": base64.b64encode(KEY_PEM.encode()).decode()})
+    listener = listener_with_socket(typed_struct(
+        typed_struct_class, "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        json))
+    out, before = shown(pack(listener))
+    assert base64.b64encode(KEY_PEM.encode()) in before
+    assert base64.b64encode(KEY_PEM.encode()) not in out.SerializeToString()
+    typed = shown_socket_config(out, typed_struct_class)
+    context = json_format.ParseDict(json_format.MessageToDict(typed.value),
+                                    tls_pb2.DownstreamTlsContext())
+    certificate = context.common_tls_context.tls_certificates[0]
+    assert certificate.private_key.inline_bytes == REDACTED.encode()
+    assert certificate.certificate_chain.inline_string == CERT_PEM
+    assert context.require_client_certificate.value is True
+    assert list(context.common_tls_context.alpn_protocols) == ["h2", "http/1.1"]
+
+
+def test_proto_field_names_in_a_typed_struct_are_read_too() -> None:
+    # A JSON parser takes "private_key" as well as "privateKey", and so does Envoy.
+    json = {"common_tls_context": {"tls_certificates": [
+        {"private_key": {"inline_string": KEY_PEM}, "password": {"inline_string": "hunter2"},
+         "certificate_chain": {"inline_string": CERT_PEM}}]}}
+    listener = listener_with_socket(typed_struct(
+        xds_typed_struct_pb2.TypedStruct,
+        "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext", json))
+    out, _ = shown(pack(listener))
+    assert_no_secret_in(out)
+    typed = shown_socket_config(out, xds_typed_struct_pb2.TypedStruct)
+    assert json_format.MessageToDict(typed.value) == {"common_tls_context": {"tls_certificates": [
+        {"private_key": {"inline_string": REDACTED}, "password": {"inline_string": REDACTED},
+         "certificate_chain": {"inline_string": CERT_PEM}}]}}
+
+
+def test_repeated_and_map_secrets_in_a_typed_struct_are_redacted() -> None:
+    ticket_keys = [base64.b64encode(b"ticketkey-%d" % n).decode() for n in range(2)]
+    json = {"sessionTicketKeys": {"keys": [{"inlineBytes": key} for key in ticket_keys]}}
+    listener = listener_with_socket(typed_struct(
+        udpa_typed_struct_pb2.TypedStruct,
+        "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext", json))
+    routes = route_pb2.RouteConfiguration(name="local")
+    routes.virtual_hosts.add(name="all", domains=["*"]).typed_per_filter_config[
+        "envoy.filters.http.ext_authz"].Pack(typed_struct(
+            xds_typed_struct_pb2.TypedStruct,
+            "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute",
+            {"checkSettings": {"contextExtensions": {"api_key": "apikey-123"}}}))
+    out, _ = shown(pack(listener))
+    assert json_format.MessageToDict(
+        shown_socket_config(out, udpa_typed_struct_pb2.TypedStruct).value) == {
+        "sessionTicketKeys": {"keys": [{"inlineBytes": REDACTED_BASE64}] * 2}}
+    out, _ = shown(pack(routes))
+    assert_no_secret_in(out)
+    per_route: Any = xds_typed_struct_pb2.TypedStruct()
+    assert route_pb2.RouteConfiguration.FromString(out.value).virtual_hosts[0]\
+        .typed_per_filter_config["envoy.filters.http.ext_authz"].Unpack(per_route)
+    assert json_format.MessageToDict(per_route.value) == {
+        "checkSettings": {"contextExtensions": {"api_key": REDACTED}}}
+
+
+def test_typed_struct_any_typed_struct_nesting_is_walked() -> None:
+    # Listener -> filter (Any: TypedStruct of an HttpConnectionManager) -> its tracing
+    # provider (an Any in JSON, holding a TypedStruct of SkyWalking) -> the token; and a
+    # second provider-like Any in JSON packing SkyWalking itself (an access log's).
+    skywalking_json = {"clientConfig": {"backendToken": "s3cr3t-token",
+                                        "serviceName": "frontend"}}
+    manager_json: dict[str, Any] = {
+        "statPrefix": "ingress",
+        "tracing": {"provider": {"name": "envoy.tracers.skywalking", "typedConfig": {
+            "@type": "type.googleapis.com/udpa.type.v1.TypedStruct",
+            "typeUrl": "type.googleapis.com/envoy.config.trace.v3.SkyWalkingConfig",
+            "value": skywalking_json}}},
+        "accessLog": [{"name": "log", "typedConfig": {
+            "@type": "type.googleapis.com/envoy.config.trace.v3.SkyWalkingConfig",
+            **skywalking_json}}]}
+    listener = listener_pb2.Listener(name="ingress")
+    hcm = listener.filter_chains.add().filters.add(
+        name="envoy.filters.network.http_connection_manager")
+    hcm.typed_config.Pack(typed_struct(
+        xds_typed_struct_pb2.TypedStruct,
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        manager_json))
+    out, before = shown(pack(listener))
+    assert b"s3cr3t-token" in before
+    assert_no_secret_in(out)
+    typed: Any = xds_typed_struct_pb2.TypedStruct()
+    assert listener_pb2.Listener.FromString(out.value).filter_chains[0].filters[0]\
+        .typed_config.Unpack(typed)
+    expected = copy.deepcopy(manager_json)
+    expected["tracing"]["provider"]["typedConfig"]["value"]["clientConfig"][
+        "backendToken"] = REDACTED
+    expected["accessLog"][0]["typedConfig"]["clientConfig"]["backendToken"] = REDACTED
+    assert json_format.MessageToDict(typed.value) == expected
+
+
+def test_a_typed_struct_under_a_sensitive_field_is_blanked_keeping_its_type() -> None:
+    secret = secret_pb2.Secret(name="hsm")
+    provider = secret.tls_certificate.private_key_provider
+    provider.provider_name = "custom"
+    provider.typed_config.Pack(typed_struct(
+        xds_typed_struct_pb2.TypedStruct, "envoy.config.core.v3.Node",
+        {"id": "hunter2", "metadata": {"pin": "s3cr3t"}}))
+    out, _ = shown(pack(secret))
+    assert_no_secret_in(out)
+    typed: Any = xds_typed_struct_pb2.TypedStruct()
+    result = secret_pb2.Secret.FromString(out.value)
+    assert result.tls_certificate.private_key_provider.typed_config.Unpack(typed)
+    assert typed.type_url == "type.googleapis.com/envoy.config.core.v3.Node"
+    assert json_format.MessageToDict(typed.value) == {
+        "id": REDACTED, "metadata": {"pin": REDACTED}}
+
+
+@TYPED_STRUCTS
+def test_a_typed_struct_of_an_unknown_type_is_shown_without_its_json(
+        typed_struct_class: type[Message]) -> None:
+    # Envoy shows it as it is; the relay, as for an unknown Any, fails closed.
+    listener = listener_with_socket(typed_struct(
+        typed_struct_class, "example.CustomTls", {"key": "TOPSECRET", "port": 1}))
+    out, _ = shown(pack(listener))
+    assert_no_secret_in(out)
+    typed = shown_socket_config(out, typed_struct_class)
+    assert typed == typed_struct(typed_struct_class, "example.CustomTls", {})
+    assert not typed.HasField("value")
+
+
+def test_an_unknown_any_in_a_typed_structs_json_keeps_only_its_type() -> None:
+    manager_json = {"statPrefix": "ingress", "httpFilters": [
+        {"name": "custom", "typedConfig": {"@type": "type.googleapis.com/example.Custom",
+                                           "apiKey": "apikey-1"}}]}
+    listener = listener_pb2.Listener(name="ingress")
+    listener.filter_chains.add().filters.add(name="hcm").typed_config.Pack(typed_struct(
+        xds_typed_struct_pb2.TypedStruct,
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        manager_json))
+    out, _ = shown(pack(listener))
+    assert_no_secret_in(out)
+    typed: Any = xds_typed_struct_pb2.TypedStruct()
+    assert listener_pb2.Listener.FromString(out.value).filter_chains[0].filters[0]\
+        .typed_config.Unpack(typed)
+    assert json_format.MessageToDict(typed.value) == {"statPrefix": "ingress", "httpFilters": [
+        {"name": "custom", "typedConfig": {"@type": "type.googleapis.com/example.Custom"}}]}
+
+
+def test_json_that_does_not_parse_as_its_type_is_still_redacted() -> None:
+    """Envoy shows a TypedStruct whose JSON does not parse as it is; here keys the
+    type lacks are scrubbed, values of the wrong kind too, and the rest walked."""
+    json = {"requireClientCertificate": True,
+            "futureField": {"token": "s3cr3t-future", "count": 3, "on": True},
+            "commonTlsContext": {"tlsCertificates": [
+                {"privateKey": "TOPSECRET-as-a-string",
+                 "certificateChain": {"inlineString": CERT_PEM}},
+                {"privateKey": {"inlineString": KEY_PEM}}]}}
+    type_name = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
+    with pytest.raises(json_format.ParseError):
+        json_format.ParseDict(json, tls_pb2.DownstreamTlsContext())
+    listener = listener_with_socket(typed_struct(
+        xds_typed_struct_pb2.TypedStruct, type_name, json))
+    out, _ = shown(pack(listener))
+    assert_no_secret_in(out)
+    typed = shown_socket_config(out, xds_typed_struct_pb2.TypedStruct)
+    assert json_format.MessageToDict(typed.value) == {
+        "requireClientCertificate": True,
+        "futureField": {"token": REDACTED, "count": None, "on": None},
+        "commonTlsContext": {"tlsCertificates": [
+            {"privateKey": REDACTED, "certificateChain": {"inlineString": CERT_PEM}},
+            {"privateKey": {"inlineString": REDACTED}}]}}
+
+
+def test_a_typed_struct_without_secrets_is_returned_itself() -> None:
+    listener = listener_pb2.Listener(name="plain")
+    listener.filter_chains.add().filters.add(name="hcm").typed_config.Pack(typed_struct(
+        udpa_typed_struct_pb2.TypedStruct,
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        {"statPrefix": "plain", "routeConfig": {"name": "local"}}))
+    listener.filter_chains[0].transport_socket.typed_config.Pack(typed_struct(
+        xds_typed_struct_pb2.TypedStruct,
+        "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        tls_context_json({"filename": "/etc/certs/key.pem"})
+        | {"commonTlsContext": {"alpnProtocols": ["h2"]}}))
+    body = pack(listener)
+    assert redacted(body) is body
+
+
+def test_redacting_a_typed_struct_twice_gives_the_same_bytes() -> None:
+    listener = listener_with_socket(typed_struct(
+        xds_typed_struct_pb2.TypedStruct,
+        "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        tls_context_json({"inlineString": KEY_PEM})))
+    once = redacted(pack(listener))
+    assert redacted(once).value == once.value
+
+
 # --------------------------------------------------------------------------- left alone
 
 
@@ -303,7 +573,8 @@ sys.stdout.buffer.write(redacted(body).SerializeToString())
 def test_types_nothing_imported_are_found_and_unknown_ones_shown_empty() -> None:
     """In a process that imported none of the extension types a Listener packs
     (as the relay: it never needs them), the TLS context's key is still
-    redacted; a type no installed module has is emptied, not shown."""
+    redacted, packed in an Any or in a TypedStruct; a type no installed module
+    has is emptied, not shown."""
     import subprocess
     import sys
 
@@ -319,11 +590,17 @@ def test_types_nothing_imported_are_found_and_unknown_ones_shown_empty() -> None
     custom = chain.filters.add(name="custom")
     custom.typed_config.type_url = "type.googleapis.com/example.Custom"
     custom.typed_config.value = b"\x0a\x0dCUSTOM-SECRET"
+    as_json = listener.filter_chains.add().transport_socket.typed_config
+    as_json.Pack(typed_struct(
+        udpa_typed_struct_pb2.TypedStruct,
+        "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        tls_context_json({"inlineString": "FRESH-PROCESS-JSON-KEY"})))
     body = any_pb2.Any()
     body.Pack(listener)
     out = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], input=body.SerializeToString(),
                          capture_output=True, check=True).stdout
     assert b"FRESH-PROCESS-KEY" not in out and b"CUSTOM-SECRET" not in out
+    assert b"FRESH-PROCESS-JSON-KEY" not in out
     shown = listener_pb2.Listener()
     any_pb2.Any.FromString(out).Unpack(shown)
     held = tls_pb2.DownstreamTlsContext()
@@ -331,3 +608,7 @@ def test_types_nothing_imported_are_found_and_unknown_ones_shown_empty() -> None
     assert held.common_tls_context.tls_certificates[0].private_key.inline_bytes == b"[redacted]"
     assert shown.filter_chains[0].filters[0].typed_config == any_pb2.Any(
         type_url="type.googleapis.com/example.Custom")
+    json_held: Any = udpa_typed_struct_pb2.TypedStruct()
+    shown.filter_chains[1].transport_socket.typed_config.Unpack(json_held)
+    assert json_format.MessageToDict(json_held.value)["commonTlsContext"]["tlsCertificates"][0][
+        "privateKey"] == {"inlineString": "[redacted]"}
