@@ -220,7 +220,8 @@ class Relay:
         if listen is None:
             rules = config.server.authorization
             self.serving.access = Access(
-                Authorizer(rules.allow, rules.node_binding, rules.debug, rules.debug_loopback),
+                Authorizer(rules.allow, rules.node_binding, rules.debug, rules.debug_loopback,
+                           rules.secret_rules()),
                 self.metrics, self.clock.now)
         # what /ready and xds_relay_ready go by: the hub of --workers counts its workers in
         self.readiness: Callable[[], str | None] = self.not_ready_reason

@@ -1,23 +1,27 @@
-"""Who may connect, and who may debug: decisions on client identities, no I/O.
+"""Who may connect, who may debug, who may have which Secret: decisions on
+client identities, no I/O.
 
 A client's identity is what its TLS certificate says: its SPIFFE ID (the URI
 SAN ``spiffe://trust-domain/path``) and its DNS SANs. The gRPC adapter
 (:mod:`relay.server.access`) reads them from the connection and asks
 :class:`Authorizer`; every refusal comes back as a sentence the client's
-operator can act on.
+operator can act on. The Secrets a client may have are a :class:`SecretScope`:
+a Secret outside it is, for that client, one that does not exist.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from envoy.config.core.v3 import base_pb2
 
-__all__ = ["Authorizer", "IdentityPattern", "NodeBinding", "PeerIdentity", "is_loopback",
-           "node_namespace", "parse_pattern"]
+__all__ = ["EVERY_SECRET", "NAMESPACE", "NO_SECRET", "Authorizer", "IdentityPattern",
+           "NodeBinding", "PeerIdentity", "SecretRule", "SecretScope", "is_loopback",
+           "node_namespace", "parse_pattern", "parse_secret_identity", "parse_secret_name"]
 
 PatternKind = Literal["exact", "prefix", "glob"]
 NodeBinding = Literal["none", "namespace", "id"]
@@ -53,9 +57,15 @@ class IdentityPattern:
 def parse_pattern(raw: object) -> IdentityPattern:
     """A pattern as the config writes it: a string (exact, or a glob if it has a
     ``*``), or a mapping of one of ``exact``, ``prefix``, ``glob`` to a string."""
+    return _parse(raw, "an empty identity matches no client",
+                  "an identity (a string) or a mapping such as "
+                  "{prefix: spiffe://cluster.local/ns/prod/}")
+
+
+def _parse(raw: object, empty: str, expected: str) -> IdentityPattern:
     if isinstance(raw, str):
         if not raw:
-            raise ValueError("an empty identity matches no client")
+            raise ValueError(empty)
         return IdentityPattern("glob" if "*" in raw else "exact", raw)
     if isinstance(raw, Mapping):
         if len(raw) != 1:
@@ -68,8 +78,7 @@ def parse_pattern(raw: object) -> IdentityPattern:
         if not isinstance(value, str) or not value:
             raise ValueError(f"{kind}: expected a non-empty string")
         return IdentityPattern(kind, value)
-    raise ValueError("expected an identity (a string) or a mapping such as "
-                     "{prefix: spiffe://cluster.local/ns/prod/}")
+    raise ValueError(f"expected {expected}")
 
 
 @dataclass(frozen=True)
@@ -98,12 +107,30 @@ class PeerIdentity:
         return " / ".join(self.names)
 
 
+#: The addresses of this host's loopback interface that count as this host:
+#: only the canonical ones. Behind an Istio sidecar every inbound connection
+#: comes from 127.0.0.6 (the proxy's), whoever the client is.
+LOOPBACK_ADDRESSES = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
+
+
 def is_loopback(peer: str) -> bool:
     """Whether a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:%5B::1%5D:5000``,
-    ``unix:``) is a process on this host."""
-    peer = peer.replace("%5B", "[").replace("%5D", "]")
-    return peer.startswith(("ipv4:127.", "ipv6:[::1]:", "ipv6:[::ffff:127.", "unix:",
-                            "unix-abstract:"))
+    ``unix:``) is a process on this host: 127.0.0.1, ::1 (also as
+    ``::ffff:127.0.0.1``) or a unix socket; not the rest of 127.0.0.0/8, where
+    a sidecar proxy's connections come from."""
+    if peer.startswith(("unix:", "unix-abstract:")):
+        return True
+    scheme, _, rest = peer.replace("%5B", "[").replace("%5D", "]").partition(":")
+    if scheme not in ("ipv4", "ipv6"):
+        return False
+    host = rest.rsplit(":", 1)[0].removeprefix("[").removesuffix("]")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address in LOOPBACK_ADDRESSES
 
 
 def node_namespace(node: base_pb2.Node) -> str | None:
@@ -131,6 +158,143 @@ def _spiffe_namespace(spiffe_id: str) -> tuple[str | None, str | None]:
     return None, None
 
 
+#: The one placeholder of ``server.authorization.secrets`` rules.
+NAMESPACE = "{namespace}"
+# What it stands for in an identity: one Kubernetes namespace (a DNS label),
+# so that what it captures is never a pattern of its own in a name.
+_NAMESPACE_REGEX = "[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+
+
+def parse_secret_identity(raw: object) -> IdentityPattern:
+    """An identity pattern of a ``secrets`` rule: as in ``allow``, and it may
+    hold ``{namespace}`` (see :class:`SecretRule`)."""
+    return _check_placeholders(parse_pattern(raw))
+
+
+def parse_secret_name(raw: object) -> IdentityPattern:
+    """A Secret name pattern of a ``secrets`` rule: exact, a glob or
+    ``{prefix: ...}`` (``{prefix: ""}``: every Secret); it may use ``{namespace}``."""
+    if isinstance(raw, Mapping) and dict(raw) == {"prefix": ""}:
+        return IdentityPattern("prefix", "")
+    return _check_placeholders(_parse(raw, "an empty name matches no Secret",
+                                      'a Secret name (a string) or a mapping such as '
+                                      '{prefix: "kubernetes://"}'))
+
+
+def _check_placeholders(pattern: IdentityPattern) -> IdentityPattern:
+    for placeholder in _PLACEHOLDER.findall(pattern.value):
+        if placeholder != NAMESPACE:
+            raise ValueError(f"unknown placeholder {placeholder} in {pattern.value!r} (the "
+                             f"one placeholder is {NAMESPACE})")
+    return pattern
+
+
+def _uses_namespace(pattern: IdentityPattern) -> bool:
+    return NAMESPACE in pattern.value
+
+
+def _capturing_regex(pattern: IdentityPattern) -> re.Pattern[str]:
+    """``pattern`` as a regular expression in which ``{namespace}`` captures a
+    namespace (the same one, where it appears more than once)."""
+    if pattern.kind == "glob":
+        body = "[^/]*".join(re.escape(part) for part in pattern.value.split("*"))
+    else:
+        body = re.escape(pattern.value) + ("(?s:.*)" if pattern.kind == "prefix" else "")
+    first, *others = body.split(re.escape(NAMESPACE))
+    if others:
+        first += f"(?P<namespace>{_NAMESPACE_REGEX})"
+    return re.compile(first + "(?P=namespace)".join(others))
+
+
+@dataclass(frozen=True)
+class SecretScope:
+    """The Secrets one client may receive: those whose name a pattern of
+    ``names`` matches. Hashable: clients with equal scopes see the same Secrets."""
+
+    names: frozenset[IdentityPattern] = frozenset()
+
+    def may_read(self, name: str) -> bool:
+        """Whether the Secret ``name`` exists for this client."""
+        # A loop: any() over a generator costs more, on every lookup.
+        for pattern in self.names:  # noqa: SIM110
+            if pattern.matches(name):
+                return True
+        return False
+
+    @property
+    def is_empty(self) -> bool:
+        """No Secret at all: for this client, the type is empty."""
+        return not self.names
+
+
+#: Every Secret (``{prefix: ""}``), and none.
+EVERY_SECRET = SecretScope(frozenset({IdentityPattern("prefix", "")}))
+NO_SECRET = SecretScope()
+
+
+class SecretRule:
+    """One ``server.authorization.secrets`` rule: clients with an identity that
+    one of ``identities`` matches may receive the Secrets that one of ``names``
+    matches.
+
+    ``{namespace}`` in an identity pattern matches one Kubernetes namespace (a
+    DNS label) and captures it; in a name pattern it stands for the namespace
+    the client's identity captured, as istiod lets a proxy read only the
+    Secrets of its own namespace: ``spiffe://cluster.local/ns/{namespace}/sa/*``
+    may read ``kubernetes://{namespace}/*``. A rule whose names use
+    ``{namespace}`` must capture it in every identity pattern (raises
+    ``ValueError`` otherwise, naming the pattern).
+    """
+
+    def __init__(self, identities: Sequence[IdentityPattern],
+                 names: Sequence[IdentityPattern]) -> None:
+        if not identities:
+            raise ValueError("a rule without identities grants nothing: list the identities "
+                             "that may read these Secrets")
+        if not names:
+            raise ValueError("a rule without names grants nothing: list the Secret names "
+                             "(or {prefix: ...}) these identities may read")
+        for pattern in (*identities, *names):
+            _check_placeholders(pattern)
+        if any(map(_uses_namespace, names)):
+            for pattern in identities:
+                if not _uses_namespace(pattern):
+                    raise ValueError(
+                        f"names use {NAMESPACE}, which identity {pattern.value!r} does not "
+                        f"capture (write {NAMESPACE} where its namespace is, as in "
+                        f"spiffe://cluster.local/ns/{NAMESPACE}/sa/*)")
+        self.identities = tuple(identities)
+        self.names = tuple(names)
+        self._regexes = tuple(map(_capturing_regex, identities))
+
+    def __repr__(self) -> str:
+        return f"SecretRule(identities={self.identities!r}, names={self.names!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SecretRule) and \
+            (self.identities, self.names) == (other.identities, other.names)
+
+    def __hash__(self) -> int:
+        return hash((self.identities, self.names))
+
+    def granted(self, identity: PeerIdentity) -> Iterator[IdentityPattern]:
+        """The name patterns this rule grants ``identity`` (none if it does not
+        match), each ``{namespace}`` replaced by the namespace it captured."""
+        for regex in self._regexes:
+            for name in identity.names:
+                match = regex.fullmatch(name)
+                if match is None:
+                    continue
+                namespace = match.groupdict().get("namespace")
+                for pattern in self.names:
+                    if namespace is not None and _uses_namespace(pattern):
+                        yield IdentityPattern(pattern.kind,
+                                              pattern.value.replace(NAMESPACE, namespace))
+                    else:
+                        yield pattern
+
+
 class Authorizer:
     """The ``server.authorization`` rules.
 
@@ -140,14 +304,32 @@ class Authorizer:
     ID, as istiod checks; ``id`` — the Node id must be one of the
     certificate's identities. ``debug``: identities that may use CSDS and
     reflection, besides processes on this host when ``debug_loopback``.
+    ``secrets``: who may receive which Secrets (None: every client whose
+    certificate names it may receive every Secret, a client without one none).
     """
 
     def __init__(self, allow: Sequence[IdentityPattern] = (), node_binding: NodeBinding = "none",
-                 debug: Sequence[IdentityPattern] = (), debug_loopback: bool = True) -> None:
+                 debug: Sequence[IdentityPattern] = (), debug_loopback: bool = True,
+                 secrets: Sequence[SecretRule] | None = None) -> None:
         self.allow = tuple(allow)
         self.node_binding: NodeBinding = node_binding
         self.debug = tuple(debug)
         self.debug_loopback = debug_loopback
+        self.secrets = None if secrets is None else tuple(secrets)
+
+    def secret_scope(self, identity: PeerIdentity) -> SecretScope:
+        """The Secrets a client with ``identity`` may receive.
+
+        Without rules, every Secret for a client whose certificate names it (a
+        SPIFFE ID or a DNS SAN), none for a client without one (a plaintext
+        port, TLS without client certificates); with rules, what they grant.
+        """
+        if self.secrets is None:
+            return EVERY_SECRET if identity.names else NO_SECRET
+        granted = frozenset(pattern for rule in self.secrets
+                            for pattern in rule.granted(identity))
+        # (one "every Secret" scope for all who may read everything)
+        return EVERY_SECRET if EVERY_SECRET.names <= granted else SecretScope(granted)
 
     def connect_error(self, identity: PeerIdentity) -> str | None:
         """Why ``identity`` may not open xDS streams, or None."""
@@ -195,7 +377,8 @@ class Authorizer:
             return None
         if _any_match(self.debug, identity):
             return None
-        loopback = "processes on the relay's host and " if self.debug_loopback else ""
+        loopback = ("processes on the relay's host (127.0.0.1, ::1, a unix socket) and "
+                    if self.debug_loopback else "")
         return (f"CSDS and reflection answer only {loopback}the identities in "
                 f"server.authorization.debug; {identity} is not one of them (the admin "
                 f"listener's /clients shows every client)")

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
 TEXT_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s"
+#: Lines of one kind a :class:`RateLimitedLog` logs per interval, all client hosts together.
+LINES_PER_KIND = 10
 
 
 class JsonFormatter(logging.Formatter):
@@ -45,7 +49,8 @@ def configure_logging(level: str, style: Literal["text", "json"] = "text",
     """Log to stderr at ``level`` in the given style (replacing earlier set-up).
 
     ``process`` names the process in every line, for the processes of a relay
-    run with ``--workers``, which share one stderr.
+    run with ``--workers``, which share one stderr. gRPC's core is quieted
+    too (:func:`quiet_grpc_core`).
     """
     handler = logging.StreamHandler(sys.stderr)
     if style == "json":
@@ -61,37 +66,100 @@ def configure_logging(level: str, style: Literal["text", "json"] = "text",
     root.setLevel(getattr(logging, level.upper()))
     # gRPC's own logger is chatty about cancelled streams at INFO.
     logging.getLogger("grpc").setLevel(logging.WARNING)
+    quiet_grpc_core()
+
+
+def quiet_grpc_core() -> None:
+    """gRPC's C core writes its own lines to stderr, not through :mod:`logging`,
+    and at INFO (where it logs unless told otherwise) that is one line per
+    failed TLS handshake, which anyone who can connect causes at will: it
+    logs from ERROR up unless ``GRPC_VERBOSITY`` says otherwise.
+
+    The core reads the variable once, when ``grpc`` is imported: this must
+    come first (it does in ``xds-relay run``; the processes of ``--workers``
+    inherit it). Nothing else tells of those handshakes: gRPC's Python API
+    has no hook for a failed one.
+    """
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 class RateLimitedLog:
-    """Warnings of one kind (``key``) logged at most once per ``interval``.
+    """Lines a client can cause at will (refusals, bad requests), bounded twice.
 
-    For lines that clients can cause at will (refusals, bad requests): the
-    first is logged, the rest of the interval only counted, and the count is
-    told with the next line logged. At most ``max_keys`` kinds are tracked;
-    past that, tracking starts afresh (a line more, never a memory leak).
+    A line has a kind (a refusal's reason, a limit's name) and the client
+    host that caused it. Per kind and host, at most one line per
+    ``interval``: the first is logged, the rest of the interval only counted,
+    and the count is told with the next line logged. Per kind, all hosts
+    together, at most ``per_kind`` lines per interval, counted and told the
+    same way: a client with many addresses (or many clients) cannot flood
+    the log either. A line with no host (``host=None``) is bounded per kind
+    alone. At most ``max_keys`` kinds and hosts are tracked; past that,
+    tracking starts afresh (a line more, never a memory leak).
     """
 
     def __init__(self, logger: logging.Logger, interval: float, now: Callable[[], float],
-                 max_keys: int = 10_000) -> None:
+                 max_keys: int = 10_000, per_kind: int = LINES_PER_KIND) -> None:
         self.logger = logger
         self.interval = interval
         self.now = now
         self.max_keys = max_keys
-        self._seen: dict[str, tuple[float, int]] = {}  # key -> (last logged, not logged since)
+        self.per_kind = per_kind
+        # (kind, host) -> (last logged, not logged since)
+        self._seen: dict[tuple[str, str | None], tuple[float, int]] = {}
+        self._kinds: dict[str, _KindWindow] = {}
 
-    def warning(self, key: str, message: str, *args: object) -> None:
+    def warning(self, kind: str, message: str, *args: object, host: str | None = None) -> None:
+        """Log ``message % args`` at WARNING unless a bound says otherwise."""
         now = self.now()
+        key = (kind, host)
         seen = self._seen.get(key)
         if seen is not None and now - seen[0] < self.interval:
             self._seen[key] = (seen[0], seen[1] + 1)
             return
+        window = self._window(kind, now)
+        if window.logged >= self.per_kind:
+            # This host's own record is left as it is: it is told when the kind has room.
+            window.left_out += 1
+            return
+        window.logged += 1
         if seen is None and len(self._seen) >= self.max_keys:
             self._seen.clear()
         self._seen[key] = (now, 0)
+        counts: list[object] = []
+        suffix = ""
         if seen is not None and seen[1]:
+            suffix += " (%d more like it in the %.0fs since the last one logged)"
+            counts += [seen[1], now - seen[0]]
+        if window.left_out:
+            suffix += (" (%d more of this kind, from any host, left out in the %.0fs since "
+                       "the last one logged)")
+            counts += [window.left_out, now - window.last_logged]
+            window.left_out = 0
+        window.last_logged = now
+        if suffix:
             if not args:  # the message was not a format until now
                 message = message.replace("%", "%%")
-            message += " (%d more like it in the %.0fs since the last one logged)"
-            args = (*args, seen[1], now - seen[0])
+            message += suffix
+            args = (*args, *counts)
         self.logger.warning(message, *args)
+
+    def _window(self, kind: str, now: float) -> _KindWindow:
+        """The kind's current interval, a fresh one when the last has passed."""
+        window = self._kinds.get(kind)
+        if window is None:
+            if len(self._kinds) >= self.max_keys:
+                self._kinds.clear()
+            window = self._kinds[kind] = _KindWindow(now, now)
+        elif now - window.start >= self.interval:
+            window.start, window.logged = now, 0
+        return window
+
+
+@dataclass
+class _KindWindow:
+    """One kind's lines in the interval from ``start`` (see :class:`RateLimitedLog`)."""
+
+    start: float
+    last_logged: float
+    logged: int = 0
+    left_out: int = 0  # not logged for the kind's bound since the last line logged

@@ -9,12 +9,18 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 
 from relay.authorization import (
+    EVERY_SECRET,
+    NO_SECRET,
     Authorizer,
     IdentityPattern,
     PeerIdentity,
+    SecretRule,
+    SecretScope,
     is_loopback,
     node_namespace,
     parse_pattern,
+    parse_secret_identity,
+    parse_secret_name,
 )
 
 SPIFFE = "spiffe://cluster.local/ns/prod/sa/frontend"
@@ -180,17 +186,24 @@ def test_an_empty_auth_context_is_no_identity() -> None:
 
 @pytest.mark.parametrize(("peer", "loopback"), [
     ("ipv4:127.0.0.1:5", True),
-    ("ipv4:127.3.4.5:5", True),
+    ("ipv4:127.0.0.1:65535", True),
+    # an Istio sidecar's inbound connections, whoever the client is
+    ("ipv4:127.0.0.6:5", False),
+    ("ipv4:127.3.4.5:5", False),
+    ("ipv4:127.0.0.10:5", False),
     ("ipv4:10.0.0.1:5", False),
     ("ipv4:1.27.0.0:5", False),
     ("ipv6:%5B::1%5D:5", True),
     ("ipv6:[::1]:5", True),
     ("ipv6:%5B::ffff:127.0.0.1%5D:5", True),
+    ("ipv6:%5B::ffff:127.0.0.6%5D:5", False),
     ("ipv6:%5B2001:db8::1%5D:5", False),
     ("ipv6:%5B::10%5D:5", False),
     ("unix:", True),
     ("unix:/tmp/x", True),
     ("unix-abstract:relay", True),
+    ("ipv4:not-an-address:5", False),
+    ("dns:localhost:5", False),
 ])
 def test_is_loopback(peer: str, loopback: bool) -> None:
     assert is_loopback(peer) is loopback
@@ -379,9 +392,18 @@ def test_loopback_clients_may_debug_by_default() -> None:
 
 def test_remote_clients_may_not_debug_by_default() -> None:
     assert Authorizer().debug_error(WORKLOAD, "ipv4:10.0.0.1:4000") == (
-        "CSDS and reflection answer only processes on the relay's host and the identities "
-        f"in server.authorization.debug; {SPIFFE} / frontend.prod.svc / frontend is not one "
-        "of them (the admin listener's /clients shows every client)")
+        "CSDS and reflection answer only processes on the relay's host (127.0.0.1, ::1, a "
+        "unix socket) and the identities in server.authorization.debug; "
+        f"{SPIFFE} / frontend.prod.svc / frontend is not one of them (the admin listener's "
+        "/clients shows every client)")
+
+
+def test_a_client_behind_a_sidecar_is_not_on_the_relays_host() -> None:
+    """Istio's sidecar connects to the relay from 127.0.0.6 for every client of the mesh."""
+    assert Authorizer().debug_error(PeerIdentity(), "ipv4:127.0.0.6:41000") == (
+        "CSDS and reflection answer only processes on the relay's host (127.0.0.1, ::1, a "
+        f"unix socket) and the identities in server.authorization.debug; {NO_CERT_IDENTITY} "
+        "is not one of them (the admin listener's /clients shows every client)")
 
 
 def test_identities_in_the_debug_list_may_debug_from_anywhere() -> None:
@@ -411,3 +433,134 @@ def test_a_debug_refusal_names_a_client_without_an_identity() -> None:
         "CSDS and reflection answer only the identities in server.authorization.debug; "
         f"{NO_CERT_IDENTITY} is not one of them (the admin listener's /clients shows every "
         "client)")
+
+
+# --------------------------------------------------------------------------- secrets
+
+GATEWAY = PeerIdentity("spiffe://cluster.local/ns/istio-system/sa/ingress")
+NAMESPACED = SecretRule([parse_secret_identity("spiffe://cluster.local/ns/{namespace}/sa/*")],
+                        [parse_secret_name("kubernetes://{namespace}/*"),
+                         parse_secret_name("{namespace}/*")])
+
+
+def test_without_rules_a_client_with_a_certificate_identity_may_have_every_secret() -> None:
+    assert Authorizer().secret_scope(WORKLOAD) == EVERY_SECRET
+    assert Authorizer().secret_scope(PeerIdentity(None, ("gw.example.com",))) == EVERY_SECRET
+    assert EVERY_SECRET.may_read("kubernetes://prod/any/thing")
+
+
+def test_without_rules_a_client_without_a_certificate_has_no_secret() -> None:
+    scope = Authorizer().secret_scope(PeerIdentity())
+    assert scope == NO_SECRET and scope.is_empty
+    assert not scope.may_read("default")
+
+
+def test_with_rules_a_client_has_only_what_they_grant() -> None:
+    rule = SecretRule([parse_secret_identity(SPIFFE)], [parse_secret_name("frontend-cert")])
+    authorizer = Authorizer(secrets=[rule])
+    scope = authorizer.secret_scope(WORKLOAD)
+    assert scope == SecretScope(frozenset({IdentityPattern("exact", "frontend-cert")}))
+    assert scope.may_read("frontend-cert")
+    assert not scope.may_read("frontend-cert-2")
+    assert authorizer.secret_scope(GATEWAY) == NO_SECRET
+    assert authorizer.secret_scope(PeerIdentity()) == NO_SECRET
+
+
+def test_an_empty_rule_list_grants_no_secret_to_anyone() -> None:
+    assert Authorizer(secrets=[]).secret_scope(WORKLOAD) == NO_SECRET
+
+
+def test_a_namespace_placeholder_scopes_names_to_the_identitys_namespace() -> None:
+    scope = Authorizer(secrets=[NAMESPACED]).secret_scope(WORKLOAD)
+    assert scope == SecretScope(frozenset({IdentityPattern("glob", "kubernetes://prod/*"),
+                                           IdentityPattern("glob", "prod/*")}))
+    assert scope.may_read("kubernetes://prod/frontend-cert")
+    assert scope.may_read("prod/frontend-cert")
+    assert not scope.may_read("kubernetes://payments/db-cert")
+    assert not scope.may_read("payments/db-cert")
+    # a glob's * never crosses a /
+    assert not scope.may_read("kubernetes://prod/a/b")
+
+
+def test_a_namespace_placeholder_matches_only_a_namespace() -> None:
+    authorizer = Authorizer(secrets=[NAMESPACED])
+    for stranger in ("spiffe://cluster.local/ns/prod/extra/sa/x",  # not one segment
+                     "spiffe://cluster.local/ns/Prod/sa/x",  # not a DNS label
+                     "spiffe://cluster.local/ns/*/sa/x",
+                     "spiffe://other.domain/ns/prod/sa/x"):
+        assert authorizer.secret_scope(PeerIdentity(stranger)) == NO_SECRET, stranger
+
+
+def test_a_namespace_placeholder_twice_must_capture_the_same_namespace() -> None:
+    rule = SecretRule([parse_secret_identity("spiffe://td/ns/{namespace}/sa/{namespace}-gw")],
+                      [parse_secret_name("{namespace}/*")])
+    authorizer = Authorizer(secrets=[rule])
+    assert authorizer.secret_scope(PeerIdentity("spiffe://td/ns/edge/sa/edge-gw")).may_read(
+        "edge/cert")
+    assert authorizer.secret_scope(PeerIdentity("spiffe://td/ns/edge/sa/core-gw")) == NO_SECRET
+
+
+def test_a_namespace_placeholder_works_in_a_prefix_and_a_dns_name() -> None:
+    rule = SecretRule([parse_secret_identity({"prefix": "gw.{namespace}.svc"})],
+                      [parse_secret_name({"prefix": "kubernetes://{namespace}/"})])
+    scope = Authorizer(secrets=[rule]).secret_scope(PeerIdentity(None, ("gw.edge.svc.local",)))
+    assert scope == SecretScope(frozenset({IdentityPattern("prefix", "kubernetes://edge/")}))
+
+
+def test_rules_add_up_and_every_secret_is_one_scope() -> None:
+    everything = SecretRule([parse_secret_identity(GATEWAY.spiffe_id)],
+                            [parse_secret_name({"prefix": ""})])
+    authorizer = Authorizer(secrets=[NAMESPACED, everything])
+    assert authorizer.secret_scope(GATEWAY) == EVERY_SECRET
+    prod = authorizer.secret_scope(WORKLOAD)
+    assert prod.may_read("prod/a") and not prod.may_read("istio-system/a")
+
+
+def test_secret_scopes_of_the_same_grants_are_equal() -> None:
+    """What lets pollers of the same scope share one lease (and one rendered body)."""
+    authorizer = Authorizer(secrets=[NAMESPACED])
+    other = PeerIdentity("spiffe://cluster.local/ns/prod/sa/backend")
+    assert authorizer.secret_scope(WORKLOAD) == authorizer.secret_scope(other)
+    assert hash(authorizer.secret_scope(WORKLOAD)) == hash(authorizer.secret_scope(other))
+
+
+def test_secret_name_patterns() -> None:
+    assert parse_secret_name("default") == IdentityPattern("exact", "default")
+    assert parse_secret_name("kubernetes://*") == IdentityPattern("glob", "kubernetes://*")
+    assert parse_secret_name({"prefix": ""}) == IdentityPattern("prefix", "")
+
+
+@pytest.mark.parametrize(("parse", "raw", "problem"), [
+    (parse_secret_name, "", "an empty name matches no Secret"),
+    (parse_secret_name, 7, 'expected a Secret name (a string) or a mapping such as '
+                           '{prefix: "kubernetes://"}'),
+    (parse_secret_name, {"glob": ""}, "glob: expected a non-empty string"),
+    (parse_secret_name, "{ns}/*", "unknown placeholder {ns} in '{ns}/*' (the one placeholder "
+                                  "is {namespace})"),
+    (parse_secret_identity, "spiffe://td/ns/{NAMESPACE}/sa/*",
+     "unknown placeholder {NAMESPACE} in 'spiffe://td/ns/{NAMESPACE}/sa/*' (the one "
+     "placeholder is {namespace})"),
+    (parse_secret_identity, "", "an empty identity matches no client"),
+])
+def test_a_bad_secret_pattern_is_refused_with_a_reason(parse: Any, raw: object,
+                                                       problem: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse(raw)
+    assert str(info.value) == problem
+
+
+@pytest.mark.parametrize(("identities", "names", "problem"), [
+    ([], ["a"], "a rule without identities grants nothing: list the identities that may "
+                "read these Secrets"),
+    (["x"], [], "a rule without names grants nothing: list the Secret names (or "
+                "{prefix: ...}) these identities may read"),
+    (["spiffe://td/ns/{namespace}/sa/*", "spiffe://td/ns/ops/sa/*"], ["{namespace}/*"],
+     "names use {namespace}, which identity 'spiffe://td/ns/ops/sa/*' does not capture (write "
+     "{namespace} where its namespace is, as in spiffe://cluster.local/ns/{namespace}/sa/*)"),
+])
+def test_an_incoherent_secret_rule_is_refused(identities: list[str], names: list[str],
+                                              problem: str) -> None:
+    with pytest.raises(ValueError) as info:
+        SecretRule([parse_secret_identity(i) for i in identities],
+                   [parse_secret_name(n) for n in names])
+    assert str(info.value) == problem

@@ -29,7 +29,12 @@ server:
                                 # {prefix: "spiffe://cluster.local/ns/prod/"}]; []: any
     node_binding: none          # namespace (as istiod checks), id, or none
     debug: []                   # who may use CSDS and reflection, besides this host
-    debug_loopback: true        # processes on this host may use CSDS and reflection
+    debug_loopback: true        # 127.0.0.1, ::1 and unix sockets may use CSDS and reflection
+                                # (behind a sidecar every client comes from 127.0.0.6: not these)
+    # secrets:                  # who may have which Secret; unset: any client with a
+    #                           # certificate has all, one without none; []: no client
+    #   - identities: ["spiffe://cluster.local/ns/{namespace}/sa/*"]
+    #     names: ["kubernetes://{namespace}/*"]   # {namespace}: the one the identity names
 upstream:                       # required: exactly one of address or files
   address: 127.0.0.1:18001      # origin control plane, followed over Delta ADS
   # files: config/resources     # or: serve a directory of YAML/JSON resource files

@@ -8,6 +8,7 @@ problem, a repeated key or a pydantic error, can be traced back to its line.
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -139,14 +140,24 @@ def _section_model(loc: Sequence[int | str]) -> type[BaseModel] | None:
     """The model class that validates the mapping at ``loc``, if any."""
     model: type[BaseModel] = RelayConfig
     for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list of sections (server.authorization.secrets)
         field = model.model_fields.get(str(part))
         if field is None:
             return None
-        inner = section_model(field.annotation)
+        inner = section_model(field.annotation) or _item_model(field.annotation)
         if inner is None:
             return None
         model = inner
     return model
+
+
+def _item_model(annotation: object) -> type[BaseModel] | None:
+    """The model of the items of a list field (``list[X]`` or ``list[X] | None``)."""
+    for arg in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(arg) is list:
+            return section_model(typing.get_args(arg)[0])
+    return None
 
 
 _TYPE_ERRORS: dict[str, str] = {

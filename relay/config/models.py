@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from relay.authorization import NodeBinding
+from relay.authorization import NodeBinding, SecretRule
 from relay.certificates import CertificateError, load_key_pair
 from relay.config.values import (
     MAX_MESSAGE_SIZE,
@@ -42,6 +42,8 @@ from relay.config.values import (
     RedisUrlField,
     RequestSizeField,
     ResponseSizeField,
+    SecretIdentityPatternField,
+    SecretNamePatternField,
     SnapshotDirectoryField,
     WorkerCountField,
     is_dns_name,
@@ -66,6 +68,7 @@ __all__ = [
     "RedisConfig",
     "RelayConfig",
     "RestConfig",
+    "SecretRuleConfig",
     "ServerConfig",
     "ServerTLSConfig",
     "UpstreamConfig",
@@ -152,8 +155,29 @@ class ServerTLSConfig(_Section):
         return self
 
 
+class SecretRuleConfig(_Section):
+    """One ``server.authorization.secrets`` rule (see :class:`~relay.authorization.SecretRule`)."""
+
+    identities: list[SecretIdentityPatternField] = Field(
+        description="identities that may read the Secrets of names (patterns as in allow); "
+                    "{namespace} matches a namespace and captures it")
+    names: list[SecretNamePatternField] = Field(
+        description="Secret names they may read: exact, a glob or {prefix: ...} "
+                    '({prefix: ""}: every Secret); {namespace}: the one the identity captured')
+
+    @model_validator(mode="after")
+    def _coherent(self) -> SecretRuleConfig:
+        self.rule()
+        return self
+
+    def rule(self) -> SecretRule:
+        """The rule, as :class:`~relay.authorization.Authorizer` applies it."""
+        return SecretRule(self.identities, self.names)
+
+
 class AuthorizationConfig(_Section):
-    """Which client identities (from their certificates) may connect and debug."""
+    """Which client identities (from their certificates) may connect, debug and
+    receive which Secrets."""
 
     allow: list[IdentityPatternField] = Field(
         default_factory=list,
@@ -171,8 +195,20 @@ class AuthorizationConfig(_Section):
                     "(patterns as in allow)")
     debug_loopback: bool = Field(
         default=True,
-        description="processes on the relay's own host (loopback, unix socket) may use CSDS "
-                    "and reflection too")
+        description="processes on the relay's own host (127.0.0.1, ::1, a unix socket) may "
+                    "use CSDS and reflection too; behind a sidecar every client connects "
+                    "from 127.0.0.6, which is not one of them")
+    secrets: list[SecretRuleConfig] | None = Field(
+        default=None,
+        description="who may receive which Secrets: rules {identities: [...], names: [...]}, "
+                    "e.g. identities [spiffe://cluster.local/ns/{namespace}/sa/*], names "
+                    "[kubernetes://{namespace}/*]; a Secret a client may not have does not "
+                    "exist for it. Unset: every client whose certificate names it (mutual "
+                    "TLS) may have every Secret, a client without one none; []: no client")
+
+    def secret_rules(self) -> list[SecretRule] | None:
+        """The ``secrets`` rules (None: unset, the default of :class:`Authorizer`)."""
+        return None if self.secrets is None else [rule.rule() for rule in self.secrets]
 
 
 class ClientKeepaliveConfig(_Section):
@@ -270,9 +306,10 @@ class ServerConfig(_Section):
         rules = self.authorization
         if self.tls is not None and self.tls.client_ca_file is not None:
             return self
-        if rules.allow or rules.debug or rules.node_binding != "none":
+        if rules.allow or rules.debug or rules.node_binding != "none" or rules.secrets:
             used = [key for key, used in (("allow", rules.allow), ("debug", rules.debug),
-                                          ("node_binding", rules.node_binding != "none"))
+                                          ("node_binding", rules.node_binding != "none"),
+                                          ("secrets", bool(rules.secrets)))
                     if used]
             raise ValueError(f"authorization.{used[0]} matches client certificates: set "
                              f"tls.client_ca_file (mutual TLS) so that clients present one")

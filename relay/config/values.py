@@ -19,7 +19,12 @@ from urllib.parse import urlsplit
 
 from pydantic import PlainValidator
 
-from relay.authorization import IdentityPattern, parse_pattern
+from relay.authorization import (
+    IdentityPattern,
+    parse_pattern,
+    parse_secret_identity,
+    parse_secret_name,
+)
 from relay.encoding import MAX_MESSAGE_SIZE
 
 __all__ = [
@@ -41,6 +46,8 @@ __all__ = [
     "RedisUrlField",
     "RequestSizeField",
     "ResponseSizeField",
+    "SecretIdentityPatternField",
+    "SecretNamePatternField",
     "Shown",
     "SnapshotDirectoryField",
     "WorkerCountField",
@@ -456,5 +463,8 @@ HeadersField = Annotated[dict[str, str], PlainValidator(_validate_initial_metada
 MetadataField = Annotated[dict[str, Any], PlainValidator(_validate_metadata)]
 WorkerCountField = Annotated[int, PlainValidator(_validate_worker_count)]
 IdentityPatternField = Annotated[IdentityPattern, PlainValidator(parse_pattern)]
+# the patterns of server.authorization.secrets rules: they may hold {namespace}
+SecretIdentityPatternField = Annotated[IdentityPattern, PlainValidator(parse_secret_identity)]
+SecretNamePatternField = Annotated[IdentityPattern, PlainValidator(parse_secret_name)]
 CountField = Annotated[int, PlainValidator(_validate_count)]
 NodeSizeField = Annotated[int, PlainValidator(_message_size_validator(1024)), Shown(format_size)]

@@ -1,16 +1,20 @@
-"""The read-only view of the cache that protocol state objects consult."""
+"""The read-only view of the cache that protocol state objects consult, and
+what one client sees of it (:class:`ScopedView`: without the Secrets it may
+not have)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
 
 from cachetools import LRUCache
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.authorization import SecretScope
 from relay.cache import ABSENT, UNKNOWN, Missing, ResourceCache
 from relay.constraints import UNCONSTRAINED, Locator, Params, select_variant
+from relay.interest import InterestChange
 from relay.resource import CachedResource
 
 log = logging.getLogger("relay.variants")
@@ -37,6 +41,18 @@ class ResourceView(Protocol):
     def error(self, type_url: str, name: str,
               params: Params) -> discovery_pb2.ResourceError | None:
         """The origin's current error for the variant a subscriber with ``params`` gets."""
+
+
+class ClientView(ResourceView, Protocol):
+    """What one client sees of the cache, and what it may subscribe to."""
+
+    def admit(self, type_url: str, change: InterestChange) -> InterestChange:
+        """The part of a subscription change that is about resources the client
+        may see: what the interest index, and so the origin, hears of."""
+
+    def scope_of(self, type_url: str) -> Hashable:
+        """What narrows the client's view of ``type_url`` (None: nothing);
+        clients with equal scopes see the same resources of it."""
 
 
 AmbiguityListener = Callable[[str, str], None]
@@ -98,6 +114,12 @@ class CacheView:
               params: Params) -> discovery_pb2.ResourceError | None:
         return self._cache.error(type_url, name, params)
 
+    def admit(self, type_url: str, change: InterestChange) -> InterestChange:
+        return change  # every resource is there for everyone
+
+    def scope_of(self, type_url: str) -> Hashable:
+        return None
+
     def _ambiguous(self, type_url: str, name: str, variant_keys: frozenset[str]) -> None:
         if self._on_ambiguous is not None:
             self._on_ambiguous(type_url, name)
@@ -107,6 +129,71 @@ class CacheView:
             log.warning("origin error: several variants of %s %r match the same parameters "
                         "(%s); serving the one whose constraints mention the most keys",
                         type_url.rsplit(".", 1)[-1], name, ", ".join(sorted(variant_keys)))
+
+
+class ScopedView:
+    """A view in which the resources of ``type_url`` outside ``scope`` do not
+    exist: what a client that may not have every Secret sees.
+
+    A name outside the scope is absent (a delta client subscribing to it is
+    told it was removed; a SotW client gets nothing), whether or not the
+    cache holds it, and so is a name that is an alias of a resource outside
+    it; the origin's errors about them are not passed on; a wildcard finds
+    only names inside it. :meth:`admit` drops those names from the client's
+    subscriptions, so that a client cannot make the relay subscribe to
+    Secrets it may not have. A client whose scope is empty knows all of the
+    type there is for it, nothing: the type is synced for it from the start.
+    """
+
+    __slots__ = ("_scope", "_type_url", "_view")  # one per stream
+
+    def __init__(self, view: ResourceView, type_url: str, scope: SecretScope) -> None:
+        self._view = view
+        self._type_url = type_url
+        self._scope = scope
+
+    def is_synced(self, type_url: str) -> bool:
+        return self._view.is_synced(type_url) or \
+            (type_url == self._type_url and self._scope.is_empty)
+
+    def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
+        if type_url != self._type_url:
+            return self._view.lookup(type_url, name, params)
+        if not self._scope.may_read(name):
+            return ABSENT
+        found = self._view.lookup(type_url, name, params)
+        if isinstance(found, CachedResource) and found.name != name and \
+                not self._scope.may_read(found.name):
+            return ABSENT  # an alias of a Secret the client may not have
+        return found
+
+    def names(self, type_url: str) -> Iterable[str]:
+        names = self._view.names(type_url)
+        if type_url != self._type_url:
+            return names
+        return [name for name in names if self._scope.may_read(name)]
+
+    def has_errors(self, type_url: str) -> bool:
+        return self._view.has_errors(type_url)
+
+    def error(self, type_url: str, name: str,
+              params: Params) -> discovery_pb2.ResourceError | None:
+        if type_url == self._type_url and not self._scope.may_read(name):
+            return None
+        return self._view.error(type_url, name, params)
+
+    def admit(self, type_url: str, change: InterestChange) -> InterestChange:
+        if type_url != self._type_url:
+            return change
+        may_read = self._scope.may_read
+        return InterestChange(
+            {name: params for name, params in change.added.items() if may_read(name)},
+            {name: params for name, params in change.removed.items() if may_read(name)},
+            # No Secret at all: a wildcard would only make the origin send them.
+            None if self._scope.is_empty else change.wildcard)
+
+    def scope_of(self, type_url: str) -> Hashable:
+        return self._scope if type_url == self._type_url else None
 
 
 class NonceSource:

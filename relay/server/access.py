@@ -1,7 +1,9 @@
 """Who may use the xDS port: TLS credentials, and :class:`Access`, the gRPC
 side of :class:`~relay.authorization.Authorizer`.
 
-A client refused gets ``PERMISSION_DENIED`` with the rule's reason; each
+A client refused gets ``PERMISSION_DENIED`` with the rule's reason; a client
+admitted sees the cache through :meth:`Access.client_view`, without the Secrets
+it may not have (``server.authorization.secrets``). Each
 refusal is counted (``xds_relay_downstream_refused_streams{reason}``) and
 logged, at most once per reason per interval with a count of the rest, so
 that a misconfigured fleet retrying in a loop cannot flood the log.
@@ -15,10 +17,12 @@ from collections.abc import Callable
 import grpc
 from envoy.config.core.v3 import base_pb2
 
-from relay.authorization import Authorizer, PeerIdentity
+from relay.authorization import EVERY_SECRET, Authorizer, PeerIdentity
 from relay.certificates import KeyPair, WatchedKeyPair
 from relay.logs import RateLimitedLog
+from relay.protocol.view import CacheView, ClientView, ScopedView
 from relay.telemetry import Metrics
+from relay.xds_types import SECRET
 
 log = logging.getLogger("relay.access")
 
@@ -70,21 +74,25 @@ class Access:
         self.authorizer = authorizer
         self.metrics = metrics
         self._log = RateLimitedLog(log, REFUSAL_LOG_INTERVAL, now)
-        # whether streams need their client's identity at all
-        self.checks_identity = bool(authorizer.allow) or authorizer.node_binding != "none"
+        # whether calls need their client's identity: always, as the Secrets
+        # a client may have depend on it (on a plaintext port, it has none)
+        self.checks_identity = True
 
-    async def admit(self, context: grpc.aio.ServicerContext) -> PeerIdentity | None:
-        """The identity of a client opening an xDS call, or abort the call.
-
-        None when no rule needs it (the common case costs nothing).
-        """
-        if not self.checks_identity:
-            return None
+    async def admit(self, context: grpc.aio.ServicerContext) -> PeerIdentity:
+        """The identity of a client opening an xDS call, or abort the call."""
         identity = PeerIdentity.from_auth_context(context.auth_context())
         error = self.authorizer.connect_error(identity)
         if error is not None:
             await self.refuse(context, "identity", error)
         return identity
+
+    def client_view(self, view: CacheView, identity: PeerIdentity | None) -> ClientView:
+        """What a client with ``identity`` sees of the cache: ``view`` without
+        the Secrets it may not have (None: a client without a certificate)."""
+        scope = self.authorizer.secret_scope(identity or PeerIdentity())
+        if scope == EVERY_SECRET:
+            return view
+        return ScopedView(view, SECRET, scope)
 
     def node_error(self, identity: PeerIdentity | None, node: base_pb2.Node | None) -> str | None:
         """Why a stream's first Node is refused, or None (see :meth:`Authorizer.node_error`)."""

@@ -99,8 +99,10 @@ class Unavailable:
 
 FetchOutcome: TypeAlias = Served | Denied | Invalid | Limited | Unavailable
 
-# (type URL, wildcard, each name with the parameters it is subscribed with)
-LeaseKey: TypeAlias = tuple[str, bool, frozenset[tuple[str, Params]]]
+# (type URL, wildcard, each name with the parameters it is subscribed with,
+# the pollers' scope of the type: pollers that may see different Secrets
+# share no lease, nor the response rendered for it)
+LeaseKey: TypeAlias = tuple[str, bool, frozenset[tuple[str, Params]], Hashable]
 
 
 class Lease:
@@ -194,7 +196,7 @@ class Fetcher:
     def lease_counts(self) -> dict[tuple[str, ...], int]:
         """Leases held per short type name (the ``xds_relay_fetch_leases`` gauge)."""
         counts: dict[tuple[str, ...], int] = {}
-        for type_url, _, _ in list(self._leases):
+        for type_url, *_ in list(self._leases):
             key = (short_name(type_url),)
             counts[key] = counts.get(key, 0) + 1
         return counts
@@ -207,7 +209,7 @@ class Fetcher:
                     identity: PeerIdentity | None = None, method: str = "") -> FetchOutcome:
         """Answer one DiscoveryRequest for ``type_url`` (what ``method``, the
         gRPC method or HTTP path it came on, serves) from ``peer``, whose
-        certificate says ``identity`` (None: no rule needs it)."""
+        certificate says ``identity`` (None: no certificate)."""
         serving = self._serving
         if serving.access is not None:
             error = serving.access.node_error(
@@ -227,17 +229,21 @@ class Fetcher:
         except ProtocolError as error:
             return Invalid(str(error))
         since = arrival_clock()
-        change = next((c for t, c in received.interest if t == type_url), InterestChange())
+        # what this client sees of the cache: without the Secrets it may not have
+        view = serving.view if serving.access is None else \
+            serving.access.client_view(serving.view, identity)
+        change = view.admit(type_url, next(
+            (c for t, c in received.interest if t == type_url), InterestChange()))
         wildcard = bool(change.wildcard)
-        lease = self._renew(type_url, change, client_host(peer))
+        lease = self._renew(type_url, change, client_host(peer), view.scope_of(type_url))
         if isinstance(lease, Limited):
             serving.metrics.downstream_limited.add(1, {"limit": lease.limit})
             serving.warn_limited(peer, lease.limit, "refusing fetch from %s: %s", peer,
                                  lease.message)
             return lease
-        waiting = await self._wait(lease, type_url, change.added, wildcard, since)
+        waiting = await self._wait(lease, view, type_url, change.added, wildcard, since)
         many = wildcard or len(change.added) > MAX_NAMES_PER_RESPONSE
-        plan = self._answer(session, request, many)
+        plan = self._answer(session, view, request, many)
         if plan is not None:
             return Served(plan, lease)
         if waiting.missing or waiting.stale:
@@ -246,7 +252,8 @@ class Fetcher:
         return Served(SotwResponsePlan(type_url, NonceSource().next(), state_version({}), []),
                       lease)
 
-    def _answer(self, session: Session, request: Any, many: bool) -> SotwResponsePlan | None:
+    def _answer(self, session: Session, view: ResourceView, request: Any,
+                many: bool) -> SotwResponsePlan | None:
         """The session's response, whole.
 
         A stream gets more than :data:`MAX_NAMES_PER_RESPONSE` names of a type
@@ -254,7 +261,6 @@ class Fetcher:
         next; a fetch has one, so when it may have ``many`` names, the parts
         are ACKed here and joined.
         """
-        view = self._serving.view
         parts: list[SotwResponsePlan] = []
         while True:
             due = session.due(view)
@@ -279,15 +285,15 @@ class Fetcher:
             frozenset().union(*(part.wrapped for part in parts)),
             [error for part in parts for error in part.errors])
 
-    async def _wait(self, lease: Lease | None, type_url: str, wanted: Mapping[str, Params],
-                    wildcard: bool, since: int) -> Unanswered:
+    async def _wait(self, lease: Lease | None, view: ResourceView, type_url: str,
+                    wanted: Mapping[str, Params], wildcard: bool, since: int) -> Unanswered:
         """Until the cache answers for everything wanted, or the lease's wait is over."""
         serving, clock = self._serving, self._clock
         deadline = lease.subscribed_at + self.wait if lease is not None else clock.now()
         refetched = False
         while True:
             changed = lease.changed if lease is not None else None
-            waiting = unanswered(serving.view, type_url, wanted, wildcard,
+            waiting = unanswered(view, type_url, wanted, wildcard,
                                  serving.cache.is_complete(type_url), since)
             if waiting.stale and not refetched:
                 # Fresh copies for this fetch: worth a wait of its own.
@@ -302,15 +308,16 @@ class Fetcher:
                       if name in wanted}
             wildcard = wildcard and "*" in waiting.missing
 
-    def _renew(self, type_url: str, change: InterestChange, host: str | None
-               ) -> Lease | Limited | None:
+    def _renew(self, type_url: str, change: InterestChange, host: str | None,
+               scope: Hashable = None) -> Lease | Limited | None:
         """The lease of what ``change`` subscribes, renewed, or a new one
         (registered with the interest index, its names counting against
         ``host``'s share of the upstream demand); None when it subscribes
         nothing."""
         if not change:
             return None
-        key: LeaseKey = (type_url, bool(change.wildcard), frozenset(change.added.items()))
+        key: LeaseKey = (type_url, bool(change.wildcard), frozenset(change.added.items()),
+                         scope)
         now = self._clock.now()
         lease = self._leases.get(key)
         if lease is not None:

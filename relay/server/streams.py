@@ -142,9 +142,9 @@ class ServingContext:
     def warn_limited(self, peer: str, kind: str, message: str, *args: object) -> None:
         """Log a line a client causes (a refusal, a NACK), at most once per kind and
         client host per interval (the port changes with every reconnect; the host
-        does not)."""
+        does not), and a few per kind for all hosts together (see RateLimitedLog)."""
         host = peer.rsplit(":", 1)[0]
-        self.refusal_log.warning(f"{kind} {host}", message, *args)
+        self.refusal_log.warning(kind, message, *args, host=host)
 
     def leave(self, stream: DownstreamStream) -> None:
         """``stream`` ended: forget it everywhere.

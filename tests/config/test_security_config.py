@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.authorization import IdentityPattern
+from relay.authorization import IdentityPattern, SecretRule
 from relay.config import ConfigError, load_config, parse_config
 from tests.certs import Authority, Leaf
 
@@ -128,6 +128,7 @@ def test_security_is_off_by_default() -> None:
     rules = config.server.authorization
     assert (rules.allow, rules.node_binding, rules.debug, rules.debug_loopback) == (
         [], "none", [], True)
+    assert rules.secrets is None and rules.secret_rules() is None
     assert config.admin.tls is None and config.admin.token_file is None
 
 
@@ -255,7 +256,7 @@ def test_an_unknown_authorization_key_is_refused(files: Files) -> None:
           deny: [x]
         """))
     assert where(err) == (9, "server.authorization.deny", (
-        "unknown key (allowed: allow, node_binding, debug, debug_loopback)"))
+        "unknown key (allowed: allow, node_binding, debug, debug_loopback, secrets)"))
 
 
 def test_every_bad_rule_is_reported_at_once(files: Files) -> None:
@@ -297,6 +298,83 @@ def test_identity_rules_without_tls_are_refused() -> None:
     assert str(err) == ("relay.yaml:3: server: authorization.allow matches client "
                         "certificates: set tls.client_ca_file (mutual TLS) so that clients "
                         "present one")
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+def test_secret_rules_validate(files: Files) -> None:
+    config = parse_config(document(mutual_tls(files) + under_server("""
+        authorization:
+          secrets:
+            - identities: ["spiffe://cluster.local/ns/{namespace}/sa/*"]
+              names: ["kubernetes://{namespace}/*", {prefix: "{namespace}/"}]
+            - identities: [{prefix: "spiffe://cluster.local/ns/istio-system/"}, gw.example.com]
+              names: [{prefix: ""}]
+        """)), "relay.yaml")
+    assert config.server.authorization.secret_rules() == [
+        SecretRule([IdentityPattern("glob", "spiffe://cluster.local/ns/{namespace}/sa/*")],
+                   [IdentityPattern("glob", "kubernetes://{namespace}/*"),
+                    IdentityPattern("prefix", "{namespace}/")]),
+        SecretRule([IdentityPattern("prefix", "spiffe://cluster.local/ns/istio-system/"),
+                    IdentityPattern("exact", "gw.example.com")],
+                   [IdentityPattern("prefix", "")]),
+    ]
+
+
+def test_no_secret_for_anyone_needs_no_client_certificates() -> None:
+    config = parse_config(document("""
+        server:
+          authorization: {secrets: []}
+        """))
+    assert config.server.authorization.secret_rules() == []
+
+
+def test_secret_rules_without_a_client_ca_are_refused(files: Files) -> None:
+    err = error(server_tls(files) + "  authorization: {secrets: [{identities: [a], names: [b]}]}\n")
+    assert where(err) == (3, "server", (
+        "authorization.secrets matches client certificates: set tls.client_ca_file (mutual "
+        "TLS) so that clients present one"))
+
+
+@pytest.mark.parametrize(("rule", "field", "problem"), [
+    ("{identities: [a], names: [b], namespace: prod}", "server.authorization.secrets[0].namespace",
+     "unknown key (allowed: identities, names)"),
+    ("{identities: [a]}", "server.authorization.secrets[0].names", "field required"),
+    ("{identities: [], names: [b]}", "server.authorization.secrets[0]",
+     "a rule without identities grants nothing: list the identities that may read these "
+     "Secrets"),
+    ("{identities: [a], names: ['']}", "server.authorization.secrets[0].names[0]",
+     "an empty name matches no Secret"),
+    ("{identities: [a], names: [{regex: b}]}", "server.authorization.secrets[0].names[0]",
+     "unknown form 'regex' (expected a string, or one of exact, prefix, glob)"),
+    ("{identities: ['spiffe://td/ns/{ns}/sa/*'], names: [b]}",
+     "server.authorization.secrets[0].identities[0]",
+     "unknown placeholder {ns} in 'spiffe://td/ns/{ns}/sa/*' (the one placeholder is "
+     "{namespace})"),
+    ("{identities: ['spiffe://td/ns/prod/sa/*'], names: ['{namespace}/*']}",
+     "server.authorization.secrets[0]",
+     "names use {namespace}, which identity 'spiffe://td/ns/prod/sa/*' does not capture "
+     "(write {namespace} where its namespace is, as in "
+     "spiffe://cluster.local/ns/{namespace}/sa/*)"),
+    ("spiffe://td/ns/prod/sa/gw", "server.authorization.secrets[0]",
+     "expected a mapping, got string"),
+])
+def test_a_bad_secret_rule_is_named(files: Files, rule: str, field: str, problem: str) -> None:
+    err = error(mutual_tls(files) + under_server(f"""
+        authorization:
+          secrets:
+            - {rule}
+        """))
+    assert where(err) == (10, field, problem)
+
+
+def test_secrets_must_be_a_list_of_rules(files: Files) -> None:
+    err = error(mutual_tls(files) + under_server("""
+        authorization:
+          secrets: {identities: [a], names: [b]}
+        """))
+    assert where(err) == (9, "server.authorization.secrets", "expected a list, got mapping")
 
 
 # --------------------------------------------------------------------------- admin

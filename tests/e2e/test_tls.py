@@ -3,6 +3,7 @@ access and redaction, with real gRPC clients and certificates made here."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -354,6 +355,63 @@ async def test_csds_from_a_loopback_peer_needs_no_identity(pki: Authority) -> No
         assert (await csds(chan)).config == []
 
 
+@contextlib.asynccontextmanager
+async def sidecar(port: int) -> AsyncIterator[int]:
+    """A TCP proxy on 127.0.0.1 that connects to ``port`` from 127.0.0.6, as
+    Istio's sidecar does for every inbound connection; yields its own port."""
+    pipes: set[asyncio.Task[None]] = set()
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        inner_reader, inner_writer = await asyncio.open_connection(
+            "127.0.0.1", port, local_addr=("127.0.0.6", 0))
+        for piped in (pipe(reader, inner_writer), pipe(inner_reader, writer)):
+            task = asyncio.create_task(piped)
+            pipes.add(task)
+            task.add_done_callback(pipes.discard)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for task in list(pipes):
+            task.cancel()
+
+
+async def test_csds_through_a_sidecar_is_refused_though_it_comes_from_loopback() -> None:
+    """Behind a sidecar every client of the mesh connects from 127.0.0.6: not
+    this host, or CSDS would answer them all."""
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"))
+    async with running_stack(origin) as stack:
+        assert (await csds(stack.channel)).config == []  # from 127.0.0.1: this host
+        async with sidecar(stack.relay.xds_port) as port:
+            through = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+            try:
+                assert await served(through) == ["a"]  # xDS, as any client
+                with pytest.raises(grpc.aio.AioRpcError) as error:
+                    await csds(through)
+            finally:
+                await through.close()
+        assert (error.value.code(), error.value.details()) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "CSDS and reflection answer only processes on the relay's host (127.0.0.1, ::1, a "
+            "unix socket) and the identities in server.authorization.debug; a client without a "
+            "certificate identity (no SPIFFE ID or DNS SAN) is not one of them (the admin "
+            "listener's /clients shows every client)")
+        assert refused_count(stack, "debug") == 1
+
+
 async def test_a_cached_secret_never_appears_in_csds(pki: Authority) -> None:
     key = b"-----BEGIN PRIVATE KEY-----\nTOP-SECRET-KEY-MATERIAL\n-----END PRIVATE KEY-----\n"
     secret = secret_pb2.Secret(name="server-cert", tls_certificate=common_pb2.TlsCertificate(
@@ -361,8 +419,10 @@ async def test_a_cached_secret_never_appears_in_csds(pki: Authority) -> None:
         private_key={"inline_bytes": key}))
     origin = ScriptedOrigin()
     origin.set(secret)
-    async with tls_stack(pki, mutual=False, origin=origin) as stack, \
-            channel(stack, pki) as chan:
+    # A client with a certificate: without server.authorization.secrets, it
+    # may have every Secret (one without a certificate has none).
+    gateway = pki.issue("gateway", spiffe_id="spiffe://mesh.test/ns/edge/sa/gateway")
+    async with tls_stack(pki, origin=origin) as stack, channel(stack, pki, gateway) as chan:
         client = XdsClient(chan, DELTA_ADS, delta=True)
         await client.send(node=node("gateway"), type_url=SECRET,
                           resource_names_subscribe=["server-cert"])
