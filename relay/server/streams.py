@@ -32,7 +32,7 @@ from relay.protocol.limits import DEFAULT_LIMITS, LimitExceeded, Limits, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.session import Plan, Request, Session, XdsProtocol
 from relay.protocol.snapshot import SessionSnapshot
-from relay.protocol.view import CacheView
+from relay.protocol.view import CacheView, ClientView
 from relay.server.access import REFUSAL_LOG_INTERVAL, Access, Refused
 from relay.server.decoding import RequestTooLarge, UndecodableRequest
 from relay.server.plans import PlanEncoder, encode_plan
@@ -247,6 +247,9 @@ class DownstreamStream:
         # the client's certificate identity, while its first Node awaits the
         # node binding check (None: no check)
         self._unbound = identity
+        # what this client sees of the cache: without the Secrets it may not have
+        self.view: ClientView = serving.view if serving.access is None else \
+            serving.access.client_view(serving.view, identity)
         self.session = Session(protocol, fixed_type_url, serving.max_locator_size,
                                serving.limits)
         # whether something may be due, and the writer's wait for it (an
@@ -321,7 +324,8 @@ class DownstreamStream:
         elif outcome.ack_nonce is not None:
             metrics.downstream_acks.add(self.protocol, short_name(type_url))
         for changed_type, change in received.interest:
-            self.serving.index.apply(self, changed_type, change, self.host)
+            self.serving.index.apply(self, changed_type, self.view.admit(changed_type, change),
+                                     self.host)
         return outcome
 
     # -- responses -----------------------------------------------------------
@@ -330,7 +334,7 @@ class DownstreamStream:
         """Encoded responses due now, in the order the session gives."""
         if not self.session.has_work():
             return  # after a write, most often
-        due = self.session.due(self.serving.view)
+        due = self.session.due(self.view)
         for type_url, names in due.refetch.items():
             self.serving.index.request_refetch(type_url, names)
         for plan in due.responses:
