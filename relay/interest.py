@@ -34,6 +34,10 @@ class Subscriber(Hashable, Protocol):
     def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
         """The origin sent heartbeats for these names (nothing changed)."""
 
+    def subscription_refused(self, type_url: str, names: frozenset[str], message: str) -> None:
+        """The origin refused these names, which the index no longer holds for
+        the subscriber; ``message`` says so, for its client."""
+
 
 @dataclass(frozen=True)
 class Interest:
@@ -289,6 +293,26 @@ class InterestIndex:
             self._union_names -= 1
 
     # -- upstream side ---------------------------------------------------
+
+    def origin_refused(self, type_url: str, names: Iterable[str], message: str) -> int:
+        """The origin refused a subscription that carried ``names``: no
+        subscriber holds them any more (the union loses them at once, so the
+        next origin stream does not carry them), each is told why, and the
+        ledger refuses them to new subscriptions for a while. Returns how many
+        subscribers were refused."""
+        names = list(names)
+        if self._demand is not None:
+            self._demand.refuse(type_url, names)
+        by_name = self._by_name.get(type_url, {})
+        taken: dict[Subscriber, dict[str, Params]] = {}
+        for name in names:
+            for subscriber in by_name.get(name, ()):
+                held = self._per_subscriber[subscriber][type_url].names
+                taken.setdefault(subscriber, {})[name] = held[name]
+        for subscriber, removed in taken.items():
+            self.apply(subscriber, type_url, InterestChange(removed=removed))
+            subscriber.subscription_refused(type_url, frozenset(removed), message)
+        return len(taken)
 
     def wants_wildcard(self, type_url: str) -> bool:
         """Whether any subscriber wants every resource of the type."""

@@ -15,6 +15,7 @@ from relay.xds_types import CLUSTER, ENDPOINT
 class Sub:
     seen: list[tuple[str, frozenset[str], bool]] = field(default_factory=list)
     beats: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+    refused: list[tuple[str, frozenset[str], str]] = field(default_factory=list)
 
     def __hash__(self) -> int:
         return id(self)
@@ -24,6 +25,9 @@ class Sub:
 
     def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
         self.beats.append((type_url, names))
+
+    def subscription_refused(self, type_url: str, names: frozenset[str], message: str) -> None:
+        self.refused.append((type_url, names, message))
 
 
 @dataclass

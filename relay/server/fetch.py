@@ -115,13 +115,15 @@ class Lease:
     encoding per change.
     """
 
-    __slots__ = ("_changed", "expires", "key", "rendered", "subscribed_at")
+    __slots__ = ("_changed", "expires", "key", "refused", "rendered", "subscribed_at")
 
     def __init__(self, key: LeaseKey, now: float, expires: float) -> None:
         self.key = key
         self.subscribed_at = now
         self.expires = expires
         self.rendered: tuple[Hashable, bytes] | None = None
+        # set when the origin refused some of its names: the next poll starts afresh
+        self.refused = False
         self._changed = asyncio.Event()
 
     @property
@@ -139,6 +141,12 @@ class Lease:
 
     def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
         """Nothing to do: a poll gets the resources, heartbeats or not."""
+
+    def subscription_refused(self, type_url: str, names: frozenset[str], message: str) -> None:
+        """The origin refused some of the names: polls waiting give up, the next
+        is refused as a new lease would be."""
+        self.refused = True
+        self.resources_changed(type_url, names, False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,10 +328,13 @@ class Fetcher:
                          scope)
         now = self._clock.now()
         lease = self._leases.get(key)
-        if lease is not None:
+        if lease is not None and not lease.refused:
             lease.expires = now + self.lease
             self._leases.move_to_end(key)
             return lease
+        if lease is not None:  # what the origin refused is asked afresh (and refused)
+            del self._leases[key]
+            self._serving.index.remove(lease)
         limit = self._serving.limits.streams
         if len(self._leases) >= limit:
             return Limited("streams", f"the relay holds {len(self._leases)} polling "

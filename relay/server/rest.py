@@ -34,6 +34,7 @@ from relay.admin import Reply
 from relay.authorization import PeerIdentity
 from relay.config.models import ServerTLSConfig
 from relay.config.values import Address
+from relay.demand import ORIGIN_REFUSED
 from relay.protocol.limits import MAX_NACK_MESSAGE, shown
 from relay.protocol.sotw import SotwResponsePlan
 from relay.redaction import message_class
@@ -70,6 +71,9 @@ REST_PATHS: Mapping[str, str] = {
     "/v3/discovery:secrets": SECRET,
     "/v3/discovery:runtime": RUNTIME,
 }
+#: Limits that a poll may pass later, as others' subscriptions lapse (429, not 400).
+_LIMITS_OF_NOW = frozenset({"streams", "upstream_names", "upstream_names_per_host",
+                            ORIGIN_REFUSED})
 #: How long ``stop`` lets polls in progress finish.
 STOP_GRACE = 1.0
 #: What a 503 or 429 tells a poller to wait, in seconds (Envoy polls again
@@ -240,7 +244,7 @@ def reply_for(outcome: FetchOutcome, version_info: str,
     if isinstance(outcome, Limited):
         if outcome.limit == "request_size":
             return Reply(413, message)
-        if outcome.limit == "streams":  # the relay is full now; it may not be later
+        if outcome.limit in _LIMITS_OF_NOW:  # the relay is full now; it may not be later
             return Reply(429, message, headers={"Retry-After": RETRY_AFTER})
         return Reply(400, message)  # this request will never be taken as it is
     return Reply(503, message, headers={"Retry-After": RETRY_AFTER})

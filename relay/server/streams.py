@@ -25,6 +25,7 @@ from envoy.config.core.v3 import base_pb2
 
 from relay.authorization import PeerIdentity
 from relay.cache import ResourceCache
+from relay.demand import ORIGIN_REFUSED
 from relay.interest import InterestIndex
 from relay.logs import RateLimitedLog
 from relay.protocol.delta import split_request
@@ -256,7 +257,7 @@ class DownstreamStream:
         # asyncio.Event would do, with a deque per stream that is never used)
         self._woken = False
         self._waiting: asyncio.Future[None] | None = None
-        self._closing: str | None = None
+        self._closing: tuple[grpc.StatusCode, str] | None = None
         # per type, when the client last changed what it subscribes to: resources
         # received after that are pushes (even if they waited for an ACK), and
         # count towards the push latency; older ones are answers from cache
@@ -280,9 +281,10 @@ class DownstreamStream:
     def node_id(self) -> str:
         return self.session.node_id
 
-    def close(self, reason: str) -> None:
-        """End the stream with UNAVAILABLE and ``reason``; the client reconnects."""
-        self._closing = reason
+    def close(self, reason: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE) -> None:
+        """End the stream with ``code`` (by default UNAVAILABLE: the client
+        reconnects) and ``reason``."""
+        self._closing = (code, reason)
         self.wake()
 
     def wake(self) -> None:
@@ -305,6 +307,18 @@ class DownstreamStream:
     def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
         if self.session.heartbeats_received(type_url, names):
             self.serving.wake_after_batch(self)
+
+    def subscription_refused(self, type_url: str, names: frozenset[str], message: str) -> None:
+        """The origin refused names this stream subscribed to: end it with
+        RESOURCE_EXHAUSTED saying so. Not a stream of a unix socket (the link
+        of a ``--workers`` worker, whose own clients are refused by its own
+        relay): it keeps the rest of what it holds."""
+        if self.host is None:
+            return
+        self.serving.metrics.downstream_limited.add(1, {"limit": ORIGIN_REFUSED})
+        self.serving.warn_limited(self.peer, ORIGIN_REFUSED, "refusing stream from %s: %s",
+                                  self.peer, message)
+        self.close(message, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
     # -- requests ------------------------------------------------------------
 
@@ -369,7 +383,7 @@ class DownstreamStream:
         try:
             while not self._ended:
                 if self._closing is not None:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, self._closing)
+                    await context.abort(*self._closing)
                 for response in self.ready_responses():
                     await context.write(response)
                 if reader.done():

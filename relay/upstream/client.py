@@ -27,6 +27,8 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.clock import Clock, MonotonicClock, wait_until
+from relay.demand import REFUSAL_COOLDOWN
+from relay.protocol.limits import shown
 from relay.telemetry import Metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.dial import Dialer, DialError
@@ -267,12 +269,31 @@ class UpstreamClient:
                     outbox.put_nowait(reply)
                 self._timer_changed.set()  # the response may have set a deadline
         except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self._refused(error.details() or "")
             level = logging.ERROR if error.code() in _REFUSED else logging.WARNING
             hint = " (check upstream.token_file and upstream.tls)" \
                 if error.code() in _REFUSED else ""
             log.log(level, "origin stream to %s failed: %s %s%s", self.target,
                     error.code().name, error.details(), hint)
             return answered
+
+    def _refused(self, details: str) -> None:
+        """The origin ended the stream for asking too much (an origin with a
+        limit of its own, such as another relay): the names it has not
+        answered are the ones it refused. Their subscribers are refused in
+        turn, and the next stream goes without them, so that one client's
+        subscription never cuts the zone off in a reconnect loop."""
+        suspects = self.state.unanswered_names()
+        message = (f"the origin refused the relay's subscription to this stream's names "
+                   f"({shown(details, 200)}); they are refused for "
+                   f"{REFUSAL_COOLDOWN:.0f}s")
+        refused = 0
+        for type_url, names in sorted(suspects.items()):
+            refused += self.demand.origin_refused(type_url, names, message)
+        log.warning("origin %s refused the subscription: %s; dropped the %d names it had not "
+                    "answered yet and refused them to their %d subscribers", self.target,
+                    shown(details, 200), sum(map(len, suspects.values())), refused)
 
     @staticmethod
     async def _check(response: discovery_pb2.DeltaDiscoveryResponse

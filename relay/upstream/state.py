@@ -36,7 +36,7 @@ import heapq
 import itertools
 import logging
 import math
-from collections.abc import Collection, Container, Mapping
+from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -89,6 +89,10 @@ class Demand(Protocol):
 
     def wants_wildcard(self, type_url: str) -> bool:
         """Whether any client wants every resource of the type."""
+
+    def origin_refused(self, type_url: str, names: Iterable[str], message: str) -> int:
+        """The origin refused a subscription carrying ``names``: clients may
+        not have them (for a while); how many clients held them."""
 
 
 def _params_order(params: Params) -> list[tuple[str, str]]:
@@ -176,6 +180,20 @@ class UpstreamState:
         # Snapshots (list(...)): the OTLP exporter calls this from its own thread.
         return {type_url: sum(len(params) for params in list(sub.locators.values()))
                 + sub.wildcard for type_url, sub in list(self._subscribed.items())}
+
+    def unanswered_names(self) -> dict[str, set[str]]:
+        """Per type, the names subscribed on the current stream that the origin
+        has answered neither here nor on an earlier stream: what it refused,
+        when it refuses the stream. All those no response has followed yet
+        when none is new (a first stream, say)."""
+        suspects: dict[str, set[str]] = {}
+        waiting: dict[str, set[str]] = {}
+        for type_url, locators in self._unsettled.items():
+            for locator in locators:
+                waiting.setdefault(type_url, set()).add(locator.name)
+                if not self.cache.is_answered(type_url, locator):
+                    suspects.setdefault(type_url, set()).add(locator.name)
+        return suspects or waiting
 
     # -- connection lifecycle ---------------------------------------------
 

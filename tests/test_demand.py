@@ -1,0 +1,123 @@
+"""Upstream demand: the bounds the interest index keeps on what clients make
+the relay subscribe upstream (limits.upstream_names, upstream_names_per_host),
+and names the origin refused (relay.demand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.constraints import EMPTY_PARAMS
+from relay.demand import REFUSAL_COOLDOWN, DemandLedger
+from relay.interest import InterestChange, InterestIndex
+from relay.protocol.limits import LimitExceeded
+from relay.xds_types import CLUSTER, ENDPOINT
+from tests.test_interest import Sub, Up
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.time = 100.0
+
+    def now(self) -> float:
+        return self.time
+
+
+def adding(*names: str) -> InterestChange:
+    return InterestChange(added=dict.fromkeys(names, EMPTY_PARAMS))
+
+
+def removing(*names: str) -> InterestChange:
+    return InterestChange(removed=dict.fromkeys(names, EMPTY_PARAMS))
+
+
+def limited_index(total: int, per_host: int) -> tuple[InterestIndex, DemandLedger, Clock]:
+    clock = Clock()
+    ledger = DemandLedger(total, per_host, clock.now)
+    index = InterestIndex()
+    index.link(Up())
+    index.limit_demand(ledger)
+    return index, ledger, clock
+
+
+def test_names_past_the_upstream_total_are_refused_and_nothing_is_applied() -> None:
+    index, _, _ = limited_index(total=4, per_host=100)
+    a, b = Sub(), Sub()
+    index.apply(a, CLUSTER, adding("x", "y", "z"), "ipv4:10.0.0.1")
+    with pytest.raises(LimitExceeded) as refused:
+        index.apply(b, ENDPOINT, adding("p", "q"), "ipv4:10.0.0.2")
+    assert refused.value.limit == "upstream_names"
+    assert str(refused.value) == (
+        "subscribing 2 more names would have the relay ask its origin for 5, more than it may "
+        "(limits.upstream_names: 4)")
+    assert index.upstream_names == 3
+    assert index.wanted_locators(ENDPOINT) == {}
+    # Names already on the origin stream cost it nothing more.
+    index.apply(b, CLUSTER, adding("x", "y", "z", "w"), "ipv4:10.0.0.2")
+    assert index.upstream_names == 4
+
+
+def test_what_a_change_removes_makes_room_for_what_it_adds() -> None:
+    index, _, _ = limited_index(total=3, per_host=3)
+    a = Sub()
+    index.apply(a, CLUSTER, adding("x", "y", "z"), "ipv4:10.0.0.1")
+    index.apply(a, CLUSTER, InterestChange(added={"w": EMPTY_PARAMS},
+                                           removed={"x": EMPTY_PARAMS}))
+    assert sorted(index.wanted_locators(CLUSTER)) == ["w", "y", "z"]
+
+
+def test_a_host_share_counts_its_distinct_names_across_its_subscribers() -> None:
+    index, ledger, _ = limited_index(total=100, per_host=3)
+    a, b, other = Sub(), Sub(), Sub()
+    host = "ipv4:10.0.0.1"
+    index.apply(a, CLUSTER, adding("x", "y"), host)
+    index.apply(b, CLUSTER, adding("x", "y", "z"), host)  # x and y: the host has them
+    assert ledger.host_total(host) == 3
+    with pytest.raises(LimitExceeded) as refused:
+        index.apply(b, ENDPOINT, adding("x"), host)  # another type: another name
+    assert refused.value.limit == "upstream_names_per_host"
+    assert str(refused.value) == (
+        "clients at ipv4:10.0.0.1 would hold 4 names, more than one host may "
+        "(limits.upstream_names_per_host: 3)")
+    # Other hosts have shares of their own; a unix socket's peers (None) none.
+    index.apply(other, ENDPOINT, adding("p", "q", "r"), "ipv4:10.0.0.2")
+    index.apply(Sub(), ENDPOINT, adding("s", "t", "u", "v"), None)
+    # A name one subscriber of the host leaves, another holds: still the host's.
+    index.apply(a, CLUSTER, removing("x"))
+    assert ledger.host_total(host) == 3
+    index.remove(b)
+    assert ledger.host_total(host) == 1  # y, held by a
+    index.remove(a)
+    assert ledger.host_total(host) == 0
+    assert not ledger._held.get(host)  # the host's bookkeeping is gone with its names
+
+
+def test_names_the_origin_refused_leave_their_subscribers_and_are_refused_a_while() -> None:
+    index, ledger, clock = limited_index(total=100, per_host=100)
+    a, b, bystander = Sub(), Sub(), Sub()
+    index.apply(a, CLUSTER, adding("bad1", "good"), "ipv4:10.0.0.1")
+    index.apply(b, CLUSTER, adding("bad2"), "ipv4:10.0.0.2")
+    index.apply(bystander, CLUSTER, adding("good"), "ipv4:10.0.0.3")
+    assert index.origin_refused(CLUSTER, ["bad1", "bad2"], "too many") == 2
+    assert a.refused == [(CLUSTER, frozenset({"bad1"}), "too many")]
+    assert b.refused == [(CLUSTER, frozenset({"bad2"}), "too many")]
+    assert bystander.refused == []
+    assert sorted(index.wanted_locators(CLUSTER)) == ["good"]
+    with pytest.raises(LimitExceeded) as refused:
+        index.apply(Sub(), CLUSTER, adding("bad2"), "ipv4:10.0.0.4")
+    assert refused.value.limit == "origin"
+    assert str(refused.value) == (
+        "the origin refused the relay's subscription to Cluster 'bad2' lately; not asked "
+        f"again for {REFUSAL_COOLDOWN:.0f}s")
+    clock.time += REFUSAL_COOLDOWN
+    index.apply(Sub(), CLUSTER, adding("bad2"), "ipv4:10.0.0.4")
+    assert ledger.refused_count() == 0
+
+
+def test_the_refused_names_kept_are_bounded() -> None:
+    clock = Clock()
+    ledger = DemandLedger(10, 10, clock.now, max_refused=3)
+    ledger.refuse(CLUSTER, ["a", "b", "c", "d", "e"])
+    assert ledger.refused_count() == 3
+    ledger.check(None, CLUSTER, 0, 0, 0, ["a", "b"])  # the oldest went first
+    with pytest.raises(LimitExceeded):
+        ledger.check(None, CLUSTER, 0, 0, 0, ["e"])
