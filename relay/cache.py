@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.constraints import Constraints, Locator, Params, compile_constraints, select_variant
+from relay.constraints import (
+    EMPTY_PARAMS,
+    Constraints,
+    Locator,
+    Params,
+    compile_constraints,
+    select_variant,
+)
 from relay.resource import CachedResource
 
 
@@ -91,9 +98,15 @@ class Update:
     deadlines: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Record:
-    """Everything the cache knows of one (type, name)."""
+    """Everything the cache knows of one (type, name).
+
+    A client may subscribe to any number of names that do not exist, each
+    held as a record the origin answered "absent": the sets most records
+    never change are frozen and shared (a plain name's answer is one shared
+    set), so that such a record costs a few hundred bytes, not a kilobyte.
+    """
 
     variants: dict[str, CachedResource] = field(default_factory=dict)
     # constraints key -> the origin's error for that variant ("" for the whole name)
@@ -104,13 +117,17 @@ class _Record:
     # the origin said the name does not exist
     absent: bool = False
     # parameter sets whose subscription the origin has answered
-    answered: set[Params] = field(default_factory=set)
+    answered: frozenset[Params] = frozenset()
     # other names this resource goes by (VHDS-style Resource.aliases)
-    aliases: set[str] = field(default_factory=set)
+    aliases: frozenset[str] = frozenset()
 
     def is_empty(self) -> bool:
         return not (self.variants or self.errors or self.absent or self.answered or
                     self.aliases)
+
+
+#: The answered set of a plain name (no dynamic parameters), shared by every record.
+_ANSWERED_PLAIN: frozenset[Params] = frozenset({EMPTY_PARAMS})
 
 
 @dataclass
@@ -273,9 +290,10 @@ class ResourceCache:
         for name, variant_key, version in update.heartbeats:
             self._heartbeat(type_url, entry, name, variant_key, version, now, beats)
         for locator in update.answered:
-            answered = entry.record(locator.name).answered
-            if locator.params not in answered:
-                answered.add(locator.params)
+            record = entry.record(locator.name)
+            if locator.params not in record.answered:
+                record.answered = _ANSWERED_PLAIN if not record.answered and \
+                    locator.params == EMPTY_PARAMS else record.answered | {locator.params}
                 changed.add(locator.name)
         # Subscribers by alias hear of their canonical resource's changes.
         for name in list(changed):
@@ -338,7 +356,7 @@ class ResourceCache:
             canonical = entry.aliases.pop(alias)
             record = entry.records.get(canonical)
             if record is not None:
-                record.aliases.discard(alias)
+                record.aliases -= {alias}
                 if canonical not in keep and not record.aliases:
                     gone.add(canonical)
         for name in gone:
@@ -360,7 +378,7 @@ class ResourceCache:
         for key in [k for k in record.variants if k not in keys]:
             del record.variants[key]
             record.expires.pop(key, None)
-        record.answered.difference_update(unanswer)
+        record.answered -= frozenset(unanswer)
         entry.prune(name)
 
     def end_wildcard(self, type_url: str, keep: Container[str]) -> None:
@@ -415,7 +433,7 @@ class ResourceCache:
         record.absent = False
         for alias in resource.resource.aliases:
             entry.aliases[alias] = name
-            record.aliases.add(alias)
+            record.aliases |= {alias}
             alias_record = entry.records.get(alias)
             if alias_record is not None:
                 alias_record.absent = False
@@ -476,4 +494,4 @@ def _drop_aliases(entry: _TypeEntry, name: str, record: _Record, changed: set[st
         entry.aliases.pop(alias, None)
         entry.record(alias).absent = True
         changed.add(alias)
-    record.aliases.clear()
+    record.aliases = frozenset()
