@@ -3,7 +3,8 @@
 Two layers. :meth:`AdminServer.route` (and :func:`token_refusal`) decide the
 reply to a request with no I/O: they are tested directly, and the hub of
 ``--workers`` reuses them. Around them, aiohttp's server speaks HTTP (and TLS)
-and hands every request to one catch-all handler.
+and hands every request to one catch-all handler, within ``admin.header_timeout``,
+``idle_timeout`` and ``connections_per_host`` (see :func:`relay.web.listen`).
 
 Off loopback the endpoints want ``admin.token_file`` (a bearer token for all
 but the probes' ``/healthz`` and ``/ready``) and ``admin.tls``. Both are files
@@ -16,6 +17,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,8 +33,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from relay.cache import ResourceCache
 from relay.certificates import file_signature
 from relay.config import AdminConfig
+from relay.logs import RateLimitedLog
 from relay.redaction import redacted
-from relay.web import FollowedTLS, listen, quiet_malformed_requests
+from relay.server.access import REFUSAL_LOG_INTERVAL
+from relay.web import FollowedTLS, Listener, listen, quiet_malformed_requests
 from relay.xds_types import PUSH_ORDER, message_class, short_name
 
 __all__ = ["OPEN_PATHS", "PATHS", "READ_METHODS", "AdminServer", "BadQuery", "Reply",
@@ -108,11 +112,14 @@ class AdminServer:
         self.registry = registry
         self.not_ready_reason = not_ready_reason
         self.clients = clients
-        self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
         self._token: _TokenFile | None = None
+        # lines about clients (too many connections, slow headers): a few per interval
+        self._client_log = RateLimitedLog(log, REFUSAL_LOG_INTERVAL, time.monotonic)
 
     async def start(self, config: AdminConfig) -> int:
-        """Listen where ``config`` says, with its TLS and token; returns the bound port.
+        """Listen where ``config`` says, with its TLS, token and limits
+        (``admin.header_timeout``, ...); returns the bound port.
 
         Raises ``OSError`` naming the address or file when it cannot listen, or
         when the TLS files or the token file cannot be used.
@@ -122,16 +129,15 @@ class AdminServer:
             config.tls.cert_file, config.tls.key_file, None, "admin.tls", log)
         self._token = _TokenFile(config.token_file) if config.token_file is not None else None
         _warn_if_exposed(config)
-        # No access log: probes ask every few seconds.
-        self._runner, port = await listen(self._handle, address, "admin.address", tls,
-                                          _http_log, STOP_GRACE)
-        return port
+        self._listener = await listen(self._handle, "admin", address, tls, config.http_limits,
+                                      self._client_log, _http_log, STOP_GRACE)
+        return self._listener.port
 
     async def stop(self) -> None:
         """Stop listening; requests in progress get ``STOP_GRACE`` to finish. Idempotent."""
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
 
     async def respond(self, method: str, target: str) -> Reply:
         """The reply for one (authorized) request: :meth:`route`'s, unless a
@@ -219,7 +225,7 @@ class AdminServer:
                            f"(or their type URLs)")
         return named
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Every request: the token first, then :meth:`respond`."""
         # The raw target, as route() has always seen it: the token is checked
         # on the very path that route() serves.

@@ -1,45 +1,244 @@
-"""What the relay's HTTP servers (admin, REST polling) share: a TLS context
-that follows its files through rotation, and quiet logs for malformed requests."""
+"""What the relay's HTTP servers (admin, REST polling) share: how they listen
+(with the limits of :mod:`relay.http_limits`), a TLS context that follows its
+files through rotation, and quiet logs for what clients can cause at will."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from relay.certificates import CertificateError, WatchedKeyPair
-from relay.config.values import Address
+from relay.http_limits import ConnectionDeadline, HostConnections, HttpLimits, Phase
+from relay.logs import RateLimitedLog
 
-__all__ = ["FollowedTLS", "listen", "quiet_malformed_requests"]
+if TYPE_CHECKING:
+    from relay.config.values import Address
+
+__all__ = ["RETRY_AFTER", "FollowedTLS", "Listener", "listen", "quiet_malformed_requests"]
+
+#: What a 429 or 503 tells a client to wait, in seconds.
+RETRY_AFTER = "1"
 
 
-async def listen(handle: Callable[[web.Request], Awaitable[web.StreamResponse]],
-                 address: Address, key: str, tls: FollowedTLS | None,
-                 http_log: logging.Logger, grace: float, reuse_port: bool = False
-                 ) -> tuple[web.AppRunner, int]:
+class Listener:
+    """One HTTP server listening (see :func:`listen`): its bound ``port``."""
+
+    def __init__(self, server: asyncio.Server, http: web.Server, grace: float,
+                 connections: HostConnections) -> None:
+        self._server = server
+        self._http = http
+        self._grace = grace
+        self.connections = connections
+        self.port = int(server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        """Stop listening; requests in progress get the grace to finish, and
+        every connection is closed."""
+        self._server.close()
+        # As aiohttp's runners do: requests already in start to be handled,
+        # idle connections close now, the others once their request is answered.
+        await asyncio.sleep(0)
+        self._http.pre_shutdown()
+        await self._http.shutdown(self._grace)
+
+
+async def listen(handle: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+                 section: str, address: Address, tls: FollowedTLS | None, limits: HttpLimits,
+                 client_log: RateLimitedLog, http_log: logging.Logger, grace: float,
+                 reuse_port: bool = False) -> Listener:
     """Serve every request (any method, any path) with ``handle`` on
-    ``address``: the runner (its ``cleanup`` stops it, letting requests in
-    progress finish within ``grace`` seconds) and the bound port. No access
-    log; aiohttp's own lines go to ``http_log``. ``OSError`` naming the
-    config ``key`` of the address when it cannot listen."""
-    app = web.Application()
-    app.router.add_route("*", "/{path:.*}", handle)
-    runner = web.AppRunner(app, access_log=None, logger=http_log, shutdown_timeout=grace)
-    await runner.setup()
-    site = web.TCPSite(runner, address.host, address.port,
-                       ssl_context=tls.context if tls is not None else None,
-                       reuse_port=reuse_port or None)
+    ``address``, the config key ``<section>.address``, within ``limits``
+    (``<section>.*``, as the lines and replies name them); ``close`` on the
+    listener stops it, letting requests in progress finish within ``grace``
+    seconds. No access log; aiohttp's own lines go to ``http_log``, and lines
+    a client causes (a connection refused, a timeout) to ``client_log``.
+    ``OSError`` naming the key when it cannot listen.
+
+    ``handle`` writes no more than its response: a body it does not read is
+    not drained (the connection is closed after the response instead).
+    """
+    loop = asyncio.get_running_loop()
+
+    async def handled(request: web.BaseRequest) -> web.StreamResponse:
+        connection = request.protocol
+        assert isinstance(connection, _Connection)
+        connection.request_started()
+        try:
+            response = await handle(request)
+            # Written here, so that the connection is idle only once it is
+            # (aiohttp would write it after this returns).
+            with contextlib.suppress(ConnectionError):  # the client left: nothing to tell
+                await response.prepare(request)
+                await response.write_eof()
+            return response
+        finally:
+            connection.request_ended()
+
+    http = web.Server(handled)
+    shared = _Shared(section, limits, HostConnections(limits.connections_per_host), client_log,
+                     http_log)
+    options: dict[str, Any] = {
+        "access_log": None,  # no access log: probes ask every few seconds
+        "logger": http_log,
+        # aiohttp's own idle close, left as a backstop after the connection's own
+        "keepalive_timeout": limits.idle_timeout + limits.header_timeout,
+        "lingering_time": 0,  # an unread body closes the connection, rather than being read
+    }
+
+    def connection() -> _Connection:
+        return _Connection(http, shared, loop=loop, **options)
+
     try:
-        await site.start()
+        server = await loop.create_server(
+            connection, address.host, address.port, reuse_port=reuse_port or None,
+            ssl=tls.context if tls is not None else None,
+            # the TLS handshake comes before the first request's headers
+            ssl_handshake_timeout=limits.header_timeout if tls is not None else None)
     except OSError as error:
-        await runner.cleanup()
-        raise OSError(f"cannot listen on {address} ({key}): "
+        raise OSError(f"cannot listen on {address} ({section}.address): "
                       f"{error.strerror or error}") from None
-    return runner, int(runner.addresses[0][1])
+    return Listener(server, http, grace, shared.connections)
+
+
+class _Shared:
+    """What every connection of one listener shares."""
+
+    __slots__ = ("client_log", "connections", "http_log", "limits", "section")
+
+    def __init__(self, section: str, limits: HttpLimits, connections: HostConnections,
+                 client_log: RateLimitedLog, http_log: logging.Logger) -> None:
+        self.section = section
+        self.limits = limits
+        self.connections = connections
+        self.client_log = client_log
+        self.http_log = http_log
+
+
+class _Connection(web.RequestHandler):
+    """aiohttp's HTTP/1.1 connection, with the listener's limits: a host over
+    its connections is answered 429 and closed before anything is read, and a
+    connection is closed when its :class:`ConnectionDeadline` passes (408 when
+    its request's headers were too slow)."""
+
+    __slots__ = ("_call_at", "_closed", "_deadline", "_host", "_shared", "_timer", "_when")
+
+    def __init__(self, manager: web.Server, shared: _Shared, *,
+                 loop: asyncio.AbstractEventLoop, **options: Any) -> None:
+        super().__init__(manager, loop=loop, **options)
+        self._shared = shared
+        self._when = loop.time
+        self._call_at = loop.call_at
+        self._host: str | None = None  # set once counted
+        self._deadline: ConnectionDeadline | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        shared = self._shared
+        peername = transport.get_extra_info("peername")
+        host = str(peername[0]) if isinstance(peername, tuple) and peername else "unknown"
+        if not shared.connections.admit(host):
+            self._closed = True
+            self._refuse(transport, host)
+            return
+        self._host = host
+        limits = shared.limits
+        self._deadline = ConnectionDeadline(limits.header_timeout, limits.idle_timeout,
+                                            self._when())
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        deadline = self._deadline
+        if deadline is None:
+            return  # refused: nothing is read
+        if deadline.received(self._when()):
+            self._arm()
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._host is None:
+            return  # refused: never counted, never started
+        self._closed = True
+        self._shared.connections.leave(self._host)
+        self._host = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().connection_lost(exc)
+
+    def request_started(self) -> None:
+        """A request's headers are in: it is handled, with no deadline here."""
+        if self._deadline is not None:
+            self._deadline.request_started()
+            self._arm()
+
+    def request_ended(self) -> None:
+        """The request is answered: wait for the next one."""
+        if self._deadline is not None and not self._closed:
+            self._deadline.request_ended(self._when())
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        assert self._deadline is not None
+        when = self._deadline.deadline
+        if when is not None and not self._closed:
+            self._timer = self._call_at(when, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._timer = None
+        assert self._deadline is not None
+        phase = self._deadline.overdue(self._when())
+        if phase is None:  # woken a little early
+            self._arm()
+            return
+        shared, host = self._shared, self._host or "unknown"
+        if phase is Phase.HEADERS:
+            key = f"{shared.section}.header_timeout"
+            message = (f"the request's headers took more than "
+                       f"{shared.limits.header_timeout:g}s ({key})")
+            shared.client_log.warning(key, "closing a connection from %s: %s", host, message,
+                                      host=host)
+            if self.transport is not None:
+                self.transport.write(_reply(408, "Request Timeout", message))
+        else:
+            shared.http_log.debug("closing a connection from %s idle for %gs (%s.idle_timeout)",
+                                  host, shared.limits.idle_timeout, shared.section)
+        self.force_close()
+
+    def _refuse(self, transport: asyncio.BaseTransport, host: str) -> None:
+        shared = self._shared
+        key = f"{shared.section}.connections_per_host"
+        message = (f"too many connections from {host}: at most "
+                   f"{shared.connections.limit} at once from one host ({key})")
+        shared.client_log.warning(key, "refusing a connection from %s: %s", host, message,
+                                  host=host)
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_reply(429, "Too Many Requests", message,
+                               {"Retry-After": RETRY_AFTER}))
+        transport.close()
+
+
+def _reply(status: int, reason: str, message: str,
+           headers: dict[str, str] | None = None) -> bytes:
+    """A whole HTTP/1.1 reply that closes the connection, written before (or
+    instead of) reading a request."""
+    body = f"{message}\n".encode()
+    lines = [f"HTTP/1.1 {status} {reason}", "Content-Type: text/plain; charset=utf-8",
+             f"Content-Length: {len(body)}", "Connection: close",
+             *(f"{name}: {value}" for name, value in (headers or {}).items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
 class FollowedTLS:
@@ -104,14 +303,17 @@ class FollowedTLS:
 
 
 def quiet_malformed_requests(http_log: logging.Logger, log: logging.Logger) -> None:
-    """aiohttp logs a malformed request to ``http_log`` at ERROR with a
-    traceback: anyone who can connect could fill the log. Those become one
-    DEBUG line on ``log``; errors of ours pass."""
+    """aiohttp logs a malformed request, or a client that left mid-request,
+    to ``http_log`` at ERROR with a traceback: anyone who can connect could
+    fill the log. Those become one DEBUG line on ``log``; errors of ours pass."""
 
     def quiet(record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, HttpProcessingError):
             log.debug("%s: %s %s", record.getMessage(), error.code, error.message)
+            return False
+        if isinstance(error, ConnectionError):
+            log.debug("%s: %s", record.getMessage(), error)
             return False
         return True
 

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_WORKERS",
     "Address",
     "AddressField",
+    "BufferSizeField",
     "CertificateFileField",
     "CountField",
     "DirectoryField",
@@ -385,6 +386,13 @@ def _validate_metadata(value: object) -> dict[str, Any]:
     return value
 
 
+def _validate_buffer_size(value: object) -> int:
+    size = parse_size(value)
+    if size < 1:
+        raise ValueError(f"must be at least 1 byte, got {value!r}")
+    return size
+
+
 def _validate_count(value: object) -> int:
     # As for workers: `yes` is not 1, and a count is a whole number.
     if isinstance(value, bool) or not isinstance(value, int):
@@ -468,3 +476,5 @@ SecretIdentityPatternField = Annotated[IdentityPattern, PlainValidator(parse_sec
 SecretNamePatternField = Annotated[IdentityPattern, PlainValidator(parse_secret_name)]
 CountField = Annotated[int, PlainValidator(_validate_count)]
 NodeSizeField = Annotated[int, PlainValidator(_message_size_validator(1024)), Shown(format_size)]
+#: bytes held in memory at once (at least one)
+BufferSizeField = Annotated[int, PlainValidator(_validate_buffer_size), Shown(format_size)]

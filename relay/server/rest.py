@@ -13,17 +13,21 @@ tested directly: :func:`route` (path and method), :func:`decode_request`
 outcome as a status, headers and body) and :func:`peer_identity` (a TLS peer
 certificate's SPIFFE ID and DNS names). :class:`RestServer` is aiohttp around
 them, with the xDS port's TLS (re-read on rotation), mutual TLS and
-``server.authorization``.
+``server.authorization``, and ``rest.*``'s limits: each body is read within
+``body_timeout`` and held within ``max_buffered_body`` (a
+:class:`~relay.http_limits.BodyBudget`), the connections within
+:func:`relay.web.listen`'s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from envoy.service.discovery.v3 import discovery_pb2
@@ -33,15 +37,16 @@ from google.protobuf.message import DecodeError, Message
 from relay.admin import Reply
 from relay.authorization import PeerIdentity
 from relay.config.models import ServerTLSConfig
-from relay.config.values import Address
+from relay.config.values import Address, format_size
 from relay.demand import ORIGIN_REFUSED
+from relay.http_limits import DEFAULT_HTTP_LIMITS, BodyBudget, BodyRefusal, HeldBody, HttpLimits
 from relay.protocol.limits import MAX_NACK_MESSAGE, shown
 from relay.protocol.sotw import SotwResponsePlan
 from relay.redaction import message_class
 from relay.server.fetch import Denied, Fetcher, FetchOutcome, Invalid, Limited, Served
 from relay.server.plans import encode_plan
 from relay.server.streams import ServingContext
-from relay.web import FollowedTLS, listen, quiet_malformed_requests
+from relay.web import RETRY_AFTER, FollowedTLS, Listener, listen, quiet_malformed_requests
 from relay.xds_types import (
     CLUSTER,
     ENDPOINT,
@@ -76,9 +81,6 @@ _LIMITS_OF_NOW = frozenset({"streams", "upstream_names", "upstream_names_per_hos
                             ORIGIN_REFUSED})
 #: How long ``stop`` lets polls in progress finish.
 STOP_GRACE = 1.0
-#: What a 503 or 429 tells a poller to wait, in seconds (Envoy polls again
-#: after its refresh_delay whatever it says).
-RETRY_AFTER = "1"
 #: The status message while the relay drains (as the xDS port's).
 DRAINING = "the relay is draining; poll another replica"
 
@@ -279,16 +281,25 @@ class RestServer:
     must present a certificate that chains to it; ``serving.access`` applies
     ``server.authorization`` to the certificate's identity and the request's
     node. ``reuse_port``: the processes of ``--workers`` share the port.
+    ``limits``: ``rest.*``'s timeouts, connections and buffered bodies.
     """
 
     def __init__(self, serving: ServingContext, fetcher: Fetcher, address: Address,
-                 tls: ServerTLSConfig | None = None, reuse_port: bool = False) -> None:
+                 tls: ServerTLSConfig | None = None, reuse_port: bool = False,
+                 limits: HttpLimits = DEFAULT_HTTP_LIMITS) -> None:
         self._serving = serving
         self._fetcher = fetcher
         self._address = address
         self._tls = tls
         self._reuse_port = reuse_port
-        self._runner: web.AppRunner | None = None
+        self._limits = limits
+        self._budget = BodyBudget(limits.max_buffered_body)
+        self._listener: Listener | None = None
+
+    @property
+    def body_budget(self) -> BodyBudget:
+        """The request body bytes held now, all polls together (read-only use)."""
+        return self._budget
 
     async def start(self) -> int:
         """Listen; returns the bound port. ``OSError`` naming the address when it cannot."""
@@ -296,9 +307,12 @@ class RestServer:
             self._tls.cert_file, self._tls.key_file, self._tls.client_ca_file,
             "server.tls (for rest.address)", log)
         # The body is read here, within limits.request_size (client_max_size
-        # only bounds request.read(), which this never calls).
-        self._runner, port = await listen(self._handle, self._address, "rest.address", tls,
-                                          _http_log, STOP_GRACE, self._reuse_port)
+        # only bounds request.read(), which this never calls). Lines about
+        # clients go where the xDS port's go, bounded with them.
+        self._listener = await listen(self._handle, "rest", self._address, tls, self._limits,
+                                      self._serving.refusal_log, _http_log, STOP_GRACE,
+                                      self._reuse_port)
+        port = self._listener.port
         scheme = "http" if tls is None else "https"
         mutual = " (mutual TLS)" if tls is not None and tls.mutual else ""
         log.info("serving REST polling on %s://%s:%d%s", scheme, self._address.host, port,
@@ -307,11 +321,11 @@ class RestServer:
 
     async def stop(self) -> None:
         """Stop listening; polls in progress get ``STOP_GRACE`` to finish. Idempotent."""
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         routed = route(request.method, request.path)
         if isinstance(routed, Reply):
             return _response(routed)
@@ -331,19 +345,16 @@ class RestServer:
             if error is not None:
                 access.refused("identity", peer, error)
                 return _response(Reply(403, f"{error}\n".encode()))
-        body = await _read_body(request, serving.limits.request_size)
-        if body is None:
-            limit = serving.limits.request_size
-            message = (f"a request of more than {limit} bytes; the relay takes requests of at "
-                       f"most {limit} (limits.request_size)")
-            serving.metrics.downstream_limited.add(1, {"limit": "request_size"})
-            serving.warn_limited(peer, "request_size", "refusing REST poll from %s: %s", peer,
-                                 message)
-            return _response(Reply(413, f"{message}\n".encode()), close=True)
+        held = HeldBody(self._budget, serving.limits.request_size, request.content_length)
         try:
+            body = await _read_body(request, held, self._limits.body_timeout)
+            if isinstance(body, str):
+                return self._unread(peer, body)
             discovery_request = decode_request(body)
         except BadRequest as bad:
             return _response(self._rejected(peer, str(bad)))
+        finally:
+            held.release()  # decoded, or read no further: the bytes are no longer held
         outcome = await self._fetcher.fetch(discovery_request, type_url, peer, identity,
                                             f"POST {request.path}")
         if isinstance(outcome, Denied):
@@ -358,6 +369,36 @@ class RestServer:
             # The poller holds the current version: what a SotW client's ACK says.
             serving.metrics.downstream_acks.add("rest", short_name(type_url))
         return _response(reply)
+
+    def _unread(self, peer: str, why: _Unread) -> web.Response:
+        """Answer (and close) a poll whose body was read no further, saying why."""
+        serving = self._serving
+        if why == "lost":  # nobody is there to read an answer
+            log.debug("REST poll from %s: the client left before its whole body came", peer)
+            return _response(Reply(400, b""), close=True)
+        if why == "malformed":
+            return _response(self._rejected(
+                peer, "the body is not framed as its headers say (Content-Length or chunks)"),
+                close=True)
+        if why == "request_size":
+            limit = serving.limits.request_size
+            message = (f"a request of more than {limit} bytes; the relay takes requests of at "
+                       f"most {limit} (limits.request_size)")
+            serving.metrics.downstream_limited.add(1, {"limit": "request_size"})
+            serving.warn_limited(peer, "request_size", "refusing REST poll from %s: %s", peer,
+                                 message)
+            return _response(Reply(413, f"{message}\n".encode()), close=True)
+        if why == "max_buffered_body":
+            reply = Reply(503, f"the relay holds as many request bodies as it may at once "
+                               f"({format_size(self._limits.max_buffered_body)}, "
+                               f"rest.max_buffered_body); retry\n".encode(),
+                          headers={"Retry-After": RETRY_AFTER})
+        else:
+            reply = Reply(408, f"the body took more than {self._limits.body_timeout:g}s to "
+                               f"come (rest.body_timeout)\n".encode())
+        serving.warn_limited(peer, f"rest.{why}", "refusing REST poll from %s: %s", peer,
+                             reply.body.decode().rstrip())
+        return _response(reply, close=True)
 
     def _rejected(self, peer: str, message: str) -> Reply:
         """Count, log (rate-limited) and answer a poll that breaks the protocol."""
@@ -390,22 +431,34 @@ def _response(reply: Reply, close: bool = False) -> web.Response:
     return response
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes | None:
-    """The request's body, or None when it is over ``limit`` bytes (read no further)."""
-    length = request.content_length
-    if length is not None and length > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+#: Why a body was read no further: refused (:data:`BodyRefusal`), too slow
+#: (``rest.body_timeout``), the client gone, or framed unlike its headers say.
+_Unread = BodyRefusal | Literal["body_timeout", "lost", "malformed"]
 
 
-def _peer(request: web.Request) -> str:
+async def _read_body(request: web.BaseRequest, held: HeldBody, timeout: float
+                     ) -> bytes | _Unread:
+    """The request's body, held in ``held`` as it comes, within ``timeout``
+    seconds; or why it was read no further (the caller releases ``held``)."""
+    refused = held.check()
+    if refused is not None:
+        return refused
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.content.iter_any():
+                refused = held.add(chunk)
+                if refused is not None:
+                    return refused
+    except TimeoutError:
+        return "body_timeout"
+    except ConnectionError:
+        return "lost"
+    except web.RequestPayloadError:
+        return "malformed"
+    return held.body()
+
+
+def _peer(request: web.BaseRequest) -> str:
     """The client's address as gRPC writes a peer (``ipv4:10.0.0.7:41000``)."""
     transport = request.transport
     peername = transport.get_extra_info("peername") if transport is not None else None

@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import signal
+import socket
 import ssl
+import struct
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,6 +32,7 @@ from tests.builders import cluster, endpoints, pack
 from tests.certs import Authority, Leaf
 from tests.clock import ManualClock
 from tests.harness import ScriptedOrigin, Stack, eventually, names_of, node, running_stack
+from tests.test_web import connect, one_reply, until_closed
 from tests.variants import ENV_VARIANTS, PORTS, label_of
 
 CLUSTERS = "/v3/discovery:clusters"
@@ -484,3 +488,116 @@ async def test_a_rotated_certificate_is_served_to_new_connections(pki: Authority
         finally:
             writer.close()
         assert ssl.DER_cert_to_PEM_cert(served).encode() == renewed.cert_pem
+
+
+# ------------------------------------------------------------------------ the listener's limits
+
+
+def post_head(length: int | None, path: str = CLUSTERS) -> bytes:
+    """A poll's request line and headers: a Content-Length, or chunked."""
+    framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    return (f"POST {path} HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+            f"{framing}\r\n\r\n").encode()
+
+
+def padded_poll(size: int) -> bytes:
+    """A poll for cluster ``a``, ``size`` bytes long (JSON allows the trailing spaces)."""
+    body = b'{"resourceNames": ["a"]}'
+    return body + b" " * (size - len(body))
+
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+async def test_a_slow_body_is_408_after_body_timeout_and_its_bytes_given_back(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "relay.downstream")
+    async with rest_stack(rest="body_timeout: 200ms") as stack:
+        assert stack.relay.rest is not None
+        reader, writer = await connect(stack.relay.rest_port)
+        writer.write(post_head(1000) + b'{"resourceNames"')  # and no more
+        answer = await until_closed(reader)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+        assert answer.endswith(b"\r\n\r\nthe body took more than 0.2s to come "
+                               b"(rest.body_timeout)\n")
+        assert stack.relay.rest.body_budget.held == 0
+    port = writer.get_extra_info("sockname")[1]
+    assert [r.getMessage() for r in caplog.records if r.name == "relay.downstream"] == [
+        f"refusing REST poll from ipv4:127.0.0.1:{port}: the body took more than 0.2s to "
+        f"come (rest.body_timeout)"]
+
+
+async def test_bodies_past_max_buffered_body_are_503_while_the_others_are_served() -> None:
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"))
+    size = 16 * 1024
+    async with rest_stack(origin, limits="request_size: 16KiB",
+                          rest="max_buffered_body: 40KiB") as stack:
+        rest = stack.relay.rest
+        assert rest is not None
+        # Two polls of 16 KiB each, all but their last 1,000 bytes sent: 30 KiB and more held.
+        holders = [await connect(stack.relay.rest_port) for _ in range(2)]
+        for n, (_, writer) in enumerate(holders, 1):
+            writer.write(post_head(size) + padded_poll(size)[:-1000])
+            await eventually(lambda n=n: rest.body_budget.held == n * (size - 1000))
+        # A third, declaring 16 KiB that would not fit: refused before a byte is read.
+        reader, writer = await connect(stack.relay.rest_port)
+        writer.write(post_head(size) + padded_poll(size))
+        answer = await until_closed(reader)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+        assert b"\r\nRetry-After: 1\r\n" in answer
+        assert answer.endswith(b"\r\n\r\nthe relay holds as many request bodies as it may at "
+                               b"once (40KiB, rest.max_buffered_body); retry\n")
+        # A chunked one, taken as its chunks come: the first fits, the second does not.
+        reader, writer = await connect(stack.relay.rest_port)
+        writer.write(post_head(None) + chunk(b" " * 8000))
+        await eventually(lambda: rest.body_budget.held == 2 * (size - 1000) + 8000)
+        writer.write(chunk(b" " * 8000))
+        assert (await until_closed(reader)).startswith(b"HTTP/1.1 503 ")
+        writer.close()
+        # The first two are served once their bodies are whole.
+        for reader, writer in holders:
+            writer.write(padded_poll(size)[-1000:])
+            status, body = await one_reply(reader)
+            assert status == b"HTTP/1.1 200 OK"
+            assert json.loads(body)["resources"] == json.loads(json_format.MessageToJson(
+                discovery_pb2.DiscoveryResponse(resources=[pack(cluster("a"))])))["resources"]
+            writer.close()
+        assert rest.body_budget.held == 0
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["fin", "rst"])
+async def test_a_poll_dropped_mid_body_logs_no_error_and_gives_its_bytes_back(
+        reset: bool, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with rest_stack() as stack:
+        rest = stack.relay.rest
+        assert rest is not None
+        _, writer = await connect(stack.relay.rest_port)
+        writer.write(post_head(100_000) + b" " * 5_000)
+        await eventually(lambda: rest.body_budget.held == 5_000)
+        if reset:  # an RST rather than a FIN
+            writer.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+        await eventually(lambda: rest.body_budget.held == 0)
+        lines = [r for r in caplog.records if r.name.startswith("relay.rest")]
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info] == []
+    assert any(r.getMessage().endswith(": the client left before its whole body came")
+               for r in lines)
+
+
+async def test_the_rest_listener_applies_its_connection_and_header_limits() -> None:
+    async with rest_stack(rest="header_timeout: 200ms, connections_per_host: 1") as stack:
+        reader, writer = await connect(stack.relay.rest_port)
+        writer.write(b"POST /v3/discovery:clusters HTTP/1.1\r\n")  # and no more
+        refused_reader, refused_writer = await connect(stack.relay.rest_port)
+        assert (await until_closed(refused_reader)).endswith(
+            b"at most 1 at once from one host (rest.connections_per_host)\n")
+        refused_writer.close()
+        assert (await until_closed(reader)).endswith(
+            b"the request's headers took more than 0.2s (rest.header_timeout)\n")
+        writer.close()
