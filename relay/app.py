@@ -73,14 +73,18 @@ _SERVER_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
-def server_options(config: RelayConfig) -> list[tuple[str, Any]]:
-    """gRPC's options for the xDS server of ``config``."""
+def server_options(config: RelayConfig, private: bool = False) -> list[tuple[str, Any]]:
+    """gRPC's options for the xDS server of ``config`` (``private``: the hub's
+    socket between the processes of ``--workers``, whose links are never
+    retired for their age)."""
     keepalive, limits = config.server.keepalive, config.limits
     return [
         *_SERVER_OPTIONS,
         # Advertised in SETTINGS: a client may not open more on one connection,
         # so a reset flood holds no more than this many calls per connection.
         ("grpc.max_concurrent_streams", limits.streams_per_connection),
+        *([] if private else connection_age_options(config.server.max_connection_age,
+                                                    config.server.max_connection_age_grace)),
         ("grpc.keepalive_time_ms", int(keepalive.time * 1000)),
         ("grpc.keepalive_timeout_ms", int(keepalive.timeout * 1000)),
         # What ends a connection whose ping goes unanswered: without it, gRPC
@@ -90,6 +94,19 @@ def server_options(config: RelayConfig) -> list[tuple[str, Any]]:
         # the relay refuses what is between, with a status that names the limit.
         ("grpc.max_receive_message_length", min(2 * limits.request_size, MAX_MESSAGE_SIZE)),
     ]
+
+
+def connection_age_options(age: float, grace: float) -> list[tuple[str, int]]:
+    """gRPC's options retiring connections after ``age`` seconds (0: never).
+
+    gRPC spreads each connection's age by ±10 % itself, sends GOAWAY when it
+    is reached, and after ``grace`` more ends the streams still open with
+    UNAVAILABLE, which xDS clients answer by reconnecting at once.
+    """
+    if age <= 0:
+        return []
+    return [("grpc.max_connection_age_ms", max(1, round(age * 1000))),
+            ("grpc.max_connection_age_grace_ms", max(1, round(grace * 1000)))]
 
 
 def dialer(config: RelayConfig) -> Dialer:
@@ -207,13 +224,15 @@ class Relay:
             self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
                                      self.serving.client_statuses, self.ready_detail)
         self._listen = listen or str(config.server.address)
+        # serving the processes of --workers, not clients
+        self._private = listen is not None
         # One-shot fetches (gRPC Fetch*, REST polling) and the leases they hold;
         # REST is served by the processes that serve clients (not a --workers hub).
         self.fetcher = Fetcher(self.serving, self.clock, config.rest.lease, config.rest.wait)
         self.rest: RestServer | None = None
         if config.rest.address is not None and listen is None:
             self.rest = RestServer(self.serving, self.fetcher, config.rest.address,
-                                   config.server.tls, reuse_port, config.rest.http_limits)
+                                   config.server.tls, reuse_port)
         self._apply_limits()
         if listen is None and origin is not None:
             self.index.limit_demand(demand_ledger(config, self.clock))
@@ -403,7 +422,7 @@ class Relay:
         # gRPC sets SO_REUSEPORT unless told not to: then a second relay
         # started on the same port would silently take half its connections.
         # Only the worker processes of one relay share a port, on purpose.
-        options = [*server_options(self.config),
+        options = [*server_options(self.config, private=self._private),
                    ("grpc.so_reuseport", 1 if self._reuse_port else 0)]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers(discovery_handlers(self.serving, self.fetcher))

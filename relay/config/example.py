@@ -16,6 +16,8 @@ server:
   address: 0.0.0.0:18000        # downstream xDS (gRPC); IPv6 as "[::]:18000"
   batch_window: 5ms             # let an origin burst gather before pushing; 0 disables
   drain_period: 10s             # on SIGTERM, close client streams spread over this long
+  max_connection_age: 30m       # retire client connections (GOAWAY, ±10 %): the fleet rebalances
+  max_connection_age_grace: 10s # then streams still open end with UNAVAILABLE; 0 above: never
   workers: 1                    # >1: that many processes serve clients on address, fed by one
                                 # that follows the origin (see README, "Beyond one core")
   keepalive: {time: 30s, timeout: 10s}  # a client that froze or vanished is freed in time + timeout
@@ -40,7 +42,8 @@ upstream:                       # required: exactly one of address or files
   # files: config/resources     # or: serve a directory of YAML/JSON resource files
   poll_interval: 1s             # rescan period of `files`; > 0
   backoff: {initial: 0.5s, max: 30s}   # reconnect backoff; durations: 500ms 1.5s 2m 1h
-  linger: 0s                    # keep an upstream subscription this long after its last client
+  linger: 30s                   # keep an upstream subscription this long after its last client
+                                # left: one reconnecting (connection age, a replica gone) finds it
   answer_grace: 500ms           # a response sooner than this after a subscription may not answer it
   # tls:                        # TLS to the origin (istiod's secured port 15012)
   #   ca_file: /var/run/secrets/istio/root-cert.pem   # PEM roots; default: the system's

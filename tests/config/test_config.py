@@ -108,7 +108,7 @@ def test_defaults_for_minimal_config() -> None:
     assert str(cfg.server.address) == "0.0.0.0:18000"
     assert cfg.upstream.poll_interval == 1.0
     assert (cfg.upstream.backoff.initial, cfg.upstream.backoff.max) == (0.5, 30.0)
-    assert cfg.upstream.linger == 0.0
+    assert cfg.upstream.linger == 30.0
     assert cfg.admin.address == Address("127.0.0.1", 19000)
     assert cfg.logging.level == "info"
 
@@ -183,8 +183,8 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
        addr: "0.0.0.0:1"
      upstream: {address: "a:1"}
      """, 3, "server.addr",
-     "address, batch_window, drain_period, workers, keepalive, extra_type_urls, tls, "
-     "authorization"),
+     "address, batch_window, drain_period, max_connection_age, max_connection_age_grace, "
+     "workers, keepalive, extra_type_urls, tls, authorization"),
     ("""
      node: {id: a}
      upstream:
