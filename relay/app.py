@@ -232,7 +232,7 @@ class Relay:
         self.rest: RestServer | None = None
         if config.rest.address is not None and listen is None:
             self.rest = RestServer(self.serving, self.fetcher, config.rest.address,
-                                   config.server.tls, reuse_port)
+                                   config.server.tls, reuse_port, config.rest.http_limits)
         self._apply_limits()
         if listen is None and origin is not None:
             self.index.limit_demand(demand_ledger(config, self.clock))

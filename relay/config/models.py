@@ -28,6 +28,7 @@ from relay.config.values import (
     MAX_MESSAGE_SIZE,
     Address,
     AddressField,
+    BufferSizeField,
     CertificateFileField,
     CountField,
     DirectoryField,
@@ -46,8 +47,10 @@ from relay.config.values import (
     SecretNamePatternField,
     SnapshotDirectoryField,
     WorkerCountField,
+    format_size,
     is_dns_name,
 )
+from relay.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
 from relay.protocol.limits import DEFAULT_LIMITS
 
 #: server.max_connection_age and its grace, when not configured (istiod's age).
@@ -482,6 +485,24 @@ class AdminConfig(_Section):
         default=None,
         description="a file holding a bearer token, re-read when it changes: every path but "
                     "/healthz and /ready then needs `Authorization: Bearer <token>`")
+    header_timeout: PositiveDurationField = Field(
+        default=DEFAULT_HTTP_LIMITS.header_timeout,
+        description="how long a request's headers may take from their first byte; then 408 "
+                    "and the connection is closed")
+    idle_timeout: PositiveDurationField = Field(
+        default=DEFAULT_HTTP_LIMITS.idle_timeout,
+        description="how long a connection may wait for its next request (or its first) "
+                    "before it is closed")
+    connections_per_host: CountField = Field(
+        default=DEFAULT_HTTP_LIMITS.connections_per_host,
+        description="connections open at once from one client host (its address); one more "
+                    "is answered 429 and closed")
+
+    @property
+    def http_limits(self) -> HttpLimits:
+        """The limits of the admin server (it reads no request bodies)."""
+        return HttpLimits(header_timeout=self.header_timeout, idle_timeout=self.idle_timeout,
+                          connections_per_host=self.connections_per_host)
 
 
 class RestConfig(_Section):
@@ -501,6 +522,33 @@ class RestConfig(_Section):
         default=0.5,
         description="how long a poll of resources not yet cached waits for the origin before "
                     "503; below Envoy's request_timeout (1s by default)")
+    header_timeout: PositiveDurationField = Field(
+        default=DEFAULT_HTTP_LIMITS.header_timeout,
+        description="how long a poll's headers may take from their first byte; then 408 and "
+                    "the connection is closed")
+    body_timeout: PositiveDurationField = Field(
+        default=DEFAULT_HTTP_LIMITS.body_timeout,
+        description="how long a poll's body may take once its headers are in; then 408 and "
+                    "the connection is closed")
+    idle_timeout: PositiveDurationField = Field(
+        default=DEFAULT_HTTP_LIMITS.idle_timeout,
+        description="how long a connection may wait for its next poll (or its first) before "
+                    "it is closed")
+    max_buffered_body: BufferSizeField = Field(
+        default=DEFAULT_HTTP_LIMITS.max_buffered_body,
+        description="request body bytes held in memory at once, all polls together (per "
+                    "process with server.workers); a poll whose body does not fit gets 503 "
+                    "with Retry-After; at least limits.request_size")
+    connections_per_host: CountField = Field(
+        default=DEFAULT_HTTP_LIMITS.connections_per_host,
+        description="connections open at once from one client host (its address; per "
+                    "process with server.workers); one more is answered 429 and closed")
+
+    @property
+    def http_limits(self) -> HttpLimits:
+        """The limits of the REST listener."""
+        return HttpLimits(self.header_timeout, self.body_timeout, self.idle_timeout,
+                          self.connections_per_host, self.max_buffered_body)
 
     @model_validator(mode="after")
     def _lease_outlasts_wait(self) -> RestConfig:
@@ -639,6 +687,19 @@ class RelayConfig(_Section):
                     InitErrorDetails(type=PydanticCustomError("value_error", "{message}",
                                                               {"message": message}),
                                      loc=("rest", "address"), input=str(rest))])
+        return self
+
+    @model_validator(mode="after")
+    def _rest_buffers_a_whole_request(self) -> RelayConfig:
+        buffered, request_size = self.rest.max_buffered_body, self.limits.request_size
+        if buffered < request_size:
+            message = (f"{format_size(buffered)} is less than limits.request_size "
+                       f"({format_size(request_size)}): a poll the limits allow could never "
+                       f"be read")
+            raise ValidationError.from_exception_data(type(self).__name__, [
+                InitErrorDetails(type=PydanticCustomError("value_error", "{message}",
+                                                          {"message": message}),
+                                 loc=("rest", "max_buffered_body"), input=buffered)])
         return self
 
     def snapshot_prefix(self) -> str:
