@@ -197,7 +197,8 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      node: {id: a}
      upstream: {address: "a:1"}
      admin: {address: "127.0.0.1:0", port: 9}
-     """, 3, "admin.port", "address, tls, token_file"),
+     """, 3, "admin.port",
+     "address, tls, token_file, header_timeout, idle_timeout, connections_per_host"),
     ("""
      node: {id: a}
      upstream: {address: "a:1"}
