@@ -62,6 +62,9 @@ admin:
   address: 127.0.0.1:19000      # /ready /healthz /config_dump /clients /metrics
   # tls: {cert_file: /etc/xds-relay/tls/tls.crt, key_file: /etc/xds-relay/tls/tls.key}
   # token_file: /etc/xds-relay/admin/token   # Bearer token for all but /healthz and /ready
+  header_timeout: 10s           # a request's headers, from their first byte; then 408, closed
+  idle_timeout: 60s             # a connection waiting for its next request (or its first)
+  connections_per_host: 100     # open at once from one client address; one more: 429
 logging:
   level: info                   # debug, info, warning or error
   format: text                  # text (key=value) or json (one object per line)
@@ -86,6 +89,11 @@ rest:                           # Envoy's REST-JSON polling (api_type: REST); of
   # address: 0.0.0.0:18080      # POST /v3/discovery:clusters ...; TLS, authorization: server.*
   lease: 60s                    # keep a poll's resources subscribed this long after its last poll
   wait: 500ms                   # a poll of what is not cached yet waits this long for the origin
+  header_timeout: 10s           # a poll's headers, from their first byte; then 408, closed
+  body_timeout: 30s             # a poll's body, once its headers are in; then 408, closed
+  idle_timeout: 60s             # a connection waiting for its next poll (or its first)
+  max_buffered_body: 64MiB      # body bytes held at once, all polls; beyond: 503 (per process)
+  connections_per_host: 100     # open at once from one client address; one more: 429
 # persistence:                  # keep the last-known-good config across restarts (off by default)
 #   redis:                      # shared by the zone's replicas ...
 #     url: redis://redis:6379/0 # rediss:// for TLS; a password in the URL or in password_file
