@@ -36,8 +36,16 @@ class Listener:
         self._server = server
         self._http = http
         self._grace = grace
-        self.connections = connections
+        self._connections = connections
         self.port = int(server.sockets[0].getsockname()[1])
+
+    def connections_from(self, host: str) -> int:
+        """Connections open now from ``host``, as ``connections_per_host`` counts them."""
+        return self._connections.open(host)
+
+    def hosts(self) -> int:
+        """Client hosts with a connection open now."""
+        return self._connections.hosts()
 
     async def close(self) -> None:
         """Stop listening; requests in progress get the grace to finish, and
@@ -98,7 +106,7 @@ async def listen(handle: Callable[[web.BaseRequest], Awaitable[web.StreamRespons
 
     try:
         server = await loop.create_server(
-            connection, address.host, address.port, reuse_port=reuse_port or None,
+            connection, address.host, address.port, reuse_port=reuse_port or None, backlog=128,
             ssl=tls.context if tls is not None else None,
             # the TLS handshake comes before the first request's headers
             ssl_handshake_timeout=limits.header_timeout if tls is not None else None)

@@ -170,12 +170,12 @@ async def test_a_host_past_connections_per_host_is_answered_429_and_closed(
         assert b"\r\nRetry-After: 1\r\n" in answer
         assert answer.endswith(b"\r\n\r\ntoo many connections from 127.0.0.1: at most 2 at "
                                b"once from one host (test.connections_per_host)\n")
-        assert listener.connections.open("127.0.0.1") == 2  # the refused one never counted
+        assert listener.connections_from("127.0.0.1") == 2  # the refused one never counted
         # One closes: room for another.
         first[1].close()
         await asyncio.wait_for(first[1].wait_closed(), BOUND)
         deadline = asyncio.get_running_loop().time() + BOUND
-        while listener.connections.open("127.0.0.1") != 1:
+        while listener.connections_from("127.0.0.1") != 1:
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.01)
         reader, writer = await connect(listener.port)
@@ -209,7 +209,7 @@ async def test_every_connection_is_closed_and_uncounted_when_the_listener_closes
     for reader, writer in connections:
         assert await until_closed(reader) == b""
         writer.close()
-    assert listener.connections.hosts() == 0
+    assert listener.hosts() == 0
 
 
 # ------------------------------------------------------------------------- the admin server

@@ -77,8 +77,8 @@ REST_PATHS: Mapping[str, str] = {
     "/v3/discovery:runtime": RUNTIME,
 }
 #: Limits that a poll may pass later, as others' subscriptions lapse (429, not 400).
-_LIMITS_OF_NOW = frozenset({"streams", "upstream_names", "upstream_names_per_host",
-                            ORIGIN_REFUSED})
+_LIMITS_OF_NOW = frozenset({"streams", "leases_per_host", "upstream_names",
+                            "upstream_names_per_host", ORIGIN_REFUSED})
 #: How long ``stop`` lets polls in progress finish.
 STOP_GRACE = 1.0
 #: The status message while the relay drains (as the xDS port's).
@@ -443,6 +443,11 @@ async def _read_body(request: web.BaseRequest, held: HeldBody, timeout: float
     refused = held.check()
     if refused is not None:
         return refused
+    if request.version >= (1, 1) and \
+            request.headers.get("Expect", "").lower() == "100-continue" and \
+            request.transport is not None:
+        # The client waits for this before sending its body (curl does past 1 MiB).
+        request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     try:
         async with asyncio.timeout(timeout):
             async for chunk in request.content.iter_any():

@@ -601,3 +601,19 @@ async def test_the_rest_listener_applies_its_connection_and_header_limits() -> N
         assert (await until_closed(reader)).endswith(
             b"the request's headers took more than 0.2s (rest.header_timeout)\n")
         writer.close()
+
+
+async def test_a_poller_expecting_100_continue_is_told_to_go_on() -> None:
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"))
+    async with rest_stack(origin) as stack:
+        reader, writer = await connect(stack.relay.rest_port)
+        body = b'{"resourceNames": ["a"]}'
+        writer.write(post_head(len(body))[:-2] + b"Expect: 100-continue\r\n\r\n")
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10) == \
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        status, answer = await one_reply(reader)
+        writer.close()
+        assert status == b"HTTP/1.1 200 OK"
+        assert [r["name"] for r in json.loads(answer)["resources"]] == ["a"]
