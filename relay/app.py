@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from relay.admin import AdminServer
+from relay.admission import TokenBucket
 from relay.authorization import Authorizer
 from relay.certificates import WatchedKeyPair
 from relay.clock import Clock, MonotonicClock
@@ -261,6 +262,10 @@ class Relay:
         serving.limits = Limits(
             **limits.model_dump(),
             type_urls=frozenset(KNOWN_TYPE_URLS) | frozenset(self.config.server.extra_type_urls))
+        # On the machine's time, not the relay's clock: it paces real load
+        # (streams wait for it with asyncio.sleep).
+        serving.admission = TokenBucket(limits.new_streams_per_second,
+                                        limits.new_streams_burst, time.monotonic)
         serving.refusal_log = RateLimitedLog(logging.getLogger("relay.downstream"),
                                              REFUSAL_LOG_INTERVAL, self.clock.now)
 

@@ -77,6 +77,9 @@ limits:                         # what one client may ask; beyond: RESOURCE_EXHA
   streams_per_connection: 100   # also HTTP/2's MAX_CONCURRENT_STREAMS
   streams_per_host: 1000        # one client host (address), all its connections
   connections_per_host: 100     # connections with a stream open, one client host
+  new_streams_per_second: 500   # taken a second, after a burst; beyond: UNAVAILABLE (retry)
+  new_streams_burst: 1000
+  leases_per_host: 100          # resource sets one host's REST polls keep subscribed
   names_per_request: 100000     # names (and locators) one request subscribes or unsubscribes
   names_per_stream: 200000      # all types together
   name_length: 4096             # characters

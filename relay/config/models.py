@@ -252,6 +252,19 @@ class LimitsConfig(_Section):
     connections_per_host: CountField = Field(
         default=DEFAULT_LIMITS.connections_per_host,
         description="connections with a stream open, from one client host")
+    new_streams_per_second: CountField = Field(
+        default=DEFAULT_LIMITS.new_streams_per_second,
+        description="new streams taken a second (per process), after a burst of "
+                    "new_streams_burst: one over it waits its turn up to 1s, then gets "
+                    "UNAVAILABLE and backs off, perhaps to another replica; open streams are "
+                    "never touched")
+    new_streams_burst: CountField = Field(
+        default=DEFAULT_LIMITS.new_streams_burst,
+        description="new streams taken at once before new_streams_per_second applies")
+    leases_per_host: CountField = Field(
+        default=DEFAULT_LIMITS.leases_per_host,
+        description="resource sets one client host's REST polls and gRPC fetches keep "
+                    "subscribed at once (each for rest.lease after its last poll)")
     names_per_request: CountField = Field(
         default=DEFAULT_LIMITS.names_per_request,
         description="resource names (and locators) one request subscribes or unsubscribes")

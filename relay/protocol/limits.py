@@ -42,6 +42,14 @@ class Limits:
     # machine may hold of a process that serves a whole zone.
     streams_per_host: int = 1_000
     connections_per_host: int = 100
+    # How fast new streams are taken (a token bucket; see relay.admission):
+    # about a fifth of what one process took of small wildcard streams here
+    # (2,000-2,800 a second), leaving room for larger answers and pushes.
+    new_streams_per_second: int = 500
+    new_streams_burst: int = 1_000
+    # REST polls and gRPC fetches: the resource sets one client host keeps
+    # subscribed at once (rest.lease after each poll).
+    leases_per_host: int = 100
     request_size: int = 16 * 1024 * 1024
     names_per_request: int = 100_000
     names_per_stream: int = 200_000

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -115,10 +115,13 @@ class Lease:
     encoding per change.
     """
 
-    __slots__ = ("_changed", "expires", "key", "refused", "rendered", "subscribed_at")
+    __slots__ = ("_changed", "expires", "host", "key", "refused", "rendered", "subscribed_at")
 
-    def __init__(self, key: LeaseKey, now: float, expires: float) -> None:
+    def __init__(self, key: LeaseKey, now: float, expires: float, host: str | None = None
+                 ) -> None:
         self.key = key
+        # the client host whose poll made it (its leases_per_host; None: none)
+        self.host = host
         self.subscribed_at = now
         self.expires = expires
         self.rendered: tuple[Hashable, bytes] | None = None
@@ -199,6 +202,7 @@ class Fetcher:
         # by key, the least recently renewed first: all leases last as long,
         # so this is also the order in which they expire
         self._leases: OrderedDict[LeaseKey, Lease] = OrderedDict()
+        self._per_host: Counter[str] = Counter()
         self._reaper: asyncio.Task[None] | None = None
 
     def lease_counts(self) -> dict[tuple[str, ...], int]:
@@ -333,18 +337,25 @@ class Fetcher:
             self._leases.move_to_end(key)
             return lease
         if lease is not None:  # what the origin refused is asked afresh (and refused)
-            del self._leases[key]
+            self._drop(lease)
             self._serving.index.remove(lease)
-        limit = self._serving.limits.streams
-        if len(self._leases) >= limit:
+        limits = self._serving.limits
+        if len(self._leases) >= limits.streams:
             return Limited("streams", f"the relay holds {len(self._leases)} polling "
                            f"subscriptions, its most (limits.streams); poll another replica")
-        lease = Lease(key, now, now + self.lease)
+        if host is not None and self._per_host[host] >= limits.leases_per_host:
+            return Limited("leases_per_host", (
+                f"{shown(host, 64)} keeps {self._per_host[host]} polled resource sets "
+                f"subscribed, the most one client host may (limits.leases_per_host); each "
+                f"lapses rest.lease after its last poll"))
+        lease = Lease(key, now, now + self.lease, host)
         try:
             self._serving.index.apply(lease, type_url, change, host)
         except LimitExceeded as error:  # the upstream demand's bounds: nothing was applied
             return Limited(error.limit, str(error))
         self._leases[key] = lease
+        if host is not None:
+            self._per_host[host] += 1
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.get_running_loop().create_task(self._expire(),
                                                                   name="fetch-leases")
@@ -358,7 +369,7 @@ class Fetcher:
             if first.expires > self._clock.now():
                 await wait_until(self._clock, never, first.expires)
                 continue
-            del self._leases[first.key]
+            self._drop(first)
             log.debug("fetch lease of %d %s names lapsed", len(first.key[2]),
                       short_name(first.type_url))
             # A lease of many names is forgotten in slices, as a stream's is.
@@ -373,6 +384,18 @@ class Fetcher:
         for lease in self._leases.values():
             self._serving.index.remove(lease)
         self._leases.clear()
+        self._per_host.clear()
+
+    def _drop(self, lease: Lease) -> None:
+        """Forget ``lease`` here (the index forgets it separately, maybe in slices)."""
+        del self._leases[lease.key]
+        host = lease.host
+        if host is not None:
+            left = self._per_host[host] - 1
+            if left > 0:
+                self._per_host[host] = left
+            else:
+                del self._per_host[host]
 
     async def aclose(self) -> None:
         """:meth:`close`, and wait for the reaper to end."""

@@ -7,6 +7,7 @@ pre-encoded resources (the serializer is the identity).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +21,9 @@ from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
 # The status message of streams refused or closed while the relay drains.
 DRAINING = "the relay is draining; connect to another replica"
+# ... of a stream past the rate new streams are taken at.
+NEW_STREAMS = ("the relay is taking new streams as fast as it may "
+               "(limits.new_streams_per_second); retry, or connect to another replica")
 
 
 def _identity(data: bytes) -> bytes:
@@ -41,6 +45,14 @@ def _stream_handler(serving: ServingContext, protocol: XdsProtocol,
             serving.metrics.downstream_limited.add(1, {"limit": limit})
             serving.warn_limited(peer, limit, "refusing stream from %s: %s", peer, message)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+        wait = serving.admission_wait(peer)
+        if wait is None:
+            limit = "new_streams_per_second"
+            serving.metrics.downstream_limited.add(1, {"limit": limit})
+            serving.warn_limited(peer, limit, "refusing stream from %s: %s", peer, NEW_STREAMS)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, NEW_STREAMS)
+        elif wait:
+            await asyncio.sleep(wait)
         identity = await serving.access.admit(context) if serving.access is not None else None
         stream = DownstreamStream(serving, protocol, peer, fixed_type_url, identity)
         await stream.serve(requests, context)

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 from envoy.config.core.v3 import base_pb2
 
+from relay.admission import TokenBucket
 from relay.authorization import PeerIdentity
 from relay.cache import ResourceCache
 from relay.demand import ORIGIN_REFUSED
@@ -73,6 +74,8 @@ class ServingContext:
     # streams, and connections with a stream, open per client host
     per_host: Counter[str] = field(default_factory=Counter)
     connections_per_host: Counter[str] = field(default_factory=Counter)
+    # how fast new streams are taken (None: as fast as they come)
+    admission: TokenBucket | None = None
     # lines about bad requests: at most one per kind and client host per interval
     refusal_log: RateLimitedLog = field(
         default_factory=lambda: RateLimitedLog(log, REFUSAL_LOG_INTERVAL, time.monotonic))
@@ -127,6 +130,14 @@ class ServingContext:
                 f"{shown(host, 64)} has {self.connections_per_host[host]} connections with "
                 f"streams open, the most one client host may (limits.connections_per_host)")
         return None
+
+    def admission_wait(self, peer: str) -> float | None:
+        """How long a new stream from ``peer`` waits for its turn (see
+        :class:`~relay.admission.TokenBucket`), or None: refused. A unix
+        socket's (the links of ``--workers``) never wait."""
+        if self.admission is None or client_host(peer) is None:
+            return 0.0
+        return self.admission.reserve()
 
     def join(self, stream: DownstreamStream) -> None:
         """``stream`` opened: count it (see :meth:`admission_error`)."""

@@ -54,10 +54,10 @@ def load(name: str, port: int = 1, do_not_cache: bool = False) -> CachedResource
     return resource
 
 
-def fetch(fetcher: Fetcher, *names: str, type_url: str = ENDPOINT
-          ) -> asyncio.Task[object]:
+def fetch(fetcher: Fetcher, *names: str, type_url: str = ENDPOINT,
+          peer: str = "ipv4:127.0.0.1:1") -> asyncio.Task[object]:
     request = SOTW(node={"id": "n"}, resource_names=list(names))
-    return asyncio.ensure_future(fetcher.fetch(request, type_url, "ipv4:127.0.0.1:1"))
+    return asyncio.ensure_future(fetcher.fetch(request, type_url, peer))
 
 
 async def until_waiting(clock: ManualClock) -> None:
@@ -207,6 +207,24 @@ async def test_leases_beyond_limits_streams_are_refused() -> None:
         "streams", "the relay holds 1 polling subscriptions, its most (limits.streams); "
                    "poll another replica")
     assert isinstance(await fetch(fetcher, "e1"), Served)  # its lease is held already
+
+
+async def test_leases_beyond_limits_leases_per_host_are_refused_that_host_only() -> None:
+    core, fetcher, _, clock = setup()
+    core.serving.limits = Limits(leases_per_host=2)
+    core.cache.apply(ENDPOINT, Update(upserts=[load("e1"), load("e2"), load("e3")]))
+    await fetch(fetcher, "e1")
+    await fetch(fetcher, "e2", peer="ipv4:127.0.0.1:2")  # another port, the same host
+    assert await fetch(fetcher, "e3") == Limited(
+        "leases_per_host", "ipv4:127.0.0.1 keeps 2 polled resource sets subscribed, the most "
+        "one client host may (limits.leases_per_host); each lapses rest.lease after its last "
+        "poll")
+    assert isinstance(await fetch(fetcher, "e1"), Served)  # its lease is held already
+    assert isinstance(await fetch(fetcher, "e3", peer="ipv4:10.0.0.9:1"), Served)
+    # Once a lease of the host lapses, it has room again.
+    await clock.advance(fetcher.lease + 1)
+    assert fetcher.leases() == []
+    assert isinstance(await fetch(fetcher, "e3"), Served)
 
 
 async def test_close_drops_every_lease() -> None:
