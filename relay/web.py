@@ -99,6 +99,9 @@ async def listen(handle: Callable[[web.BaseRequest], Awaitable[web.StreamRespons
         # aiohttp's own idle close, left as a backstop after the connection's own
         "keepalive_timeout": limits.idle_timeout + limits.header_timeout,
         "lingering_time": 0,  # an unread body closes the connection, rather than being read
+        # a body is taken as sent: no client makes the relay inflate one (a
+        # deflate bomb grows a thousandfold within a single read)
+        "auto_decompress": False,
     }
 
     def connection() -> _Connection:

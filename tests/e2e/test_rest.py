@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import logging
 import re
@@ -617,3 +618,32 @@ async def test_a_poller_expecting_100_continue_is_told_to_go_on() -> None:
         writer.close()
         assert status == b"HTTP/1.1 200 OK"
         assert [r["name"] for r in json.loads(answer)["resources"]] == ["a"]
+
+
+async def test_a_body_whose_chunks_break_off_is_408_after_body_timeout(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with rest_stack(rest="body_timeout: 200ms") as stack:
+        rest = stack.relay.rest
+        assert rest is not None
+        reader, writer = await connect(stack.relay.rest_port)
+        writer.write(post_head(None) + chunk(b"{"))
+        await eventually(lambda: rest.body_budget.held == 1)  # the body is being read
+        # aiohttp stops parsing and never ends this body: its timeout does
+        writer.write(b"not-a-chunk-size\r\n")
+        answer = await until_closed(reader)
+        writer.close()
+        assert rest.body_budget.held == 0
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info] == []
+
+
+async def test_a_compressed_body_is_not_inflated() -> None:
+    async with rest_stack() as stack:
+        reader, writer = await connect(stack.relay.rest_port)
+        bomb = gzip.compress(b'{"resourceNames": []}' + b" " * 50_000_000)  # 48 KiB
+        writer.write(post_head(len(bomb))[:-2] + b"Content-Encoding: gzip\r\n\r\n" + bomb)
+        status, body = await one_reply(reader)
+        writer.close()
+    assert status == b"HTTP/1.1 400 Bad Request"
+    assert body.startswith(b"the body is not JSON: ")
