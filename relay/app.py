@@ -27,7 +27,7 @@ from relay.logs import RateLimitedLog
 from relay.persistence.restore import Restored, restore
 from relay.persistence.stores import DirectoryStore, RedisStore, SnapshotStore, StoreError
 from relay.persistence.writer import SnapshotWriter
-from relay.protocol.limits import NUMBERED_LIMITS, Limits
+from relay.protocol.limits import LIMITED_REASONS, NUMBERED_LIMITS, Limits
 from relay.server.access import (
     REFUSAL_LOG_INTERVAL,
     REFUSAL_REASONS,
@@ -307,7 +307,7 @@ class Relay:
         write is then an increase, and a relay that never reached its origin
         says ``xds_relay_upstream_connected 0``."""
         metrics = self.metrics
-        for limit in NUMBERED_LIMITS:
+        for limit in LIMITED_REASONS:
             metrics.downstream_limited.add(0, {"limit": limit})
         for reason in REFUSAL_REASONS:
             metrics.downstream_refused.add(0, {"reason": reason})

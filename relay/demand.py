@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from relay.protocol.limits import LimitExceeded, shown
+from relay.protocol.limits import ORIGIN_REFUSED, LimitExceeded, shown
 from relay.xds_types import short_name
 
 __all__ = ["ORIGIN_REFUSED", "REFUSAL_COOLDOWN", "DemandLedger"]
@@ -32,8 +32,6 @@ __all__ = ["ORIGIN_REFUSED", "REFUSAL_COOLDOWN", "DemandLedger"]
 #: origin stream at once, short enough that an origin raising its limit is
 #: soon followed.
 REFUSAL_COOLDOWN = 60.0
-#: The ``limit`` of a subscription to a name the origin refused.
-ORIGIN_REFUSED = "origin"
 
 
 class DemandLedger:

@@ -15,8 +15,8 @@ from envoy.config.core.v3 import base_pb2
 
 from relay.protocol.outcome import ProtocolError
 
-__all__ = ["DEFAULT_LIMITS", "MAX_NACK_MESSAGE", "MAX_SHOWN", "NUMBERED_LIMITS",
-           "LimitExceeded", "Limits", "kept_node", "shown"]
+__all__ = ["DEFAULT_LIMITS", "LIMITED_REASONS", "MAX_NACK_MESSAGE", "MAX_SHOWN", "NUMBERED_LIMITS",
+           "ORIGIN_REFUSED", "LimitExceeded", "Limits", "kept_node", "shown"]
 
 #: The most characters of a client's text that a log line, /clients or CSDS shows.
 MAX_SHOWN = 256
@@ -68,6 +68,13 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 #: The limits that are numbers (a count or a size in bytes), by their key's last part.
 NUMBERED_LIMITS = tuple(f.name for f in fields(Limits) if isinstance(f.default, int))
+#: The ``limit`` of a subscription to a name the origin refused lately (see relay.demand).
+ORIGIN_REFUSED = "origin"
+#: What ``xds_relay_downstream_limited_streams_total{limit}`` counts: every
+#: numbered limit a client can pass (a burst size is not one), and the origin's
+#: refusals.
+LIMITED_REASONS = (*(name for name in NUMBERED_LIMITS if name != "new_streams_burst"),
+                   ORIGIN_REFUSED)
 
 
 def shown(text: str, limit: int = MAX_SHOWN) -> str:

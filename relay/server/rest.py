@@ -38,9 +38,8 @@ from relay.admin import Reply
 from relay.authorization import PeerIdentity
 from relay.config.models import ServerTLSConfig
 from relay.config.values import Address, format_size
-from relay.demand import ORIGIN_REFUSED
 from relay.http_limits import DEFAULT_HTTP_LIMITS, BodyBudget, BodyRefusal, HeldBody, HttpLimits
-from relay.protocol.limits import MAX_NACK_MESSAGE, shown
+from relay.protocol.limits import MAX_NACK_MESSAGE, ORIGIN_REFUSED, shown
 from relay.protocol.sotw import SotwResponsePlan
 from relay.redaction import message_class
 from relay.server.fetch import Denied, Fetcher, FetchOutcome, Invalid, Limited, Served

@@ -26,11 +26,10 @@ from envoy.config.core.v3 import base_pb2
 from relay.admission import TokenBucket
 from relay.authorization import PeerIdentity
 from relay.cache import ResourceCache
-from relay.demand import ORIGIN_REFUSED
 from relay.interest import InterestIndex
 from relay.logs import RateLimitedLog
 from relay.protocol.delta import split_request
-from relay.protocol.limits import DEFAULT_LIMITS, LimitExceeded, Limits, shown
+from relay.protocol.limits import DEFAULT_LIMITS, ORIGIN_REFUSED, LimitExceeded, Limits, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.session import Plan, Request, Session, XdsProtocol
 from relay.protocol.snapshot import SessionSnapshot
