@@ -256,7 +256,8 @@ class Relay:
         self.rest_port = 0
 
     def _apply_limits(self) -> None:
-        """What ``limits.*`` and ``server.extra_type_urls`` ask of every stream."""
+        """What ``limits.*``, ``server.extra_type_urls`` and
+        ``server.max_response_size`` ask of every stream."""
         limits = self.config.limits
         serving = self.serving
         serving.limits = Limits(
@@ -268,6 +269,9 @@ class Relay:
                                         limits.new_streams_burst, time.monotonic)
         serving.refusal_log = RateLimitedLog(logging.getLogger("relay.downstream"),
                                              REFUSAL_LOG_INTERVAL, self.clock.now)
+        # Clients keep gRPC's receive limit; the hub's workers take any size.
+        serving.max_response_size = None if self._private else \
+            self.config.server.max_response_size
 
     def _observe_state(self) -> None:
         """Gauges counted from the relay's state when metrics are collected."""

@@ -18,6 +18,7 @@ server:
   drain_period: 10s             # on SIGTERM, close client streams spread over this long
   max_connection_age: 30m       # retire client connections (GOAWAY, ±10 %): the fleet rebalances
   max_connection_age_grace: 10s # then streams still open end with UNAVAILABLE; 0 above: never
+  max_response_size: 4MiB       # larger answers go over several (not SotW listeners, clusters)
   workers: 1                    # >1: that many processes serve clients on address, fed by one
                                 # that follows the origin (see README, "Beyond one core")
   keepalive: {time: 30s, timeout: 10s}  # a client that froze or vanished is freed in time + timeout

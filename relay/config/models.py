@@ -52,6 +52,7 @@ from relay.config.values import (
 )
 from relay.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
 from relay.protocol.limits import DEFAULT_LIMITS
+from relay.protocol.sizing import DEFAULT_MAX_RESPONSE_SIZE
 
 #: server.max_connection_age and its grace, when not configured (istiod's age).
 DEFAULT_MAX_CONNECTION_AGE = 30 * 60.0
@@ -320,6 +321,12 @@ class ServerConfig(_Section):
         default=DEFAULT_MAX_CONNECTION_AGE_GRACE,
         description="how long a retired connection's streams may go on; then they end "
                     "with UNAVAILABLE and their clients reconnect at once")
+    max_response_size: ResponseSizeField = Field(
+        default=DEFAULT_MAX_RESPONSE_SIZE,
+        description="the largest response sent to a client (gRPC's default receive limit): "
+                    "more goes over several, each ACKed before the next; one resource "
+                    "larger goes alone; listeners and clusters over SotW (full-state) are "
+                    "one response whatever their size")
     workers: WorkerCountField = Field(
         default=1,
         description="processes serving clients on address (SO_REUSEPORT), fed over a local "

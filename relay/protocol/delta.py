@@ -4,7 +4,8 @@
 cache change notices, and answers :meth:`~DeltaSubscription.next_response`
 with what to send, or ``None``. It keeps at most one response in flight: while
 one is un-ACKed, changes pile up as a set of names (latest state wins, bounded
-by the subscription) and go out together once the client answers.
+by the subscription) and go out together once the client answers. What does
+not fit in one response (``max_size`` bytes) goes in the next, after the ACK.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import params_of
+from relay.encoding import field_size, text_size
 from relay.protocol.held import Declared, Held
 from relay.protocol.limits import MAX_NACK_MESSAGE, shown
 from relay.protocol.outcome import Nack, RequestOutcome
+from relay.protocol.sizing import ResponseBudget, cut_heartbeats
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.subscription import SubscriptionState
 from relay.protocol.view import NonceSource, ResourceView
@@ -197,8 +200,11 @@ class DeltaSubscription(SubscriptionState):
             bool(self._backlog) or
             bool(self._pending_heartbeats))
 
-    def next_response(self, view: ResourceView, nonces: NonceSource) -> DeltaResponsePlan | None:
-        """The response to send now, if any (none while one is in flight)."""
+    def next_response(self, view: ResourceView, nonces: NonceSource,
+                      max_size: int | None = None) -> DeltaResponsePlan | None:
+        """The response to send now, if any (none while one is in flight), of
+        at most ``max_size`` bytes unless one resource alone is larger: what
+        does not fit waits for the next response."""
         if not self.has_work() or not view.is_synced(self._type_url):
             return None
         candidates = self._take_candidates(
@@ -209,42 +215,67 @@ class DeltaSubscription(SubscriptionState):
         removed: dict[str, None] = {}  # subscribed by name and by alias: once
         removed_names: dict[tuple[str, str], discovery_pb2.ResourceName] = {}
         errors: list[discovery_pb2.ResourceError] = []
+        budget = ResponseBudget(max_size, self._type_url)
+        counted_errors = 0
+        full_at: str | None = None  # the first name the response had no room for
         held_now, unanswered = self._held, self._unanswered or _NOTHING
         resend = self._resend or _NOTHING
         for name, found in self._looked_up(view, candidates, errors):
+            if len(errors) > counted_errors:  # rare: passed on already, they go
+                for error in errors[counted_errors:]:
+                    budget.count(field_size(error.ByteSize()))
+                counted_errors = len(errors)
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
-                if resend:
-                    resend.discard(name)
-                held = held_now.pop(name, None)
+                held = held_now.get(name)
                 if held is not None and held.resource_name is not None:
-                    removed_names.setdefault((held.resource_name.name, held.variant_key or ""),
-                                             held.resource_name)
+                    key = (held.resource_name.name, held.variant_key or "")
+                    if key not in removed_names:
+                        if not budget.take(field_size(held.resource_name.ByteSize())):
+                            full_at = name
+                            break
+                        removed_names[key] = held.resource_name
                 elif held is not None or name in unanswered:
                     # A resource subscribed by alias went out under its own name.
-                    removed[(held.name or name) if held else name] = None
+                    gone = (held.name or name) if held else name
+                    if gone not in removed:
+                        if not budget.take(text_size(gone)):
+                            full_at = name
+                            break
+                        removed[gone] = None
+                if resend:
+                    resend.discard(name)
+                held_now.pop(name, None)
                 unanswered.discard(name)
                 continue
             assert isinstance(found, CachedResource)
             if found.do_not_cache and self._stale(found, name):
                 continue  # fetched before we asked: not ours to reuse
-            unanswered.discard(name)
             held = held_now.get(name)
             if held is None or not held.is_current(found) or name in resend:
-                if resend:
-                    resend.discard(name)
                 # Moving to another variant is one update, never remove-then-add.
                 if id(found) not in sending:
+                    if not budget.take(len(found.delta_entry)):
+                        full_at = name
+                        break
                     sending.add(id(found))
                     resources.append(found)
+                if resend:
+                    resend.discard(name)
                 held_now[name] = found
+            unanswered.discard(name)
 
+        if full_at is not None:
+            # The rest waits, in order, for the next response (after the ACK).
+            # ``full_at`` is at its first place among the candidates: a name
+            # seen earlier would have been sent or skipped there.
+            self._backlog = candidates[candidates.index(full_at):] + (self._backlog or [])
         if not self._resend:
             self._resend = None
         if not self._unanswered:
             self._unanswered = None
-        heartbeats = self._heartbeats_due(resources, view)
+        heartbeats = self._heartbeats_that_fit(resources, view, budget, full_at is not None)
         if not (resources or removed or removed_names or errors or heartbeats or
                 self._must_answer):
             return None
@@ -254,6 +285,17 @@ class DeltaSubscription(SubscriptionState):
         self._inflight = tuple((r.name, r.version) for r in resources)
         return DeltaResponsePlan(self._type_url, nonce, resources, list(removed),
                                  list(removed_names.values()), errors, heartbeats)
+
+    def _heartbeats_that_fit(self, resources: list[CachedResource], view: ResourceView,
+                             budget: ResponseBudget, full: bool) -> list[CachedResource]:
+        """The heartbeats due that fit in the response; the others stay due."""
+        due = self._pending_heartbeats
+        if full or not due:
+            return []  # (a full response leaves them all for the next)
+        heartbeats = self._heartbeats_due(resources, view)
+        self._pending_heartbeats = cut_heartbeats(
+            budget, heartbeats, lambda r: r.heartbeat_entry, due, resources)
+        return heartbeats
 
     # -- snapshot ----------------------------------------------------------
 

@@ -17,7 +17,9 @@ What the session decides on its own, beyond each type's protocol:
   nothing still points at a cluster when it disappears;
 * warming: after a SotW cluster push, the next endpoint request is answered
   even if it looks like a plain ACK (Envoy waits for it);
-* names the relay could not forward to its origin are refused.
+* names the relay could not forward to its origin are refused;
+* how large a response may be (``max_response_size``): what does not fit
+  goes in the next response of its type, after the client's ACK.
 """
 
 from __future__ import annotations
@@ -75,11 +77,15 @@ class Session:
     """The protocol state of one downstream stream (ADS, or one per-type service)."""
 
     def __init__(self, protocol: XdsProtocol, fixed_type_url: str | None = None,
-                 max_locator_size: int | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+                 max_locator_size: int | None = None, limits: Limits = DEFAULT_LIMITS,
+                 max_response_size: int | None = None) -> None:
         self.protocol: XdsProtocol = protocol
         self._fixed_type_url = fixed_type_url
         self._max_locator_size = max_locator_size
         self._limits = limits
+        # the most bytes a response takes (server.max_response_size; None: any,
+        # as a one-shot fetch, which has one response to give)
+        self._max_response_size = max_response_size
         self._node: base_pb2.Node | None = None
         # per type URL, the node's dynamic parameters (the latest node sent)
         self._node_params: dict[str, Params] = {}
@@ -313,7 +319,7 @@ class Session:
         responses: list[Plan] = []
         cluster_removals: list[Plan] = []
         for type_url, state in self._in_push_order:
-            plan = state.next_response(view, self._nonces)
+            plan = state.next_response(view, self._nonces, self._max_response_size)
             if plan is None:
                 continue
             if type_url == CLUSTER and isinstance(plan, DeltaResponsePlan) and \

@@ -3,10 +3,11 @@
 :class:`SotwSubscription` consumes ``DiscoveryRequest`` messages and cache
 change notices and says what ``DiscoveryResponse`` to send. Listeners and
 clusters always go out as the full subscribed set (absence means deletion);
-other types carry only what changed or was newly subscribed. ``version_info``
-is a digest of everything the client holds after the response, so it changes
-whenever any resource does and two replicas serving the same origin state
-report the same version.
+other types carry only what changed or was newly subscribed, over several
+responses (each ACKed before the next) where one would be too large.
+``version_info`` is a digest of everything the client holds after the
+response, so it changes whenever any resource does and two replicas serving
+the same origin state report the same version.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import Params, params_of
+from relay.encoding import field_size
 from relay.protocol.held import Held
 from relay.protocol.limits import MAX_NACK_MESSAGE, shown
 from relay.protocol.outcome import Nack, RequestOutcome
+from relay.protocol.sizing import ResponseBudget, cut_heartbeats
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.subscription import SubscriptionState
 from relay.protocol.view import NonceSource, ResourceView
@@ -216,13 +219,20 @@ class SotwSubscription(SubscriptionState):
             bool(self._backlog) or
             bool(self._pending_heartbeats))
 
-    def next_response(self, view: ResourceView, nonces: NonceSource) -> SotwResponsePlan | None:
-        """The response to send now, if any (none while one is in flight)."""
+    def next_response(self, view: ResourceView, nonces: NonceSource,
+                      max_size: int | None = None) -> SotwResponsePlan | None:
+        """The response to send now, if any (none while one is in flight).
+
+        A type that is not full-state keeps it to ``max_size`` bytes unless
+        one resource alone is larger: what does not fit waits for the next
+        response. A full-state type's response is the whole set, whatever
+        its size (absence would mean deletion).
+        """
         if not self.has_work() or not view.is_synced(self._type_url):
             return None
         if self._full_state:
             return self._full_state_response(view, nonces)
-        return self._changes_response(view, nonces)
+        return self._changes_response(view, nonces, max_size)
 
     def _subscribed(self, view: ResourceView) -> set[str]:
         names = set(self._names)
@@ -266,12 +276,19 @@ class SotwSubscription(SubscriptionState):
         self._held_sum = held_sum(new_held)
         return self._emit(resources, nonces, errors)
 
-    def _changes_response(self, view: ResourceView,
-                          nonces: NonceSource) -> SotwResponsePlan | None:
+    def _changes_response(self, view: ResourceView, nonces: NonceSource,
+                          max_size: int | None) -> SotwResponsePlan | None:
         candidates = self._take_candidates(view, lambda: self._names)
         resources: list[CachedResource] = []
         errors: list[discovery_pb2.ResourceError] = []
+        budget = ResponseBudget(max_size, self._type_url)
+        counted_errors = 0
+        full_at: str | None = None  # the first name the response had no room for
         for name, found in self._looked_up(view, candidates, errors):
+            if len(errors) > counted_errors:  # rare: passed on already, they go
+                for error in errors[counted_errors:]:
+                    budget.count(field_size(error.ByteSize()))
+                counted_errors = len(errors)
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
@@ -284,16 +301,47 @@ class SotwSubscription(SubscriptionState):
                 continue
             held = self._held.get(name)
             if held is None or not held.is_current(found):
+                if not budget.take(len(self._entry(found))):
+                    full_at = name
+                    break
                 resources.append(found)
                 if held is not None:
                     self._unhold(name)
                 self._held[name] = found
                 self._held_sum += held_term(name, found)
-        beats = self._heartbeats_due(resources, view)
+        if full_at is not None:
+            # The rest waits, in order, for the next response (after the ACK).
+            # ``full_at`` is at its first place among the candidates: a name
+            # seen earlier would have been sent or skipped there.
+            self._backlog = candidates[candidates.index(full_at):] + (self._backlog or [])
+        beats = self._heartbeats_that_fit(resources, view, budget, full_at is not None)
         if not resources and not errors and not beats and not self._must_answer:
             return None
         return self._emit(resources + beats, nonces, errors,
                           frozenset(r.name for r in beats))
+
+    def _heartbeats_that_fit(self, resources: list[CachedResource], view: ResourceView,
+                             budget: ResponseBudget, full: bool) -> list[CachedResource]:
+        """The heartbeats due that fit in the response; the others stay due."""
+        due = self._pending_heartbeats
+        if full or not due:
+            return []  # (a full response leaves them all for the next)
+        beats = self._heartbeats_due(resources, view)
+        self._pending_heartbeats = cut_heartbeats(
+            budget, beats, lambda r: r.sotw_heartbeat_entry, due, resources)
+        return beats
+
+    def _wraps(self, resource: CachedResource) -> bool:
+        """Whether ``resource`` goes wrapped in ``Resource``: subscribed with a
+        locator (its constraints travel with it), or with a TTL to a client
+        that takes them."""
+        return resource.name in self._locator_params or \
+            (self._wrap_ttl and resource.ttl_seconds is not None)
+
+    def _entry(self, resource: CachedResource) -> bytes:
+        """The encoded entry ``resource`` goes out as (as
+        :func:`relay.server.plans.encode_plan` chooses it)."""
+        return resource.sotw_wrapped_entry if self._wraps(resource) else resource.sotw_entry
 
     def _emit(self, resources: list[CachedResource], nonces: NonceSource,
               errors: list[discovery_pb2.ResourceError] | None = None,
@@ -304,8 +352,7 @@ class SotwSubscription(SubscriptionState):
         self._last_nonce = nonce
         self._inflight_nonce = nonce
         self._version_info = _version_text(self._held_sum)
-        wrapped = frozenset(r.name for r in resources if r.name in self._locator_params or
-                            (self._wrap_ttl and r.ttl_seconds is not None))
+        wrapped = frozenset(r.name for r in resources if self._wraps(r))
         return SotwResponsePlan(self._type_url, nonce, self._version_info, resources, wrapped,
                                 errors or [], heartbeats)
 

@@ -68,6 +68,8 @@ class ServingContext:
     access: Access | None = None
     # what clients may ask (limits.*)
     limits: Limits = DEFAULT_LIMITS
+    # the most bytes a response takes (server.max_response_size; None: any)
+    max_response_size: int | None = None
     # streams open per client connection (its peer address)
     per_connection: Counter[str] = field(default_factory=Counter)
     # streams, and connections with a stream, open per client host
@@ -262,7 +264,7 @@ class DownstreamStream:
         self.view: ClientView = serving.view if serving.access is None else \
             serving.access.client_view(serving.view, identity)
         self.session = Session(protocol, fixed_type_url, serving.max_locator_size,
-                               serving.limits)
+                               serving.limits, serving.max_response_size)
         # whether something may be due, and the writer's wait for it (an
         # asyncio.Event would do, with a deque per stream that is never used)
         self._woken = False

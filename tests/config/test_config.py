@@ -184,7 +184,7 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      upstream: {address: "a:1"}
      """, 3, "server.addr",
      "address, batch_window, drain_period, max_connection_age, max_connection_age_grace, "
-     "workers, keepalive, extra_type_urls, tls, authorization"),
+     "max_response_size, workers, keepalive, extra_type_urls, tls, authorization"),
     ("""
      node: {id: a}
      upstream:
@@ -380,6 +380,30 @@ def test_bad_workers(value: str, problem: str) -> None:
           workers: {value}
         """)
     assert str(err) == f"relay.yaml:4: server.workers: {problem}"
+
+
+# --------------------------------------------------------------------------- response size
+
+
+def test_responses_are_sized_for_grpc_default_receive_limit() -> None:
+    assert parse_config(MINIMAL).server.max_response_size == 4 * 1024 * 1024
+    assert parse_config(MINIMAL + "server: {max_response_size: 16MiB}\n"
+                        ).server.max_response_size == 16 * 1024 * 1024
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("1KiB", "must be at least 65536 bytes, got '1KiB'"),
+    ("3GiB", "must be at most 2GiB (gRPC's limit), got '3GiB'"),
+    ("big", "invalid size 'big': expected e.g. 65536, 64KiB, 4MiB or 2GiB"),
+])
+def test_bad_max_response_size(value: str, problem: str) -> None:
+    err = config_error(f"""
+        node: {{id: a}}
+        upstream: {{address: "a:1"}}
+        server:
+          max_response_size: {value}
+        """)
+    assert str(err) == f"relay.yaml:4: server.max_response_size: {problem}"
 
 
 # --------------------------------------------------------------------------- addresses

@@ -25,13 +25,16 @@ class FakeView:
         for name, version in versions.items():
             self.set(name, version)
 
-    def set(self, name: str, version: str, body: bytes = b"") -> None:
-        """Create or change ``name``; ``body`` stands for its content."""
+    def set(self, name: str, version: str, body: bytes = b"", ttl: int | None = None) -> None:
+        """Create or change ``name``; ``body`` stands for its content (its size
+        for the response's); ``ttl`` in seconds."""
         self._absent.discard(name)
         resource = discovery_pb2.Resource(name=name, version=version)
         if body:
             resource.resource.type_url = self.type_url
             resource.resource.value = body
+        if ttl is not None:
+            resource.ttl.seconds = ttl
         self._resources[name] = CachedResource(self.type_url, name, version, resource)
 
     def delete(self, name: str) -> None:
