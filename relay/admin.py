@@ -33,6 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from relay.cache import ResourceCache
 from relay.certificates import file_signature
 from relay.config import AdminConfig
+from relay.errors import RelayError
 from relay.logs import RateLimitedLog
 from relay.redaction import redacted
 from relay.server.access import REFUSAL_LOG_INTERVAL
@@ -70,7 +71,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class BadQuery(ValueError):
+class BadQuery(RelayError, ValueError):
     """A query the endpoint cannot answer (400); the message says what it takes."""
 
 

@@ -20,13 +20,15 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from relay.errors import RelayError
+
 log = logging.getLogger("relay.tls")
 
 __all__ = ["CertificateError", "KeyPair", "WatchedKeyPair", "file_signature", "load_ca",
            "load_key_pair"]
 
 
-class CertificateError(ValueError):
+class CertificateError(RelayError, ValueError):
     """Files that do not hold a usable certificate, key or CA; the message says why."""
 
 

@@ -53,6 +53,8 @@ from typing import Any, Literal, NamedTuple, TypeAlias, TypeVar
 
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.errors import RelayError
+
 __all__ = [
     "EMPTY_PARAMS",
     "UNCONSTRAINED",
@@ -133,7 +135,7 @@ def params_of(mapping: Mapping[str, str]) -> Params:
     return params
 
 
-class InvalidConstraints(ValueError):
+class InvalidConstraints(RelayError, ValueError):
     """A constraints message that cannot be evaluated; the message says what and where.
 
     For example ``"and_constraints[1].constraint: key 'env' has neither value
@@ -183,7 +185,7 @@ _TOP = _True("")  # the unset top-level message: UNCONSTRAINED
 _text = attrgetter("text")
 
 
-class _Malformed(Exception):
+class _Malformed(RelayError):
     """Raised inside the walk; each level adds its path segment on the way up.
 
     Building the path only on failure keeps the common (valid) walk free of

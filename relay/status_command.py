@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from relay.errors import RelayError
 from relay.server.status import NACKED, NOT_SENT, STALE, SYNCED
 from relay.xds_types import PER_TYPE_SERVICES, push_rank, short_name
 
@@ -62,7 +63,7 @@ _SYNC_LABELS = {SYNCED: "SYNCED", STALE: "STALE", NACKED: "NACKED", NOT_SENT: "N
 _NOTHING = "-"
 
 
-class StatusError(Exception):
+class StatusError(RelayError):
     """Why the relay could not be asked (the message is one line for stderr)."""
 
     def __init__(self, message: str, code: int = UNREACHABLE) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from relay.errors import RelayError
+
 __all__ = ["ConfigError", "format_error"]
 
 
@@ -14,7 +16,7 @@ def format_error(file: str, line: int | None, field: str, problem: str) -> str:
     return ": ".join(parts)
 
 
-class ConfigError(Exception):
+class ConfigError(RelayError):
     """An invalid or unreadable config.
 
     ``file``, ``line`` (1-based, ``None`` when unknown), ``field`` (dotted path

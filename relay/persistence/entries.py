@@ -27,6 +27,7 @@ from google.protobuf import message
 
 from relay.constraints import InvalidConstraints, compile_constraints
 from relay.encoding import varint
+from relay.errors import RelayError
 from relay.resource import CachedResource
 from relay.upstream.responses import resource_name_of
 
@@ -39,7 +40,7 @@ _RESOURCE_TAG = 0x12  # field 2, length-delimited: ``delta_entry``'s tag
 _EXPIRY = struct.Struct(">d")
 
 
-class CorruptEntry(ValueError):
+class CorruptEntry(RelayError, ValueError):
     """An entry that cannot be read; the message says why."""
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
+from relay.errors import RelayError
 from relay.persistence.entries import FORMAT
 
 #: Entries a Redis store reads per round trip when it loads a snapshot.
@@ -43,7 +44,7 @@ ENTRIES_PER_READ = 2_000
 ENTRIES_PER_WRITE = 2_000
 
 
-class StoreError(Exception):
+class StoreError(RelayError):
     """The store cannot be reached or refused the operation; the message says why."""
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from relay.errors import RelayError
 
-class ProtocolError(Exception):
+
+class ProtocolError(RelayError):
     """A request that breaks the protocol; the stream is ended with this message."""
 
 

@@ -19,6 +19,7 @@ from envoy.config.core.v3 import base_pb2
 
 from relay.authorization import EVERY_SECRET, Authorizer, PeerIdentity
 from relay.certificates import KeyPair, WatchedKeyPair
+from relay.errors import RelayError
 from relay.logs import RateLimitedLog
 from relay.protocol.view import CacheView, ClientView, ScopedView
 from relay.telemetry import Metrics
@@ -35,7 +36,7 @@ REFUSAL_LOG_INTERVAL = 10.0
 REFUSAL_REASONS = ("identity", "node_binding", "debug")
 
 
-class Refused(Exception):
+class Refused(RelayError):
     """A stream's Node broke ``server.authorization.node_binding``; the message says how."""
 
 

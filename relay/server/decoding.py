@@ -14,14 +14,16 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from relay.errors import RelayError
+
 __all__ = ["RequestTooLarge", "UndecodableRequest", "request_decoder"]
 
 
-class UndecodableRequest(Exception):
+class UndecodableRequest(RelayError):
     """Bytes that are not the request message the method takes."""
 
 
-class RequestTooLarge(Exception):
+class RequestTooLarge(RelayError):
     """A request over ``limits.request_size``."""
 
     limit = "request_size"

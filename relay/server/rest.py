@@ -38,6 +38,7 @@ from relay.admin import Reply
 from relay.authorization import PeerIdentity
 from relay.config.models import ServerTLSConfig
 from relay.config.values import Address, format_size
+from relay.errors import RelayError
 from relay.http_limits import DEFAULT_HTTP_LIMITS, BodyBudget, BodyRefusal, HeldBody, HttpLimits
 from relay.protocol.limits import MAX_NACK_MESSAGE, ORIGIN_REFUSED, shown
 from relay.protocol.sotw import SotwResponsePlan
@@ -86,11 +87,11 @@ DRAINING = "the relay is draining; poll another replica"
 _JSON = "application/json"
 
 
-class BadRequest(ValueError):
+class BadRequest(RelayError, ValueError):
     """A body that is not a JSON DiscoveryRequest (400); the message says why."""
 
 
-class Unrenderable(ValueError):
+class Unrenderable(RelayError, ValueError):
     """A response holding a type no installed module describes: no JSON for it."""
 
 

@@ -29,6 +29,7 @@ from google.protobuf import any_pb2
 
 from relay.cache import Missing, ResourceCache
 from relay.constraints import UNCONSTRAINED
+from relay.errors import RelayError
 from relay.protocol.snapshot import (
     ResourceState,
     ResourceStatus,
@@ -57,7 +58,7 @@ _STATUSES = {
 }
 
 
-class UnsupportedMatcher(ValueError):
+class UnsupportedMatcher(RelayError, ValueError):
     """A ``node_matchers`` entry this relay cannot evaluate."""
 
 

@@ -43,6 +43,7 @@ import yaml
 from google.protobuf import any_pb2, json_format, message
 
 from relay.cache import ResourceCache
+from relay.errors import RelayError
 from relay.resource import CachedResource
 from relay.telemetry import Metrics
 from relay.xds_types import PUSH_ORDER, TYPE_PREFIX, message_class, short_name
@@ -112,7 +113,7 @@ _Loader.yaml_implicit_resolvers = {
 }
 
 
-class _Bad(Exception):
+class _Bad(RelayError):
     """One problem in a file, raised while reading it and turned into a FileError."""
 
     def __init__(self, line: int | None, message: str) -> None:

@@ -19,9 +19,10 @@ from typing import Any
 import grpc
 
 from relay.encoding import MAX_MESSAGE_SIZE
+from relay.errors import RelayError
 
 
-class DialError(Exception):
+class DialError(RelayError):
     """A file the connection needs could not be read; the message says which and why."""
 
 

@@ -14,11 +14,12 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import message
 
 from relay.constraints import InvalidConstraints, compile_constraints
+from relay.errors import RelayError
 from relay.resource import CachedResource
 from relay.xds_types import message_class
 
 
-class UnusableResponse(Exception):
+class UnusableResponse(RelayError):
     """An origin response the relay must NACK; the message is the NACK's reason."""
 
 
