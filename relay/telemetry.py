@@ -31,6 +31,8 @@ SNAPSHOT_WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
                           2.5, 5.0, 10.0)
 # How often the loop's lag is sampled.
 LOOP_LAG_INTERVAL = 0.1
+#: ``metrics.otlp.interval`` when not configured: seconds between OTLP pushes.
+DEFAULT_OTLP_INTERVAL = 15.0
 
 
 class HotCounter:
@@ -221,7 +223,8 @@ async def watch_loop_lag(histogram: HotHistogram,
         histogram.record(max(0.0, loop.time() - due))
 
 
-def prometheus_provider(otlp_endpoint: str | None = None, otlp_interval: float = 15.0
+def prometheus_provider(otlp_endpoint: str | None = None,
+                        otlp_interval: float = DEFAULT_OTLP_INTERVAL
                         ) -> tuple[MeterProvider, CollectorRegistry]:
     """A meter provider whose readings a private Prometheus registry serves,
     and, with ``otlp_endpoint``, are also pushed there every ``otlp_interval``

@@ -53,6 +53,10 @@ from relay.config.values import (
 from relay.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
 from relay.protocol.limits import DEFAULT_LIMITS
 from relay.protocol.sizing import DEFAULT_MAX_RESPONSE_SIZE
+from relay.server.fetch import DEFAULT_LEASE, DEFAULT_WAIT
+from relay.sources.files import DEFAULT_POLL_INTERVAL
+from relay.telemetry import DEFAULT_OTLP_INTERVAL
+from relay.upstream.state import DEFAULT_MAX_REQUEST_SIZE, SETTLE_GRACE
 
 #: server.max_connection_age and its grace, when not configured (istiod's age).
 DEFAULT_MAX_CONNECTION_AGE = 30 * 60.0
@@ -425,7 +429,7 @@ class UpstreamConfig(_Section):
         default=None,
         description="a directory of YAML/JSON resource files to serve instead of an origin's")
     poll_interval: PositiveDurationField = Field(
-        default=1.0, description="how often the files directory is rescanned")
+        default=DEFAULT_POLL_INTERVAL, description="how often the files directory is rescanned")
     backoff: BackoffConfig = BackoffConfig()
     linger: DurationField = Field(
         default=DEFAULT_LINGER,
@@ -433,7 +437,7 @@ class UpstreamConfig(_Section):
                     "client that reconnects within it (its connection retired for its age, "
                     "its replica gone) costs the origin nothing")
     answer_grace: DurationField = Field(
-        default=0.5,
+        default=SETTLE_GRACE,
         description="a response this soon after a subscription may have crossed it on the "
                     "wire and is not taken as its answer; clients matching no variant are "
                     "told after this long")
@@ -455,7 +459,7 @@ class UpstreamConfig(_Section):
         description="the largest origin response accepted (istiod's CDS can be many MB); "
                     "2GiB is gRPC's limit")
     max_request_size: RequestSizeField = Field(
-        default=1024 * 1024,
+        default=DEFAULT_MAX_REQUEST_SIZE,
         description="requests to the origin are split to stay under this (a gRPC server "
                     "refuses messages over 4 MiB unless configured otherwise)")
     initial_versions: Literal["auto", "honoured", "ignored"] = Field(
@@ -535,11 +539,11 @@ class RestConfig(_Section):
         description="where REST pollers POST a JSON DiscoveryRequest (HTTP/1.1; HTTPS with "
                     "server.tls); unset: no REST listener")
     lease: PositiveDurationField = Field(
-        default=60.0,
+        default=DEFAULT_LEASE,
         description="keep a poll's resources subscribed on the origin this long after the "
                     "last poll of the same set; longer than the pollers' refresh_delay")
     wait: DurationField = Field(
-        default=0.5,
+        default=DEFAULT_WAIT,
         description="how long a poll of resources not yet cached waits for the origin before "
                     "503; below Envoy's request_timeout (1s by default)")
     header_timeout: PositiveDurationField = Field(
@@ -611,7 +615,7 @@ class OtlpConfig(_Section):
         description="the collector's metrics URL, e.g. http://otel-collector:4318/v1/metrics "
                     "(a URL without a path gets /v1/metrics); required to push over OTLP")
     interval: PositiveDurationField = Field(
-        default=15.0, description="how often metrics are pushed")
+        default=DEFAULT_OTLP_INTERVAL, description="how often metrics are pushed")
 
     @field_validator("endpoint")
     @classmethod

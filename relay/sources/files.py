@@ -53,6 +53,8 @@ log = logging.getLogger("relay.sources.files")
 
 #: File name endings the source reads; anything else in the directory is ignored.
 SUFFIXES = frozenset({".yaml", ".yml", ".json"})
+#: ``upstream.poll_interval`` when not configured: seconds between rescans.
+DEFAULT_POLL_INTERVAL = 1.0
 
 # Keys a ``DiscoveryResponse``-shaped file may have next to ``resources``. Their
 # values are ignored: versions come from content, the type from each "@type".
@@ -372,7 +374,8 @@ class FileSource:
     for a name no file defines are told it does not exist.
     """
 
-    def __init__(self, directory: Path, cache: ResourceCache, poll_interval: float = 1.0,
+    def __init__(self, directory: Path, cache: ResourceCache,
+                 poll_interval: float = DEFAULT_POLL_INTERVAL,
                  metrics: Metrics | None = None) -> None:
         self.directory = Path(directory)
         self.cache = cache
