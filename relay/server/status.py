@@ -18,7 +18,8 @@ of a type shares the fate of the latest response of that type.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from envoy.admin.v3 import config_dump_shared_pb2
@@ -223,51 +224,78 @@ def type_sync(state: TypeSnapshot, cache: ResourceCache) -> tuple[str, dict[str,
     statuses; it does not compare with the cache.
     """
     unsynced: dict[str, Any] = {}
-    nacked = not_sent = False
-    stale = state.in_flight is not None
+    sync = _Sync(stale=state.in_flight is not None)
     seen: set[str] = set()
     for resource in state.resources:
         subscribed_as = resource.subscribed_as or resource.name
         seen.add(subscribed_as)
         known, cached = _cached_version(cache, state.type_url, subscribed_as,
                                         resource.variant_key)
-        status = resource.status
-        if status is ResourceStatus.ACKED and (not known or cached == resource.version):
+        if resource.status is ResourceStatus.ACKED and (not known or cached == resource.version):
             continue
-        entry: dict[str, Any] = {"status": status.value}
-        if resource.version:
-            entry["version"] = resource.version
-        if known and cached != (resource.version or None):
-            entry["cached_version"] = cached
-        if resource.name != subscribed_as:
-            entry["name"] = resource.name
-        if status is ResourceStatus.RECEIVED_ERROR:
-            entry["error"] = resource.message
-        unsynced[subscribed_as] = entry
-        if status is ResourceStatus.NACKED:
-            nacked = True
-        elif status in (ResourceStatus.ACKED, ResourceStatus.SENT):
-            stale = True
-        elif status is ResourceStatus.DOES_NOT_EXIST:
-            stale = stale or cached is not None
-        elif status is ResourceStatus.REQUESTED:
-            not_sent = not_sent or cached is not None
+        unsynced[subscribed_as] = _unsynced_entry(resource, subscribed_as, known, cached)
+        sync.count(resource.status, cached)
     if state.wildcard:
-        # A wildcard subscribes to every name of the type: the cached ones not
-        # in the snapshot are not sent yet.
-        for name in cache.names(state.type_url):
-            if name in seen:
-                continue
-            known, cached = _cached_version(cache, state.type_url, name, None)
-            if known and cached is not None:
-                unsynced[name] = {"status": ResourceStatus.REQUESTED.value,
-                                  "cached_version": cached}
-                not_sent = True
-    if nacked:
-        return NACKED, unsynced
-    if stale:
-        return STALE, unsynced
-    return (NOT_SENT if not_sent else SYNCED), unsynced
+        for name, cached in _cached_not_held(cache, state.type_url, seen):
+            unsynced[name] = {"status": ResourceStatus.REQUESTED.value, "cached_version": cached}
+            sync.count(ResourceStatus.REQUESTED, cached)
+    return sync.verdict(), unsynced
+
+
+@dataclass
+class _Sync:
+    """What the unsynced resources of one type found so far, folded into its ``sync``."""
+
+    stale: bool
+    nacked: bool = False
+    not_sent: bool = False
+
+    def count(self, status: ResourceStatus, cached: str | None) -> None:
+        """Fold in one unsynced resource: its status, and the cache's version of
+        it (None: the cache has none)."""
+        if status is ResourceStatus.NACKED:
+            self.nacked = True
+        elif status in (ResourceStatus.ACKED, ResourceStatus.SENT):
+            self.stale = True
+        elif status is ResourceStatus.DOES_NOT_EXIST:
+            self.stale = self.stale or cached is not None
+        elif status is ResourceStatus.REQUESTED:
+            self.not_sent = self.not_sent or cached is not None
+
+    def verdict(self) -> str:
+        """The type's ``sync``: the worst that holds."""
+        if self.nacked:
+            return NACKED
+        if self.stale:
+            return STALE
+        return NOT_SENT if self.not_sent else SYNCED
+
+
+def _unsynced_entry(resource: ResourceState, subscribed_as: str, known: bool,
+                    cached: str | None) -> dict[str, Any]:
+    """What ``unsynced`` shows of one resource (see :func:`type_sync`)."""
+    entry: dict[str, Any] = {"status": resource.status.value}
+    if resource.version:
+        entry["version"] = resource.version
+    if known and cached != (resource.version or None):
+        entry["cached_version"] = cached
+    if resource.name != subscribed_as:
+        entry["name"] = resource.name
+    if resource.status is ResourceStatus.RECEIVED_ERROR:
+        entry["error"] = resource.message
+    return entry
+
+
+def _cached_not_held(cache: ResourceCache, type_url: str,
+                     seen: set[str]) -> Iterator[tuple[str, str]]:
+    """The names of a type the cache has (unconstrained) and the snapshot does
+    not, with their versions: what a wildcard subscription was not sent yet."""
+    for name in cache.names(type_url):
+        if name in seen:
+            continue
+        known, cached = _cached_version(cache, type_url, name, None)
+        if known and cached is not None:
+            yield name, cached
 
 
 def _cached_version(cache: ResourceCache, type_url: str, name: str,
