@@ -8,6 +8,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeAlias
 
 from relay.config import ConfigError, RelayConfig, config_keys, load_config
 from relay.logs import configure_logging
@@ -40,7 +41,19 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xds-relay", description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run(commands)
+    _add_validate(commands)
+    _add_keys(commands)
+    _add_demo(commands)
+    _add_status(commands)
+    return parser
 
+
+# what ``add_subparsers`` returns: each command below adds its parser to it
+_Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _add_run(commands: _Commands) -> None:
     run = commands.add_parser(
         "run", help="run one relay from a config file",
         description="Run one relay. It serves xDS on server.address, follows the origin at "
@@ -63,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
                           "clients on server.address, fed over a local socket by one more "
                           "that follows the origin and serves admin (1: a single process)")
 
+
+def _add_validate(commands: _Commands) -> None:
     validate = commands.add_parser(
         "validate", help="check a config file and exit",
         description="Check a config file. Prints 'ok' and exits 0 when it is valid; otherwise "
@@ -70,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("--config", "-c", required=True, type=Path, metavar="FILE",
                           help="the YAML config to check")
 
+
+def _add_keys(commands: _Commands) -> None:
     commands.add_parser(
         "keys", help="list every config key with its default and what it does",
         description="Print every config key, one per line, with its default and what it "
@@ -77,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
                     "config must set and '(none)' one left unset by default; durations and "
                     "sizes are written as in the config (5ms, 10s, 1MiB).")
 
+
+def _add_demo(commands: _Commands) -> None:
     demo = commands.add_parser(
         "demo", help="run an origin and a relay on this machine, and show a client served",
         description="Start a local stack with no external dependency: an origin serving the "
@@ -91,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--once", action="store_true",
                       help="exit after showing the client served (for scripts and tests)")
 
+
+def _add_status(commands: _Commands) -> None:
     from relay.status_command import DEFAULT_ADMIN, EXIT_CODES
 
     status = commands.add_parser(
@@ -116,7 +137,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="exit non-zero unless every client listed is synced in every "
                              "type: 4 when one NACKed, 5 when one is stale or not sent (see "
                              "below)")
-    return parser
 
 
 def _seconds(text: str) -> float:
