@@ -11,9 +11,9 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 from envoy.service.discovery.v3 import discovery_pb2
-from google.protobuf import message
+from google.protobuf import any_pb2, message
 
-from relay.constraints import InvalidConstraints, compile_constraints
+from relay.constraints import Constraints, InvalidConstraints, compile_constraints
 from relay.errors import RelayError
 from relay.resource import CachedResource
 from relay.xds_types import message_class
@@ -66,11 +66,7 @@ def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
     so a caller with other work to do (an event loop) lets it run between
     steps. The response is used only once all of it is checked.
     """
-    type_url = response.type_url
-    if not type_url:
-        raise UnusableResponse("response has no type_url")
-    if not response.nonce:
-        raise UnusableResponse("response has no nonce")
+    type_url = _checked_type_url(response)
     body_class = message_class(type_url)
     seen: set[tuple[str, str]] = set()
     upserts: list[CachedResource] = []
@@ -81,13 +77,9 @@ def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
         name = resource_name_of(resource)
         if not name:
             raise UnusableResponse("a resource has no name")
-        try:
-            # An unset field reads as an empty message: unconstrained, like a plain name.
-            constraints = compile_constraints(resource.resource_name.dynamic_parameter_constraints)
-        except InvalidConstraints as error:
-            raise UnusableResponse(
-                f"resource {name!r} has invalid dynamic parameter constraints: "
-                f"{error}") from None
+        # An unset field reads as an empty message: unconstrained, like a plain name.
+        constraints = _compiled(resource.resource_name.dynamic_parameter_constraints,
+                                f"resource {name!r}")
         key = (name, constraints.key)
         if key in seen:
             raise UnusableResponse(f"resource {name!r} appears more than once")
@@ -95,35 +87,59 @@ def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
         if not resource.HasField("resource"):
             heartbeats.append((name, constraints.key, resource.version))
             continue  # a heartbeat: nothing changes, the TTL restarts
-        body = resource.resource
-        if body.type_url != type_url:
-            raise UnusableResponse(
-                f"resource {name!r} has type {body.type_url!r} in a response for "
-                f"{type_url!r}")
-        if body_class is not None:
-            try:
-                body_class.FromString(body.value)
-            except message.DecodeError as error:
-                raise UnusableResponse(
-                    f"resource {name!r} cannot be decoded as {type_url}: {error}") from None
+        _check_body(name, resource.resource, type_url, body_class)
         upserts.append(CachedResource.from_origin(type_url, name, resource, constraints))
-    removed_variants = []
-    for removed in response.removed_resource_names:
+    removed_variants = _removed_variants(response)
+    _check_resource_errors(response)
+    return ParsedResponse(upserts, removed_variants, heartbeats)
+
+
+def _checked_type_url(response: discovery_pb2.DeltaDiscoveryResponse) -> str:
+    """The response's type URL, once it has one and a nonce."""
+    if not response.type_url:
+        raise UnusableResponse("response has no type_url")
+    if not response.nonce:
+        raise UnusableResponse("response has no nonce")
+    type_url: str = response.type_url
+    return type_url
+
+
+def _compiled(msg: discovery_pb2.DynamicParameterConstraints, what: str) -> Constraints:
+    """The constraints of ``what`` (a resource, a removal, an error), or why not."""
+    try:
+        return compile_constraints(msg)
+    except InvalidConstraints as error:
+        raise UnusableResponse(
+            f"{what} has invalid dynamic parameter constraints: {error}") from None
+
+
+def _check_body(name: str, body: any_pb2.Any, type_url: str,
+                body_class: type[message.Message] | None) -> None:
+    """Raise unless a resource's body is of the response's type and decodes as
+    it (when this process knows that type)."""
+    if body.type_url != type_url:
+        raise UnusableResponse(
+            f"resource {name!r} has type {body.type_url!r} in a response for {type_url!r}")
+    if body_class is not None:
         try:
-            constraints = compile_constraints(removed.dynamic_parameter_constraints)
-        except InvalidConstraints as error:
+            body_class.FromString(body.value)
+        except message.DecodeError as error:
             raise UnusableResponse(
-                f"removed resource {removed.name!r} has invalid dynamic parameter "
-                f"constraints: {error}") from None
-        removed_variants.append((removed.name, constraints.key))
+                f"resource {name!r} cannot be decoded as {type_url}: {error}") from None
+
+
+def _removed_variants(response: discovery_pb2.DeltaDiscoveryResponse) -> list[tuple[str, str]]:
+    """What the response removes: (name, variant key) per removed resource."""
+    return [(removed.name, _compiled(removed.dynamic_parameter_constraints,
+                                     f"removed resource {removed.name!r}").key)
+            for removed in response.removed_resource_names]
+
+
+def _check_resource_errors(response: discovery_pb2.DeltaDiscoveryResponse) -> None:
+    """Raise unless each resource error names a resource, with valid constraints."""
     for failed in response.resource_errors:
         failed_name = failed.resource_name
         if not failed_name.name:
             raise UnusableResponse("a resource error names no resource")
-        try:
-            compile_constraints(failed_name.dynamic_parameter_constraints)
-        except InvalidConstraints as error:
-            raise UnusableResponse(
-                f"resource error for {failed_name.name!r} has invalid dynamic parameter "
-                f"constraints: {error}") from None
-    return ParsedResponse(upserts, removed_variants, heartbeats)
+        _compiled(failed_name.dynamic_parameter_constraints,
+                  f"resource error for {failed_name.name!r}")
