@@ -289,38 +289,49 @@ def _parse_resource(item: Any, node: yaml.Node | None = None) -> CachedResource:
 
 def _parse_file(path: Path) -> _FileResult:
     """Read one resource file. Any error makes the whole file unusable."""
+    try:
+        documents = _documents(path, _read_text(path))
+    except _Bad as bad:
+        return _FileResult(errors=(FileError(path, bad.line, bad.message),))
+    return _file_resources(path, documents)
 
-    def failed(line: int | None, problem: str) -> _FileResult:
-        return _FileResult(errors=(FileError(path, line, problem),))
 
+def _read_text(path: Path) -> str:
+    """A file's text; raises ``_Bad`` when it cannot be read or is not UTF-8."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        return failed(None, f"cannot read: {exc.strerror or exc}")
+        raise _Bad(None, f"cannot read: {exc.strerror or exc}") from None
     try:
-        text = raw.decode("utf-8-sig")  # tolerate a BOM, as editors on Windows write one
+        return raw.decode("utf-8-sig")  # tolerate a BOM, as editors on Windows write one
     except UnicodeDecodeError as exc:
-        return failed(None, f"not UTF-8 text (byte {exc.start}: {exc.reason})")
+        raise _Bad(None, f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
 
-    documents: list[tuple[yaml.Node | None, Any]]
+
+def _documents(path: Path, text: str) -> list[tuple[yaml.Node | None, Any]]:
+    """The documents of a file's text, JSON or YAML by its suffix, each with its
+    node tree (None for JSON); raises ``_Bad`` when the text does not parse."""
     if path.suffix.lower() == ".json":
         try:
-            documents = [(None, json.loads(text, object_pairs_hook=_json_object))] \
+            return [(None, json.loads(text, object_pairs_hook=_json_object))] \
                 if text.strip() else []
         except json.JSONDecodeError as exc:
-            return failed(exc.lineno, f"invalid JSON: {exc.msg}")
+            raise _Bad(exc.lineno, f"invalid JSON: {exc.msg}") from None
         except ValueError as exc:  # a duplicate key
-            return failed(None, f"invalid JSON: {exc}")
-    else:
-        try:
-            documents = list(_yaml_documents(text))
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            return failed(mark.line + 1 if mark is not None else None,
-                          f"invalid YAML: {exc.problem or exc.context}")
-        except yaml.YAMLError as exc:
-            return failed(None, f"invalid YAML: {exc}")
+            raise _Bad(None, f"invalid JSON: {exc}") from None
+    try:
+        return list(_yaml_documents(text))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise _Bad(mark.line + 1 if mark is not None else None,
+                   f"invalid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise _Bad(None, f"invalid YAML: {exc}") from None
 
+
+def _file_resources(path: Path, documents: list[tuple[yaml.Node | None, Any]]) -> _FileResult:
+    """The resources of a file's documents, or every problem found in them
+    (a resource that does not parse, a name given twice)."""
     resources: list[_Parsed] = []
     errors: list[FileError] = []
     first_line: dict[_Key, int | None] = {}
@@ -477,18 +488,47 @@ class FileSource:
         """Settle duplicates between files, then push every type into the cache."""
         bad: dict[Path, list[FileError]] = {
             path: list(result.errors) for path, result in results.items() if result.errors}
+        keeper = self._settle_duplicates(scanned, results, bad)
+        # A file falling back to its old content only holds names it held
+        # before, so keeper[] never drops anything; it guards against serving
+        # two resources under one name all the same.
+        served = {path: kept for path in scanned
+                  if (kept := tuple(p for p in self._contribution(path, results, bad)
+                                    if keeper[p.key] == path))}
+        errors = tuple(sorted((e for errs in bad.values() for e in errs),
+                              key=lambda e: (e.path, e.line or 0, e.message)))
+        previous_scan = self._loaded or {}
+        self._report(errors, previous=set(self._errors),
+                     reread={path for path in scanned if scanned[path] != previous_scan.get(path)})
+        total, changed = self._push(served)
+
+        first = self._loaded is None and not self._served
+        self._served = served
+        self._errors = errors
+        self._loaded = scanned
+        if changed or first:
+            log.info("loaded %d resources from %d files in %s (%d changed, %d errors)",
+                     total, len(scanned), self.directory, changed, len(errors))
+        return list(errors)
+
+    def _contribution(self, path: Path, results: dict[Path, _FileResult],
+                      bad: dict[Path, list[FileError]]) -> tuple[_Parsed, ...]:
+        """What a file offers this load: what it now holds, or its last good
+        content while it is bad."""
+        return self._served.get(path, ()) if path in bad else results[path].resources
+
+    def _settle_duplicates(self, scanned: Signature, results: dict[Path, _FileResult],
+                           bad: dict[Path, list[FileError]]) -> dict[_Key, Path]:
+        """Which file keeps each name several files define. A file that loses
+        a name is added to ``bad`` with why (it falls back to its old content)."""
         # Who served each name before this load: that file keeps it.
         holder_before = {parsed.key: path for path, served in self._served.items()
                          for parsed in served}
-
-        def contribution(path: Path) -> tuple[_Parsed, ...]:
-            return self._served.get(path, ()) if path in bad else results[path].resources
-
         while True:
             keeper: dict[_Key, Path] = {}
             claims: dict[_Key, list[tuple[Path, _Parsed]]] = {}
             for path in scanned:
-                for parsed in contribution(path):
+                for parsed in self._contribution(path, results, bad):
                     claims.setdefault(parsed.key, []).append((path, parsed))
             to_holder: dict[Path, list[FileError]] = {}
             to_first: dict[Path, list[FileError]] = {}
@@ -508,20 +548,12 @@ class FileSource:
             # names that others newly claimed and would otherwise lose.
             newly_bad = to_holder or to_first
             if not newly_bad:
-                break
+                return keeper
             bad.update(newly_bad)
 
-        # A file falling back to its old content only holds names it held
-        # before, so keeper[] never drops anything; it guards against serving
-        # two resources under one name all the same.
-        served = {path: kept for path in scanned
-                  if (kept := tuple(p for p in contribution(path) if keeper[p.key] == path))}
-        errors = tuple(sorted((e for errs in bad.values() for e in errs),
-                              key=lambda e: (e.path, e.line or 0, e.message)))
-        previous_scan = self._loaded or {}
-        self._report(errors, previous=set(self._errors),
-                     reread={path for path in scanned if scanned[path] != previous_scan.get(path)})
-
+    def _push(self, served: dict[Path, tuple[_Parsed, ...]]) -> tuple[int, int]:
+        """Make ``served`` the whole state of every type ever served: how many
+        resources that is, and how many of them changed."""
         by_type: dict[str, list[CachedResource]] = {}
         for parsed_list in served.values():
             for parsed in parsed_list:
@@ -532,16 +564,7 @@ class FileSource:
         for type_url in (*PUSH_ORDER, *sorted(self._types_seen - set(PUSH_ORDER))):
             resources = sorted(by_type.get(type_url, ()), key=lambda r: r.name)
             changed += len(self.cache.replace_type(type_url, resources))
-
-        first = self._loaded is None and not self._served
-        self._served = served
-        self._errors = errors
-        self._loaded = scanned
-        if changed or first:
-            log.info("loaded %d resources from %d files in %s (%d changed, %d errors)",
-                     sum(len(v) for v in by_type.values()), len(scanned), self.directory,
-                     changed, len(errors))
-        return list(errors)
+        return sum(len(v) for v in by_type.values()), changed
 
     def _report(self, errors: Sequence[FileError], previous: set[FileError],
                 reread: set[Path]) -> None:
