@@ -101,6 +101,17 @@ class Metrics:
     """The relay's instruments."""
 
     def __init__(self, meter: Meter, registry: CollectorRegistry | None = None) -> None:
+        self._meter = meter
+        self._add_downstream(meter)
+        self._add_upstream(meter)
+        self._add_latencies(registry)
+        self.worker_restarts = meter.create_counter(
+            "xds_relay_worker_restarts",
+            description="Worker processes restarted after they exited (run --workers)")
+        self._add_snapshot(meter)
+
+    def _add_downstream(self, meter: Meter) -> None:
+        """What clients' streams do: connected, pushed to, ACKing, refused."""
         self.downstream_streams = meter.create_up_down_counter(
             "xds_relay_downstream_streams", description="Connected downstream xDS streams")
         self.downstream_pushes = HotCounter(
@@ -110,6 +121,10 @@ class Metrics:
             meter, "xds_relay_downstream_acks", "Downstream ACKs received", ("protocol", "type"))
         self.downstream_nacks = HotCounter(
             meter, "xds_relay_downstream_nacks", "Downstream NACKs received",
+            ("protocol", "type"))
+        self.downstream_coalesced = HotCounter(
+            meter, "xds_relay_downstream_coalesced_updates",
+            "Updates to a client superseded by a newer one before they were sent",
             ("protocol", "type"))
         self.downstream_rejected = meter.create_counter(
             "xds_relay_downstream_rejected_streams",
@@ -122,16 +137,23 @@ class Metrics:
             "xds_relay_downstream_limited_streams",
             description="Downstream streams refused or ended for going beyond a limit, by "
                         "limit (the limits.* key)")
+
+    def _add_upstream(self, meter: Meter) -> None:
+        """Where resources come from: the origin stream, and what it or the files sent."""
         self.upstream_connected = meter.create_up_down_counter(
             "xds_relay_upstream_connected", description="1 while the origin stream is up")
         self.upstream_reconnects = meter.create_counter(
             "xds_relay_upstream_reconnects", description="Origin streams opened after the first")
         self.upstream_responses = meter.create_counter(
             "xds_relay_upstream_responses", description="Origin responses by outcome")
-        self.downstream_coalesced = HotCounter(
-            meter, "xds_relay_downstream_coalesced_updates",
-            "Updates to a client superseded by a newer one before they were sent",
-            ("protocol", "type"))
+        self.variant_conflicts = meter.create_counter(
+            "xds_relay_variant_conflicts",
+            description="Lookups where several variants matched one client (an origin error)")
+        self.source_errors = meter.create_counter(
+            "xds_relay_source_errors", description="Unusable files or origin responses")
+
+    def _add_latencies(self, registry: CollectorRegistry | None) -> None:
+        """The histograms recorded on hot paths, served from ``registry`` (not pushed)."""
         self.push_latency = HotHistogram(
             "xds_relay_push_latency_seconds",
             "From receiving an origin update to sending it to a client, per pushed response",
@@ -143,14 +165,9 @@ class Metrics:
         if registry is not None:
             registry.register(self.push_latency)
             registry.register(self.loop_lag)
-        self.variant_conflicts = meter.create_counter(
-            "xds_relay_variant_conflicts",
-            description="Lookups where several variants matched one client (an origin error)")
-        self.source_errors = meter.create_counter(
-            "xds_relay_source_errors", description="Unusable files or origin responses")
-        self.worker_restarts = meter.create_counter(
-            "xds_relay_worker_restarts",
-            description="Worker processes restarted after they exited (run --workers)")
+
+    def _add_snapshot(self, meter: Meter) -> None:
+        """The persisted snapshot: writes, and what a start restored of it."""
         self.snapshot_writes = meter.create_counter(
             "xds_relay_snapshot_writes",
             description="Writes of the persisted snapshot, by outcome (ok, failed)")
@@ -165,8 +182,6 @@ class Metrics:
         self.snapshot_skipped = meter.create_counter(
             "xds_relay_snapshot_skipped",
             description="Snapshot entries not loaded, by reason (expired, corrupt, format)")
-
-        self._meter = meter
 
     def push(self, protocol: str, type_url: str) -> None:
         self.downstream_pushes.add(protocol, short_name(type_url))
