@@ -5,6 +5,10 @@ cache; the cache tells the interest index what changed; the index wakes the
 streams that hold those names. The only way back up is
 :class:`relay.interest.Upward`, which :meth:`Core.follow` connects to the
 upstream client: clients' interest changed, or names to fetch afresh.
+
+The relay's own words (answered, settle, linger, resync, reconcile, held,
+declared, lease, demand, upward, variant, scope, ...) are defined, each with
+where it lives, in ``docs/glossary.md``.
 """
 
 from __future__ import annotations
