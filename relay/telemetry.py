@@ -190,7 +190,7 @@ class Metrics:
                       downstream_counts: Callable[[], Mapping[tuple[str, ...], int]],
                       upstream_counts: Callable[[], Mapping[str, int]] | None) -> None:
         """The gauges read from the relay's state: ``cache_counts`` gives (names,
-        variants) per type URL, ``downstream_counts`` streams per (variant, short
+        variants) per type URL, ``downstream_counts`` streams per (protocol, short
         type), ``upstream_counts`` locators per type URL (None for a file source).
 
         They may be called from the OTLP exporter's thread: each takes a
