@@ -10,7 +10,10 @@ requests, each at most ``limit`` bytes.
 ``initial_resource_versions`` may only travel in the first request of a
 type on a stream; versions that do not fit there are left out, which costs
 the origin resending those resources and nothing else (see
-:mod:`relay.upstream.state` for how the relay reconciles after a reconnect).
+:mod:`relay.upstream.resync` for how the relay reconciles after a reconnect).
+
+:class:`RequestCutter` cuts every request of one stream: the node in its
+first, ACKs and NACKs, subscription changes split to size.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, TypeAlias
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
+from google.rpc import code_pb2, status_pb2
 
 from relay.constraints import Params
 from relay.encoding import locator_size, pair_size, text_size
@@ -37,6 +41,8 @@ Locators = Mapping[str, Iterable[Params]]
 # A downstream locator larger than the limit less this is refused (see
 # ``max_locator_size``), so that every locator fits in some request.
 REQUEST_OVERHEAD = 1024
+# A NACK's reason quotes names from the response; keep it readable and small.
+MAX_NACK_MESSAGE = 2048
 
 
 def max_locator_size(limit: int) -> int:
@@ -55,6 +61,11 @@ class SubscriptionChange:
     wildcard: bool | None = None
     initial_versions: Mapping[str, str] = field(default_factory=dict)
 
+    def is_empty(self) -> bool:
+        """Whether it asks nothing of the origin."""
+        return not (self.subscribe or self.unsubscribe or self.wildcard is not None
+                    or self.initial_versions)
+
 
 @dataclass
 class Split:
@@ -62,6 +73,47 @@ class Split:
 
     requests: list[Request]
     declared: dict[str, str]
+
+
+class RequestCutter:
+    """Every request of one stream to the origin: the node goes in the first.
+
+    One per origin; :meth:`new_stream` starts over for a new stream.
+    """
+
+    def __init__(self, node: base_pb2.Node, max_request_size: int) -> None:
+        self.node = node
+        self.max_request_size = max_request_size
+        self._node_sent = False
+
+    def new_stream(self) -> None:
+        self._node_sent = False
+
+    def ack(self, type_url: str, nonce: str) -> Request:
+        return self._reply(type_url, nonce)
+
+    def nack(self, type_url: str, nonce: str, reason: str) -> Request:
+        """A NACK with ``reason`` (shortened to :data:`MAX_NACK_MESSAGE`)."""
+        request = self._reply(type_url, nonce)
+        if len(reason) > MAX_NACK_MESSAGE:
+            reason = reason[:MAX_NACK_MESSAGE] + "..."
+        request.error_detail.CopyFrom(
+            status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=reason))
+        return request
+
+    def split(self, change: SubscriptionChange) -> Split:
+        """``change`` as requests the origin can read (see :func:`split_requests`)."""
+        split = split_requests(change, self.max_request_size,
+                               None if self._node_sent else self.node)
+        self._node_sent = True
+        return split
+
+    def _reply(self, type_url: str, nonce: str) -> Request:
+        request = discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=nonce)
+        if not self._node_sent:
+            request.node.CopyFrom(self.node)
+            self._node_sent = True
+        return request
 
 
 def split_requests(change: SubscriptionChange, limit: int,

@@ -1,0 +1,178 @@
+"""What must be confirmed after a reconnect, and what is gone once it is not.
+
+After a reconnect the cache may hold resources the origin deleted while the
+relay was away. An origin that honours ``initial_resource_versions`` says so
+with removals; one that ignores them (istiod) resends everything it has and
+says nothing of the rest. So each cached variant must be either *declared*
+to an origin that honours declarations, or confirmed on the new stream
+(resent, heartbeated or reported in error); ``grace`` after the origin's
+first response of the type, the rest is removed (the *reconcile*). Which
+kind the origin is comes from the ``initial_versions`` setting, or, with
+``auto``, from what it does: sending a resource without a version (it cannot
+compare versions), or resending one the relay declared it holds unchanged,
+shows that it ignores them. See "resync", "reconcile" and "declared" in
+``docs/glossary.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.cache import ResourceCache
+from relay.resource import CachedResource
+from relay.upstream.deadlines import Deadlines, ReconcileDue
+from relay.upstream.targets import subscribes
+from relay.xds_types import short_name
+
+log = logging.getLogger("relay.upstream")
+
+# What the origin does with initial_resource_versions (see the module docstring).
+InitialVersions = Literal["auto", "honoured", "ignored"]
+
+
+@dataclass
+class TypeResync:
+    """A type's cache as it stood when a new stream opened, until the origin confirms it."""
+
+    # (name, variant key) of every variant cached when the stream opened
+    cached: set[tuple[str, str]]
+    # initial_resource_versions sent, by name
+    declared: dict[str, str]
+    # names subscribed by name: an origin resends these whatever it was told
+    explicit: frozenset[str]
+    confirmed: set[tuple[str, str]] = field(default_factory=set)
+    # names the origin reported errors for: what is cached of them stays
+    erred: set[str] = field(default_factory=set)
+    # when the origin's first response of the type arrived on the stream
+    first_response_at: float | None = None
+
+    def reconcile_at(self, grace: float) -> float | None:
+        """When to reconcile: ``grace`` after the origin's first response, for
+        the rest of its answer (to a subscription split over several
+        requests) to arrive."""
+        return None if self.first_response_at is None else self.first_response_at + grace
+
+
+class Resync:
+    """Per type, what the current stream must confirm of the cache; and, per
+    type, whether the origin honours declarations."""
+
+    def __init__(self, cache: ResourceCache, grace: float, initial_versions: InitialVersions,
+                 deadlines: Deadlines) -> None:
+        self.cache = cache
+        self.grace = grace
+        self.initial_versions: InitialVersions = initial_versions
+        self._deadlines = deadlines
+        self._types: dict[str, TypeResync] = {}
+        # types whose origin showed that it ignores initial_resource_versions
+        self._ignores_declarations: set[str] = set()
+
+    def new_stream(self) -> None:
+        """A stream opened or closed: what the last one was to confirm is moot."""
+        self._types = {}
+
+    def declaration(self, type_url: str, subscribed: Collection[str], wildcard: bool
+                    ) -> tuple[dict[str, str], list[CachedResource]]:
+        """What a new stream subscribing ``subscribed`` (and the wildcard, if
+        ``wildcard``) declares of the cache: the versions of the names with
+        one variant, with a wildcard of every cached name; and what is cached
+        that it covers, the origin's to confirm (names a restored snapshot
+        holds that nobody wants are not)."""
+        initial = {}
+        for name in subscribed:
+            found = self.cache.variants(type_url, name)
+            if isinstance(found, Mapping) and len(found) == 1:
+                initial[name] = next(iter(found.values())).version
+        cached = [r for r in self.cache.resources(type_url)
+                  if wildcard or subscribes(self.cache, type_url, r.name, subscribed)]
+        if wildcard:
+            initial.update({r.name: r.version for r in cached
+                            if r.name not in initial and r.name not in subscribed})
+        return initial, cached
+
+    def begin(self, type_url: str, cached: Iterable[CachedResource], declared: dict[str, str],
+              explicit: frozenset[str]) -> None:
+        """The stream subscribed the type declaring ``declared``: ``cached`` awaits
+        confirmation."""
+        awaiting = {(r.name, r.variant_key) for r in cached}
+        if awaiting:
+            self._types[type_url] = TypeResync(awaiting, declared, explicit)
+
+    def drop(self, type_url: str) -> None:
+        """The type is no longer subscribed: nothing of it awaits confirmation."""
+        self._types.pop(type_url, None)
+
+    def on_response(self, type_url: str, now: float, upserts: list[CachedResource],
+                    heartbeats: Iterable[tuple[str, str, str]],
+                    errors: Iterable[discovery_pb2.ResourceError]) -> None:
+        """What a usable response of the type confirms (of what is subscribed)."""
+        self._learn_declarations(type_url, upserts)
+        resync = self._types.get(type_url)
+        if resync is None:
+            return
+        if resync.first_response_at is None:
+            resync.first_response_at = now
+            self._deadlines.add(ReconcileDue(type_url, now + self.grace))
+        resync.confirmed.update((r.name, r.variant_key) for r in upserts)
+        resync.confirmed.update((name, key) for name, key, _ in heartbeats)
+        resync.erred.update(e.resource_name.name for e in errors)
+
+    def reconcile(self, type_url: str, now: float) -> list[tuple[str, str]]:
+        """Once the reconcile is due: the variants cached before the reconnect
+        that the origin neither confirmed nor (to an origin that honours
+        them) was told of, as (name, variant key). Empty before it is due,
+        and after."""
+        resync = self._types.get(type_url)
+        due = None if resync is None else resync.reconcile_at(self.grace)
+        if resync is None or due is None or now < due:
+            return []
+        del self._types[type_url]
+        trusted = self.trusts_declarations(type_url)
+        gone = []
+        for name, key in resync.cached - resync.confirmed:
+            if name in resync.erred or (trusted and name in resync.declared):
+                continue
+            found = self.cache.variants(type_url, name)
+            if isinstance(found, Mapping) and key in found:
+                gone.append((name, key))
+        if gone:
+            log.info("origin no longer has %d %s resource(s) cached before the reconnect: "
+                     "removing them", len(gone), short_name(type_url))
+        return sorted(gone)
+
+    def due(self, now: float) -> dict[str, list[tuple[str, str]]]:
+        """Per type whose reconcile is due, what it removes (none left out)."""
+        gone = {type_url: self.reconcile(type_url, now) for type_url in list(self._types)}
+        return {type_url: variants for type_url, variants in gone.items() if variants}
+
+    def stands(self, deadline: ReconcileDue) -> bool:
+        resync = self._types.get(deadline.type_url)
+        return resync is not None and resync.reconcile_at(self.grace) == deadline.at
+
+    def trusts_declarations(self, type_url: str) -> bool:
+        """Whether the origin is taken to honour initial_resource_versions for this type."""
+        return self.initial_versions == "honoured" or (
+            self.initial_versions == "auto" and type_url not in self._ignores_declarations)
+
+    def _learn_declarations(self, type_url: str, resources: list[CachedResource]) -> None:
+        """With ``initial_versions: auto``, notice an origin that ignores them."""
+        if self.initial_versions != "auto" or type_url in self._ignores_declarations:
+            return
+        resync = self._types.get(type_url)
+        for resource in resources:
+            if resource.derived_version:
+                why = "it sends resources without a version"
+            elif resync is not None and resource.name not in resync.explicit and \
+                    resync.declared.get(resource.name) == resource.version:
+                why = f"it resent {resource.name!r}, declared unchanged"
+            else:
+                continue
+            self._ignores_declarations.add(type_url)
+            log.info("origin ignores initial_resource_versions for %s (%s): after a reconnect, "
+                     "what it does not resend is taken as removed", short_name(type_url), why)
+            return
