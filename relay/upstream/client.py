@@ -1,7 +1,10 @@
 """The gRPC loop around :class:`~relay.upstream.state.UpstreamState`.
 
 Opens the one ``DeltaAggregatedResources`` stream to the origin, sends what
-the state says, hands every response to it and writes back the ACK or NACK.
+the state says, parses every response (in steps, letting the event loop
+run), hands a usable one to the state and applies the outcome it returns:
+the ACK or NACK and any resubscription go out, the relay is synced once one
+is ACKed.
 When the stream breaks, the cache, and so every downstream client, keeps its
 resources, and the client reconnects:
 
@@ -33,8 +36,8 @@ from relay.telemetry import Metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.dial import Dialer, DialError
 from relay.upstream.requests import Request
-from relay.upstream.responses import ParsedResponse, UnusableResponse, parse_steps
-from relay.upstream.state import Demand, UpstreamState
+from relay.upstream.responses import Checked, ParsedResponse, parse_steps
+from relay.upstream.state import Acked, Demand, Nacked, ResponseOutcome, UpstreamState
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.upstream")
@@ -180,8 +183,8 @@ class UpstreamClient:
         try:
             while True:
                 started = self.clock.now()
-                answered = await self._one_stream()
-                if answered and self.clock.now() - started >= self.backoff.initial:
+                responded = await self._one_stream()
+                if responded and self.clock.now() - started >= self.backoff.initial:
                     log.info("reconnecting to origin %s now", self.target)
                     delay = 0.0
                 else:
@@ -199,7 +202,7 @@ class UpstreamClient:
     async def _one_stream(self) -> bool:
         """One attempt: dial, subscribe, serve until the stream ends.
 
-        Returns whether the origin answered on it (it was serving).
+        Returns whether the origin responded on it (it was serving).
         """
         try:
             channel = self.dialer.channel()
@@ -246,28 +249,24 @@ class UpstreamClient:
     async def _read(self, call: grpc.aio.StreamStreamCall,
                     outbox: asyncio.Queue[Request]) -> bool:
         """Hand responses to the state until the stream ends; whether any came."""
-        answered = False
+        responded = False
         try:
             while True:
                 response = await call.read()
                 if response is grpc.aio.EOF:
                     log.info("origin %s ended the stream", self.target)
-                    return answered
-                if not answered:
-                    # Only an answer proves the origin serves us: reset backoff now.
-                    answered = True
+                    return responded
+                if not responded:
+                    # Only a response proves the origin serves us: reset backoff now.
+                    responded = True
                     self.backoff.reset()
-                checked = await self._check(response)
-                replies = self.state.on_response(response, self.demand, self.clock.now(),
-                                                 checked)
-                if self.state.answered:
-                    self.synced_event.set()
-                outcome = "nack" if replies[0].HasField("error_detail") else "ack"
-                self.metrics.upstream_responses.add(
-                    1, {"type": short_name(response.type_url), "outcome": outcome})
-                for reply in replies:
-                    outbox.put_nowait(reply)
-                self._timer_changed.set()  # the response may have set a deadline
+                checked = await self._parse(response)
+                if isinstance(checked, ParsedResponse):
+                    outcome: ResponseOutcome = self.state.on_response(
+                        checked, self.demand, self.clock.now())
+                else:
+                    outcome = self.state.on_unusable(checked)
+                self._apply(response.type_url, outcome, outbox)
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 self._refused(error.details() or "")
@@ -276,7 +275,21 @@ class UpstreamClient:
                 if error.code() in _REFUSED else ""
             log.log(level, "origin stream to %s failed: %s %s%s", self.target,
                     error.code().name, error.details(), hint)
-            return answered
+            return responded
+
+    def _apply(self, type_url: str, outcome: ResponseOutcome,
+               outbox: asyncio.Queue[Request]) -> None:
+        """Send what a response's outcome says; an ACK means the relay is synced."""
+        match outcome:
+            case Acked():
+                self.synced_event.set()
+                label = "ack"
+            case Nacked():
+                label = "nack"
+        self.metrics.upstream_responses.add(1, {"type": short_name(type_url), "outcome": label})
+        for request in outcome.requests:
+            outbox.put_nowait(request)
+        self._timer_changed.set()  # the response may have set a deadline
 
     def _refused(self, details: str) -> None:
         """The origin ended the stream for asking too much (an origin with a
@@ -296,8 +309,7 @@ class UpstreamClient:
                     shown(details, 200), sum(map(len, suspects.values())), refused)
 
     @staticmethod
-    async def _check(response: discovery_pb2.DeltaDiscoveryResponse
-                     ) -> ParsedResponse | UnusableResponse:
+    async def _parse(response: discovery_pb2.DeltaDiscoveryResponse) -> Checked:
         """Parse a response in steps, letting the event loop run between them:
         a response of 10,000 resources holds up no client for long."""
         steps = parse_steps(response)
@@ -305,10 +317,8 @@ class UpstreamClient:
             try:
                 next(steps)
             except StopIteration as done:
-                parsed: ParsedResponse = done.value
-                return parsed
-            except UnusableResponse as error:
-                return error
+                checked: Checked = done.value
+                return checked
             await asyncio.sleep(0)
 
     async def _mark_connected(self, channel: grpc.aio.Channel) -> None:

@@ -1,8 +1,9 @@
 """Checking one origin response before anything of it is used.
 
-A response the relay cannot use entirely (a type mismatch, a duplicate
-name, an undecodable resource, malformed constraints) is NACKed with the
-reason :func:`parse_response` raises, and nothing of it reaches the cache.
+A response parses into either a :class:`ParsedResponse`, ready for the
+cache, or an :class:`Unusable`: one the relay cannot use entirely (a type
+mismatch, a duplicate name, an undecodable resource, malformed constraints),
+with the reason it is NACKed for; nothing of it reaches the cache.
 """
 
 from __future__ import annotations
@@ -20,18 +21,37 @@ from relay.xds_types import message_class
 
 
 class UnusableResponse(RelayError):
-    """An origin response the relay must NACK; the message is the NACK's reason."""
+    """Raised inside the parser where a response breaks a rule; the message
+    is the NACK's reason. :func:`parse_steps` returns it as an :class:`Unusable`."""
 
 
 @dataclass(frozen=True)
 class ParsedResponse:
     """What a usable response carries, ready for the cache."""
 
+    type_url: str
+    nonce: str
     upserts: list[CachedResource]
+    # names removed whole (removed_resources)
+    removed: list[str]
     # variants removed by name and constraints: (name, variant key)
     removed_variants: list[tuple[str, str]]
     # resources sent without a body: (name, variant key, version)
     heartbeats: list[tuple[str, str, str]]
+    # the origin's per-resource errors
+    errors: list[discovery_pb2.ResourceError]
+
+
+@dataclass(frozen=True)
+class Unusable:
+    """A response the relay cannot use, and why: the reason its NACK gives."""
+
+    type_url: str
+    nonce: str
+    reason: str
+
+
+Checked = ParsedResponse | Unusable
 
 
 def resource_name_of(resource: discovery_pb2.Resource) -> str:
@@ -43,29 +63,37 @@ def resource_name_of(resource: discovery_pb2.Resource) -> str:
 # How many resources :func:`parse_steps` checks between two pauses.
 RESOURCES_PER_STEP = 1_000
 
-Parsing = Generator[None, None, ParsedResponse]
+Parsing = Generator[None, None, Checked]
 
 
-def parse_response(response: discovery_pb2.DeltaDiscoveryResponse) -> ParsedResponse:
-    """The upserts, removed variants and heartbeats of a response; raises
-    :class:`UnusableResponse` with the reason to NACK it."""
+def parse_response(response: discovery_pb2.DeltaDiscoveryResponse) -> Checked:
+    """What a response carries, or why it is unusable (see :func:`parse_steps`)."""
     try:
         next(parse_steps(response, step=0))  # with no step, it never pauses
     except StopIteration as done:
-        parsed: ParsedResponse = done.value
-        return parsed
+        checked: Checked = done.value
+        return checked
     raise AssertionError("parse_steps paused with step=0")
 
 
 def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
                 step: int = RESOURCES_PER_STEP) -> Parsing:
     """:func:`parse_response` in steps: a generator that pauses (yields) after
-    every ``step`` resources (never with 0) and returns the parsed response.
+    every ``step`` resources (never with 0) and returns the parsed response,
+    or an :class:`Unusable` with the reason to NACK it.
 
     Checking a resource means decoding it: 10,000 of them take over 100 ms,
     so a caller with other work to do (an event loop) lets it run between
     steps. The response is used only once all of it is checked.
     """
+    try:
+        return (yield from _parse(response, step))
+    except UnusableResponse as error:
+        return Unusable(response.type_url, response.nonce, str(error))
+
+
+def _parse(response: discovery_pb2.DeltaDiscoveryResponse,
+           step: int) -> Generator[None, None, ParsedResponse]:
     type_url = _checked_type_url(response)
     body_class = message_class(type_url)
     seen: set[tuple[str, str]] = set()
@@ -91,7 +119,8 @@ def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
         upserts.append(CachedResource.from_origin(type_url, name, resource, constraints))
     removed_variants = _removed_variants(response)
     _check_resource_errors(response)
-    return ParsedResponse(upserts, removed_variants, heartbeats)
+    return ParsedResponse(type_url, response.nonce, upserts, list(response.removed_resources),
+                          removed_variants, heartbeats, list(response.resource_errors))
 
 
 def _checked_type_url(response: discovery_pb2.DeltaDiscoveryResponse) -> str:

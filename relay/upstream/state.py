@@ -2,10 +2,11 @@
 
 :class:`UpstreamState` is given what downstream clients want (a
 :class:`Demand`, read when it acts) and turns it into subscribe and
-unsubscribe requests; it checks each origin response, writes usable ones
-into the cache (one :class:`~relay.cache.Update` per response) and says
-whether to ACK or NACK. The client loop in :mod:`relay.upstream.client` only
-moves its messages over gRPC.
+unsubscribe requests; it takes each parsed origin response, writes what is
+subscribed of it into the cache (one :class:`~relay.cache.Update` per
+response) and returns the outcome, :class:`Acked` or :class:`Nacked`. The
+client loop in :mod:`relay.upstream.client` parses responses, moves messages
+over gRPC and applies outcomes.
 
 It is made of one small object per idea, each built by its constructor from
 the origin's settings, so that a second origin is a second ``UpstreamState``:
@@ -25,10 +26,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import assert_never
 
 from envoy.config.core.v3 import base_pb2
-from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ResourceCache, Update
 from relay.constraints import UNCONSTRAINED
@@ -41,14 +42,14 @@ from relay.upstream.deadlines import (
     WildcardLingerEnds,
 )
 from relay.upstream.requests import Request, RequestCutter, SubscriptionChange
-from relay.upstream.responses import ParsedResponse, UnusableResponse, parse_response
+from relay.upstream.responses import ParsedResponse, Unusable
 from relay.upstream.resync import InitialVersions, Resync
 from relay.upstream.settling import Settling
 from relay.upstream.targets import Demand, Targets, TypeSubscription, locators_of
 from relay.xds_types import short_name
 
-__all__ = ["DEFAULT_MAX_REQUEST_SIZE", "SETTLE_GRACE", "Demand", "InitialVersions",
-           "UpstreamState"]
+__all__ = ["DEFAULT_MAX_REQUEST_SIZE", "SETTLE_GRACE", "Acked", "Demand", "InitialVersions",
+           "Nacked", "ResponseOutcome", "UpstreamState"]
 
 log = logging.getLogger("relay.upstream")
 
@@ -60,6 +61,28 @@ DEFAULT_MAX_REQUEST_SIZE = 1024 * 1024
 # time an origin takes to read a request, less than a client's patience. The
 # default of config's upstream.answer_grace.
 SETTLE_GRACE = 0.5
+
+
+@dataclass(frozen=True)
+class Acked:
+    """A usable response, applied: ``requests`` are its ACK, then any
+    resubscription it calls for; ``update`` is what the cache was told (None:
+    a response for a type no longer subscribed, of which nothing is kept)."""
+
+    requests: list[Request]
+    update: Update | None
+
+
+@dataclass(frozen=True)
+class Nacked:
+    """An unusable response: ``requests`` is its NACK, giving ``reason``;
+    nothing of it was used."""
+
+    reason: str
+    requests: list[Request]
+
+
+ResponseOutcome = Acked | Nacked
 
 
 class UpstreamState:
@@ -81,11 +104,16 @@ class UpstreamState:
         self._requests = RequestCutter(node, max_request_size)
         self.connected = False
         # whether a usable response has arrived on any stream: the relay is synced
-        self.answered = False
+        self._synced = False
 
     @property
     def answer_grace(self) -> float:
         return self._settling.grace
+
+    @property
+    def synced(self) -> bool:
+        """Whether the origin has sent a usable response, on this stream or an earlier one."""
+        return self._synced
 
     def has_subscriptions(self) -> bool:
         """Whether anything is subscribed on the current stream."""
@@ -191,56 +219,47 @@ class UpstreamState:
 
     # -- responses ------------------------------------------------------------
 
-    def on_response(self, response: discovery_pb2.DeltaDiscoveryResponse, demand: Demand,
-                    now: float = 0.0,
-                    checked: ParsedResponse | UnusableResponse | None = None) -> list[Request]:
-        """Check and apply one origin response; its ACK or NACK, then any resubscription.
-
-        ``checked``: the response already parsed (see
-        :func:`~relay.upstream.responses.parse_steps`), or why it cannot be used.
-        """
-        type_url = response.type_url
-        try:
-            if isinstance(checked, UnusableResponse):
-                raise checked
-            parsed = parse_response(response) if checked is None else checked
-        except UnusableResponse as error:
-            log.warning("NACK to origin type=%s nonce=%s: %s", short_name(type_url),
-                        response.nonce, error)
-            return [self._requests.nack(type_url, response.nonce, str(error))]
-        self.answered = True
+    def on_response(self, parsed: ParsedResponse, demand: Demand, now: float) -> Acked:
+        """Apply a usable response: its ACK, then any resubscription it calls for."""
+        type_url = parsed.type_url
+        self._synced = True
         self._targets.prune_once()
-        ack = self._requests.ack(type_url, response.nonce)
+        ack = self._requests.ack(type_url, parsed.nonce)
         sub = self._targets.subscription(type_url)
         if sub is None:
             # A response for a type we no longer subscribe to raced our
             # unsubscribe: nothing in it is wanted, but it was valid: ACK it.
-            return [ack]
-        update = self._update(response, parsed, sub, now)
+            return Acked([ack], None)
+        update = self._update(parsed, sub, now)
         self.cache.apply(type_url, update)
         self._targets.responded(type_url)
         upserts, removed = update.upserts, list(update.removed)
         removed_variants = list(update.removed_variants)
         if not (removed or removed_variants or
                 any(r.constraints is not UNCONSTRAINED for r in upserts)):
-            return [ack]
+            return Acked([ack], update)
         # Variants changed: a client served from cache may need its own locator.
         touched = {*(r.name for r in upserts), *removed,
                    *(name for name, _ in removed_variants)}
-        return [ack, *self._sync_type(type_url, demand, now, touched)]
+        return Acked([ack, *self._sync_type(type_url, demand, now, touched)], update)
 
-    def _update(self, response: discovery_pb2.DeltaDiscoveryResponse, parsed: ParsedResponse,
-                sub: TypeSubscription, now: float) -> Update:
+    def on_unusable(self, unusable: Unusable) -> Nacked:
+        """A response the relay cannot use: NACK it; nothing of it is kept."""
+        log.warning("NACK to origin type=%s nonce=%s: %s", short_name(unusable.type_url),
+                    unusable.nonce, unusable.reason)
+        return Nacked(unusable.reason, [
+            self._requests.nack(unusable.type_url, unusable.nonce, unusable.reason)])
+
+    def _update(self, parsed: ParsedResponse, sub: TypeSubscription, now: float) -> Update:
         """What the cache is told of a response: what of it is subscribed,
         what the reconcile removes, the locators it answers."""
-        type_url = response.type_url
+        type_url = parsed.type_url
         locators = sub.locators
         wanted = [r for r in parsed.upserts if sub.wildcard or r.name in locators
                   or any(alias in locators for alias in r.resource.aliases)]
-        removed = [n for n in response.removed_resources if sub.wildcard or n in locators
+        removed = [n for n in parsed.removed if sub.wildcard or n in locators
                    or self.cache.aliases_of(type_url, n) & locators.keys()]
-        errors = [e for e in response.resource_errors
-                  if sub.wildcard or e.resource_name.name in locators]
+        errors = [e for e in parsed.errors if sub.wildcard or e.resource_name.name in locators]
         beats = [b for b in parsed.heartbeats if sub.wildcard or b[0] in locators]
         self._resync.on_response(type_url, now, wanted, beats, errors)
         gone = self._resync.reconcile(type_url, now)

@@ -28,6 +28,7 @@ from relay.telemetry import new_metrics, prometheus_provider
 from relay.upstream.state import SETTLE_GRACE, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import pack
+from tests.upstream.test_upstream_state import receive
 from tests.variants import CANARY, NO_ENV, PROD, label_of, unwrapped
 
 # The generated messages carry no type information (see relay/upstream/state.py).
@@ -120,7 +121,7 @@ class Relay:
         response as the answer to what it subscribed before.
         """
         self.now += SETTLE_GRACE
-        answers = self.upstream.on_response(response, self.serving.index, self.now)
+        answers = receive(self.upstream, response, self.serving.index, self.now).requests
         self.to_origin.extend(answers)
         return answers
 

@@ -22,7 +22,7 @@ from relay.upstream.state import Demand, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster
 from tests.clock import ManualClock
-from tests.upstream.test_upstream_state import Sub, response
+from tests.upstream.test_upstream_state import Sub, receive, response
 
 # A power of two: halves of it add up exactly on the clock.
 WINDOW = 0.25
@@ -138,8 +138,8 @@ async def test_refetches_join_the_window() -> None:
     _, state, index, clock = make()
     index.update(Sub(), CLUSTER, Interest(frozenset({"a", "b"})))
     await clock.advance(WINDOW)
-    state.on_response(response(CLUSTER, "1", ("a", "1", cluster("a")),
-                               ("b", "1", cluster("b"))), index, clock.now())
+    receive(state, response(CLUSTER, "1", ("a", "1", cluster("a")),
+                            ("b", "1", cluster("b"))), index, clock.now())
     state.sent.clear()
     index.request_refetch(CLUSTER, frozenset({"a"}))
     index.request_refetch(CLUSTER, frozenset({"b"}))

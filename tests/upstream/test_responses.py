@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
-from relay.upstream.responses import UnusableResponse, parse_response, parse_steps
+from relay.upstream.responses import ParsedResponse, Unusable, parse_response, parse_steps
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints
 
@@ -31,12 +30,41 @@ def test_a_response_is_checked_in_steps_and_gives_what_parsing_at_once_gives() -
             parsed = done.value
             break
     assert pauses == 2
+    at_once = parse_response(message)
+    assert isinstance(parsed, ParsedResponse) and isinstance(at_once, ParsedResponse)
     assert [(r.name, r.version) for r in parsed.upserts] == \
-        [(r.name, r.version) for r in parse_response(message).upserts]
+        [(r.name, r.version) for r in at_once.upserts]
 
 
 def test_a_bad_resource_after_a_pause_still_makes_the_whole_response_unusable() -> None:
     steps = parse_steps(response(1500, broken=1200), step=1000)
     next(steps)  # the first thousand are fine
-    with pytest.raises(UnusableResponse, match="'r1200' cannot be decoded"):
+    try:
         next(steps)
+    except StopIteration as done:
+        unusable = done.value
+    else:
+        raise AssertionError("parsing went on past the bad resource")
+    assert isinstance(unusable, Unusable)
+    assert (unusable.type_url, unusable.nonce) == (ENDPOINT, "1")
+    assert unusable.reason.startswith(f"resource 'r1200' cannot be decoded as {ENDPOINT}: ")
+
+
+def test_a_response_breaking_a_rule_parses_into_the_reason_to_nack_it() -> None:
+    nameless = discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT, nonce="7")
+    nameless.resources.add(version="1")
+    assert parse_response(nameless) == Unusable(ENDPOINT, "7", "a resource has no name")
+    assert parse_response(discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT)) == \
+        Unusable(ENDPOINT, "", "response has no nonce")
+
+
+def test_a_usable_response_carries_its_type_nonce_removals_and_errors() -> None:
+    message = response(1)
+    message.removed_resources.append("gone")
+    message.resource_errors.add(error_detail={"code": 5, "message": "x"}).resource_name.name = "r9"
+    parsed = parse_response(message)
+    assert isinstance(parsed, ParsedResponse)
+    assert (parsed.type_url, parsed.nonce, parsed.removed) == (ENDPOINT, "1", ["gone"])
+    assert [(e.resource_name.name, e.error_detail.message) for e in parsed.errors] == \
+        [("r9", "x")]
+    assert [r.name for r in parsed.upserts] == ["r0"]

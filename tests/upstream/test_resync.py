@@ -17,7 +17,7 @@ from relay.interest import Interest, InterestIndex
 from relay.upstream.state import SETTLE_GRACE, InitialVersions, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
-from tests.upstream.test_upstream_state import Sub, response
+from tests.upstream.test_upstream_state import Sub, receive, response
 
 
 def make(initial_versions: InitialVersions = "auto", max_request_size: int = 1 << 20
@@ -30,8 +30,8 @@ def make(initial_versions: InitialVersions = "auto", max_request_size: int = 1 <
 
 def clusters(state: UpstreamState, index: InterestIndex, nonce: str, *names: str,
              version: str = "", now: float = 0.0) -> list[discovery_pb2.DeltaDiscoveryRequest]:
-    return state.on_response(response(CLUSTER, nonce, *((n, version, cluster(n))
-                                                        for n in names)), index, now)
+    return receive(state, response(CLUSTER, nonce, *((n, version, cluster(n))
+                                                  for n in names)), index, now).requests
 
 
 def synced_wildcard(initial_versions: InitialVersions = "auto", version: str = ""
@@ -95,7 +95,7 @@ def test_an_honouring_origin_is_trusted_with_what_it_was_told() -> None:
     [request] = state.on_connect(index, 10.0)
     assert dict(request.initial_resource_versions) == {"a": "v1", "b": "v1", "c": "v1"}
     # It reports b removed and sends nothing about a and c (unchanged).
-    state.on_response(response(CLUSTER, "2", removed=("b",)), index, 10.05)
+    receive(state, response(CLUSTER, "2", removed=("b",)), index, 10.05)
     state.on_tick(index, 11.0)
     assert sorted(cache.names(CLUSTER)) == ["a", "c"]
     assert changes == [CacheChange(CLUSTER, frozenset({"b"}))]
@@ -151,7 +151,7 @@ def test_a_name_the_origin_reports_an_error_for_keeps_its_cached_copy() -> None:
     failing = response(CLUSTER, "2", ("a", "", cluster("a")), ("c", "", cluster("c")))
     failing.resource_errors.add(error_detail={"code": 13, "message": "internal"}).\
         resource_name.name = "b"
-    state.on_response(failing, index, 10.05)
+    receive(state, failing, index, 10.05)
     state.on_tick(index, 11.0)
     assert sorted(cache.names(CLUSTER)) == ["a", "b", "c"]
 
@@ -161,11 +161,11 @@ def test_named_subscriptions_are_reconciled_too() -> None:
     state.on_connect(index, 0)
     index.update(Sub(), ENDPOINT, Interest(frozenset({"a", "b"})))
     state.on_interest_changed(ENDPOINT, index, 0)
-    state.on_response(response(ENDPOINT, "1", ("a", "", endpoints("a", 1)),
-                               ("b", "", endpoints("b", 2))), index, 0)
+    receive(state, response(ENDPOINT, "1", ("a", "", endpoints("a", 1)),
+                            ("b", "", endpoints("b", 2))), index, 0)
     state.on_disconnect()
     state.on_connect(index, 10.0)
-    state.on_response(response(ENDPOINT, "2", ("a", "", endpoints("a", 1))), index, 10.05)
+    receive(state, response(ENDPOINT, "2", ("a", "", endpoints("a", 1))), index, 10.05)
     state.on_tick(index, 11.0)
     assert sorted(cache.names(ENDPOINT)) == ["a"]
 
@@ -187,7 +187,7 @@ def test_content_changes_under_empty_versions_get_new_derived_versions() -> None
     state, index, cache, changes = synced_wildcard(version="")
     [before] = [r for r in cache.resources(CLUSTER) if r.name == "a"]
     state.on_connect(index, 10.0)
-    state.on_response(response(CLUSTER, "2", ("a", "", cluster("a", timeout_s=9))), index, 10.05)
+    receive(state, response(CLUSTER, "2", ("a", "", cluster("a", timeout_s=9))), index, 10.05)
     [after] = [r for r in cache.resources(CLUSTER) if r.name == "a"]
     assert after.version != before.version and after.derived_version
     assert after.origin_version == "" and len(after.version) == 16

@@ -10,7 +10,15 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import ABSENT, ResourceCache
 from relay.constraints import Locator, params_of
 from relay.interest import Interest, InterestIndex
-from relay.upstream.state import SETTLE_GRACE, UpstreamState
+from relay.upstream.responses import Unusable, parse_response
+from relay.upstream.state import (
+    SETTLE_GRACE,
+    Acked,
+    Demand,
+    Nacked,
+    ResponseOutcome,
+    UpstreamState,
+)
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
 from tests.variants import CANARY
@@ -37,6 +45,15 @@ def response(type_url: str, nonce: str, *items: tuple[str, str, object],
     for name, version, msg in items:
         out.resources.add(name=name, version=version, resource=pack(msg))  # type: ignore[arg-type]
     return out
+
+
+def receive(state: UpstreamState, message: discovery_pb2.DeltaDiscoveryResponse,
+            demand: Demand, now: float = 0.0) -> ResponseOutcome:
+    """A response from the origin, parsed and handed to the state as the client does."""
+    checked = parse_response(message)
+    if isinstance(checked, Unusable):
+        return state.on_unusable(checked)
+    return state.on_response(checked, demand, now)
 
 
 def test_interest_becomes_subscribe_and_unsubscribe_requests() -> None:
@@ -66,7 +83,7 @@ def test_reconnect_resends_subscriptions_with_initial_versions() -> None:
     state.on_connect(index, 0)
     index.update(Sub(), ENDPOINT, Interest(frozenset({"a", "b"})))
     state.on_interest_changed(ENDPOINT, index, 0)
-    state.on_response(response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1))), index)
+    receive(state, response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1))), index)
     state.on_disconnect()
     [request] = state.on_connect(index, 1)
     assert list(request.resource_names_subscribe) == ["a", "b"]
@@ -87,10 +104,72 @@ def test_good_response_is_cached_and_acked() -> None:
     state.on_connect(index, 0)
     index.update(Sub(), CLUSTER, Interest(wildcard=True))
     state.on_interest_changed(CLUSTER, index, 0)
-    [ack] = state.on_response(response(CLUSTER, "n1", ("a", "v1", cluster("a"))), index)
+    [ack] = receive(state, response(CLUSTER, "n1", ("a", "v1", cluster("a"))), index).requests
     assert ack.response_nonce == "n1" and not ack.HasField("error_detail")
     assert [r.version for r in cache.resources(CLUSTER)] == ["v1"]
     assert cache.variants(CLUSTER, "other") is ABSENT  # wildcard: the set is complete
+
+
+def test_a_usable_response_is_acked_with_what_the_cache_was_told() -> None:
+    state, index, _ = make()
+    state.on_connect(index, 0)
+    index.update(Sub(), ENDPOINT, Interest(frozenset({"a"})))
+    state.on_interest_changed(ENDPOINT, index, 0)
+    assert not state.synced
+    outcome = receive(state, response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1)),
+                                      ("zz", "1", endpoints("zz", 1))), index, SETTLE_GRACE)
+    assert isinstance(outcome, Acked) and state.synced
+    [ack] = outcome.requests
+    assert ack.response_nonce == "1" and not ack.HasField("error_detail")
+    assert outcome.update is not None
+    assert [(r.name, r.version) for r in outcome.update.upserts] == [("a", "v1")]
+    assert list(outcome.update.answered) == [Locator("a")]
+
+
+def test_an_unusable_response_is_nacked_with_its_reason_and_nothing_of_it_is_kept() -> None:
+    state, index, cache = make()
+    state.on_connect(index, 0)
+    index.update(Sub(), CLUSTER, Interest(wildcard=True))
+    state.on_interest_changed(CLUSTER, index, 0)
+    duplicate = response(CLUSTER, "7", ("a", "1", cluster("a")), ("a", "2", cluster("a")))
+    outcome = receive(state, duplicate, index)
+    assert isinstance(outcome, Nacked)
+    assert outcome.reason == "resource 'a' appears more than once"
+    [nack] = outcome.requests
+    assert (nack.response_nonce, nack.error_detail.message) == ("7", outcome.reason)
+    assert not state.synced and list(cache.resources(CLUSTER)) == []
+
+
+def test_a_response_for_a_type_no_longer_subscribed_is_acked_and_not_cached() -> None:
+    state, index, cache = make()
+    state.on_connect(index, 0)
+    outcome = receive(state, response(ENDPOINT, "1", ("a", "1", endpoints("a", 1))), index)
+    assert isinstance(outcome, Acked) and outcome.update is None
+    [ack] = outcome.requests
+    assert ack.response_nonce == "1" and not ack.HasField("error_detail")
+    assert list(cache.names(ENDPOINT)) == []
+
+
+def test_an_origins_state_built_twice_shares_nothing_but_what_it_is_given() -> None:
+    # Two origins over one demand: each its own cache, stream, settling and deadlines.
+    first, index, first_cache = make(linger=10.0)
+    second_cache = ResourceCache()
+    second = UpstreamState(base_pb2.Node(id="relay"), second_cache, 10.0)
+    sub = Sub()
+    index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
+    [to_first] = first.on_connect(index, 0)
+    [to_second] = second.on_connect(index, 0)
+    assert to_first == to_second
+    receive(first, response(ENDPOINT, "1", ("a", "1", endpoints("a", 1))), index, SETTLE_GRACE)
+    assert first.synced and not second.synced
+    assert list(first_cache.names(ENDPOINT)) == ["a"] and list(second_cache.names(ENDPOINT)) == []
+    assert first.unanswered_names() == {} and second.unanswered_names() == {ENDPOINT: {"a"}}
+    index.remove(sub)
+    assert first.on_interest_changed(ENDPOINT, index, 1.0) == []
+    assert (first.next_deadline(), second.next_deadline()) == (11.0, None)
+    [unsubscribe] = first.on_tick(index, 11.0)
+    assert list(unsubscribe.resource_names_unsubscribe) == ["a"]
+    assert second.subscription_counts() == {ENDPOINT: 1}
 
 
 def test_removed_resources_become_absent() -> None:
@@ -98,8 +177,8 @@ def test_removed_resources_become_absent() -> None:
     state.on_connect(index, 0)
     index.update(Sub(), ENDPOINT, Interest(frozenset({"a"})))
     state.on_interest_changed(ENDPOINT, index, 0)
-    state.on_response(response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1))), index)
-    state.on_response(response(ENDPOINT, "2", removed=("a",)), index)
+    receive(state, response(ENDPOINT, "1", ("a", "v1", endpoints("a", 1))), index)
+    receive(state, response(ENDPOINT, "2", removed=("a",)), index)
     assert cache.variants(ENDPOINT, "a") is ABSENT
 
 
@@ -108,8 +187,8 @@ def test_unwanted_names_in_a_response_are_not_cached() -> None:
     state.on_connect(index, 0)
     index.update(Sub(), ENDPOINT, Interest(frozenset({"a"})))
     state.on_interest_changed(ENDPOINT, index, 0)
-    state.on_response(response(ENDPOINT, "1", ("a", "1", endpoints("a", 1)),
-                               ("zz", "1", endpoints("zz", 1))), index)
+    receive(state, response(ENDPOINT, "1", ("a", "1", endpoints("a", 1)),
+                            ("zz", "1", endpoints("zz", 1))), index)
     assert sorted(cache.names(ENDPOINT)) == ["a"]
 
 
@@ -124,7 +203,7 @@ def test_type_mismatch_duplicate_and_undecodable_are_nacked_and_not_applied() ->
     undecodable.resources[0].resource.value = b"\xff\xff"
     for bad, reason in ((mismatch, "has type"), (duplicate, "more than once"),
                         (undecodable, "cannot be decoded")):
-        [nack] = state.on_response(bad, index)
+        [nack] = receive(state, bad, index).requests
         assert nack.response_nonce == bad.nonce
         assert reason in nack.error_detail.message and nack.error_detail.code == 3
     assert list(cache.resources(CLUSTER)) == []
@@ -137,7 +216,7 @@ def test_last_client_leaving_unsubscribes_and_forgets() -> None:
     sub = Sub()
     index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
     state.on_interest_changed(ENDPOINT, index, 0)
-    state.on_response(response(ENDPOINT, "1", ("a", "1", endpoints("a", 1))), index)
+    receive(state, response(ENDPOINT, "1", ("a", "1", endpoints("a", 1))), index)
     index.remove(sub)
     [request] = state.on_interest_changed(ENDPOINT, index, 0)
     assert list(request.resource_names_unsubscribe) == ["a"]
@@ -210,7 +289,7 @@ def test_parameters_answered_by_a_cached_variant_need_no_subscription() -> None:
     state.on_connect(index, 0)
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary"})))
     state.on_interest_changed(CLUSTER, index, 0)
-    state.on_response(variant_response("1", CANARY), index)
+    receive(state, variant_response("1", CANARY), index)
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary", "zone": "b"})))
     assert state.on_interest_changed(CLUSTER, index, 0) == []
 
@@ -221,7 +300,7 @@ def test_when_the_subscribing_locator_leaves_answered_parameters_take_over() -> 
     first, second = Sub(), Sub()
     index.update(first, CLUSTER, with_params(("c", {"env": "canary"})))
     state.on_interest_changed(CLUSTER, index, 0)
-    state.on_response(variant_response("1", CANARY), index)
+    receive(state, variant_response("1", CANARY), index)
     index.update(second, CLUSTER, with_params(("c", {"env": "canary", "zone": "b"})))
     state.on_interest_changed(CLUSTER, index, 0)
     index.remove(first)
@@ -239,8 +318,8 @@ def test_a_response_settles_the_locators_subscribed_well_before_it() -> None:
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "dev"})))
     state.on_interest_changed(CLUSTER, index, 10.0)
     assert not cache.is_answered(CLUSTER, Locator("c", dev))
-    state.on_response(discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"), index,
-                      10.0 + SETTLE_GRACE)
+    receive(state, discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"), index,
+            10.0 + SETTLE_GRACE)
     assert cache.is_answered(CLUSTER, Locator("c", dev))
 
 
@@ -252,8 +331,8 @@ def test_invariant_6_a_response_right_after_a_subscription_may_not_answer_it() -
     dev = params_of({"env": "dev"})
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "dev"})))
     state.on_interest_changed(CLUSTER, index, 10.0)
-    state.on_response(discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"),
-                      index, 10.1)
+    receive(state, discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="1"),
+            index, 10.1)
     assert not cache.is_answered(CLUSTER, Locator("c", dev))
     assert state.next_deadline() == 10.0 + SETTLE_GRACE
     assert state.on_tick(index, 10.0 + SETTLE_GRACE - 0.01) == [] and \
@@ -278,9 +357,9 @@ def test_invalid_constraints_from_the_origin_are_nacked_and_cache_kept() -> None
     state.on_connect(index, 0)
     index.update(Sub(), CLUSTER, with_params(("c", {"env": "canary"})))
     state.on_interest_changed(CLUSTER, index, 0)
-    state.on_response(variant_response("1", CANARY), index)
+    receive(state, variant_response("1", CANARY), index)
     malformed = DPC(constraint={"key": "env"})  # neither value nor exists
-    [nack] = state.on_response(variant_response("2", malformed, version="2"), index)
+    [nack] = receive(state, variant_response("2", malformed, version="2"), index).requests
     assert nack.response_nonce == "2" and nack.error_detail.code == 3
     assert "invalid dynamic parameter constraints" in nack.error_detail.message
     assert [r.version for r in cache.resources(CLUSTER)] == ["1"]
@@ -296,13 +375,13 @@ def test_resource_errors_with_invalid_constraints_or_no_name_are_nacked() -> Non
     failed.resource_name.name = "c"
     failed.resource_name.dynamic_parameter_constraints.CopyFrom(
         DPC(constraint={"key": "env"}))
-    [nack] = state.on_response(bad, index)
+    [nack] = receive(state, bad, index).requests
     assert nack.response_nonce == "9"
     assert nack.error_detail.message.startswith(
         "resource error for 'c' has invalid dynamic parameter constraints: ")
     assert "'env'" in nack.error_detail.message
     nameless = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="10")
     nameless.resource_errors.add(error_detail={"code": 5, "message": "x"})
-    [nack] = state.on_response(nameless, index)
+    [nack] = receive(state, nameless, index).requests
     assert nack.error_detail.message == "a resource error names no resource"
     assert cache.error(CLUSTER, "c", params_of({"env": "canary"})) is None
