@@ -92,7 +92,8 @@ class Lingering:
         self._wildcard: dict[str, float] = {}
 
     def types(self) -> set[str]:
-        return {*self._until, *self._wildcard}
+        """Types with something lingering."""
+        return {*(t for t, names in self._until.items() if names), *self._wildcard}
 
     def of_type(self, type_url: str) -> Mapping[str, Mapping[Params, float]]:
         """Per name, each lingering parameter set with when it may go (do not keep)."""
@@ -121,13 +122,14 @@ class Lingering:
 
     def cancel(self, type_url: str, name: str, wanted: Iterable[Params]) -> None:
         """Clients want ``name`` with ``wanted`` again: those stay subscribed."""
-        waiting = self._until.get(type_url, {}).get(name)
+        lingering = self._until.get(type_url, {})
+        waiting = lingering.get(name)
         if waiting:
             for params in wanted:
                 if params in waiting:
                     self._end(type_url, waiting.pop(params))
             if not waiting:
-                del self._until[type_url][name]
+                del lingering[name]  # the type's map stays: callers may be reading it
 
     def cancel_wildcard(self, type_url: str) -> None:
         self._wildcard.pop(type_url, None)

@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 
 from relay.constraints import EMPTY_PARAMS, params_of
 from relay.encoding import locator_size, pair_size, text_size
-from relay.upstream.requests import SubscriptionChange, split_requests
+from relay.upstream.requests import (
+    MAX_NACK_MESSAGE,
+    RequestCutter,
+    SubscriptionChange,
+    split_requests,
+)
 from relay.xds_types import ENDPOINT
 
 NODE = base_pb2.Node(id="relay", cluster="xds-relay")
@@ -98,6 +103,36 @@ def test_the_node_alone_does_not_keep_a_name_from_the_next_request() -> None:
     split = split_requests(SubscriptionChange(ENDPOINT, subscribe=plain(name)), 16 * 1024, node)
     assert [r.HasField("node") for r in split.requests] == [True, False]
     assert list(split.requests[1].resource_names_subscribe) == [name]
+
+
+def test_the_cutter_puts_the_node_in_the_first_request_of_each_stream_only() -> None:
+    cutter = RequestCutter(NODE, 1 << 20)
+    ack = cutter.ack(ENDPOINT, "1")
+    [subscribe] = cutter.split(SubscriptionChange(ENDPOINT, subscribe=plain("a"))).requests
+    assert ack == discovery_pb2.DeltaDiscoveryRequest(type_url=ENDPOINT, response_nonce="1",
+                                                      node=NODE)
+    assert not subscribe.HasField("node")
+    cutter.new_stream()
+    [again] = cutter.split(SubscriptionChange(ENDPOINT, subscribe=plain("a"))).requests
+    assert again.node == NODE and not cutter.ack(ENDPOINT, "2").HasField("node")
+
+
+def test_a_nack_gives_its_reason_as_invalid_argument_cut_to_a_readable_size() -> None:
+    cutter = RequestCutter(NODE, 1 << 20)
+    cutter.new_stream()
+    cutter.ack(ENDPOINT, "0")
+    nack = cutter.nack(ENDPOINT, "1", "bad resource")
+    assert nack == discovery_pb2.DeltaDiscoveryRequest(
+        type_url=ENDPOINT, response_nonce="1",
+        error_detail={"code": 3, "message": "bad resource"})
+    long = cutter.nack(ENDPOINT, "2", "x" * (MAX_NACK_MESSAGE + 1))
+    assert long.error_detail.message == "x" * MAX_NACK_MESSAGE + "..."
+
+
+def test_a_change_that_asks_nothing_is_empty() -> None:
+    assert SubscriptionChange(ENDPOINT).is_empty()
+    assert not SubscriptionChange(ENDPOINT, wildcard=False).is_empty()
+    assert not SubscriptionChange(ENDPOINT, unsubscribe=plain("a")).is_empty()
 
 
 _text = st.text(max_size=300)
