@@ -302,7 +302,9 @@ def fat_cluster(name: str, size: int) -> cluster_pb2.Cluster:
 async def test_a_5_mb_origin_response_is_accepted_and_served() -> None:
     origin = IstiodOrigin()
     origin.set(*(fat_cluster(f"c{i:02d}", 100_000) for i in range(50)))
-    async with running_stack(origin, channel_options=BIG_MESSAGES) as stack:
+    # A client that raised its receive limit, and a relay told it may send that much.
+    async with running_stack(origin, channel_options=BIG_MESSAGES,
+                             server="max_response_size: 8MiB") as stack:
         _, first = await subscribed(stack, "d", True, CLUSTER)
         assert len(first.resources) == 50 and first.ByteSize() > 5_000_000
         assert len(origin.streams) == 1 and origin.stream.acks and not origin.stream.nacks
