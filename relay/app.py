@@ -38,7 +38,8 @@ from relay.server.ecosystem import Health, add_ecosystem_services
 from relay.server.fetch import Fetcher
 from relay.server.rest import RestServer
 from relay.server.services import DRAINING, discovery_handlers
-from relay.telemetry import new_metrics, prometheus_provider, watch_loop_lag
+from relay.server.serving import ServingSettings
+from relay.telemetry import Metrics, new_metrics, prometheus_provider, watch_loop_lag
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
 from relay.upstream.dial import Dialer, OriginTLS
@@ -152,6 +153,36 @@ def snapshot_store(config: RelayConfig) -> SnapshotStore | None:
     return RedisStore(redis.url, config.snapshot_prefix(), redis.timeout, password)
 
 
+def serving_settings(config: RelayConfig, metrics: Metrics, clock: Clock, *,
+                     private: bool, forwards: bool) -> ServingSettings:
+    """What ``limits.*``, ``server.*`` and ``server.authorization`` ask of every
+    stream, fetch and poll. ``private``: serving the processes of ``--workers``
+    (no authorization, any response size); ``forwards``: the relay has an origin
+    (locators are bounded by what it can forward)."""
+    limits, server = config.limits, config.server
+    access = None
+    if not private:
+        rules = server.authorization
+        access = Access(Authorizer(rules.allow, rules.node_binding, rules.debug,
+                                   rules.debug_loopback, rules.secret_rules()),
+                        metrics, clock.now)
+    return ServingSettings(
+        batch_window=server.batch_window,
+        limits=Limits(**limits.model_dump(),
+                      type_urls=frozenset(KNOWN_TYPE_URLS) | frozenset(server.extra_type_urls)),
+        access=access,
+        # On the machine's time, not the relay's clock: it paces real load
+        # (streams wait for it with asyncio.sleep).
+        admission=TokenBucket(limits.new_streams_per_second, limits.new_streams_burst,
+                              time.monotonic),
+        refusal_log=RateLimitedLog(logging.getLogger("relay.downstream"),
+                                   REFUSAL_LOG_INTERVAL, clock.now),
+        max_locator_size=max_locator_size(config.upstream.max_request_size) if forwards
+        else None,
+        # Clients keep gRPC's receive limit; the hub's workers take any size.
+        max_response_size=None if private else server.max_response_size)
+
+
 def drain_schedule(count: int, period: float) -> list[float]:
     """When to close each of ``count`` streams, in seconds from the drain's start.
 
@@ -191,8 +222,9 @@ class Relay:
         if origin is None and upstream.address is not None:
             origin = dialer(config)
         self.core = Core.create(
-            self.metrics, config.server.batch_window,
-            max_locator_size(upstream.max_request_size) if origin is not None else None,
+            self.metrics, serving_settings(config, self.metrics, self.clock,
+                                           private=listen is not None,
+                                           forwards=origin is not None),
             self.clock)
         self.cache, self.index, self.serving = self.core.cache, self.core.index, self.core.serving
         self.upstream: UpstreamClient | None = None
@@ -234,15 +266,8 @@ class Relay:
         if config.rest.address is not None and listen is None:
             self.rest = RestServer(self.serving, self.fetcher, config.rest.address,
                                    config.server.tls, reuse_port, config.rest.http_limits)
-        self._apply_limits()
         if listen is None and origin is not None:
             self.index.limit_demand(demand_ledger(config, self.clock))
-        if listen is None:
-            rules = config.server.authorization
-            self.serving.access = Access(
-                Authorizer(rules.allow, rules.node_binding, rules.debug, rules.debug_loopback,
-                           rules.secret_rules()),
-                self.metrics, self.clock.now)
         # what /ready and xds_relay_ready go by: the hub of --workers counts its workers in
         self.readiness: Callable[[], str | None] = self.not_ready_reason
         self._observe_state()
@@ -254,24 +279,6 @@ class Relay:
         self.xds_port = 0
         self.admin_port = 0
         self.rest_port = 0
-
-    def _apply_limits(self) -> None:
-        """What ``limits.*``, ``server.extra_type_urls`` and
-        ``server.max_response_size`` ask of every stream."""
-        limits = self.config.limits
-        serving = self.serving
-        serving.limits = Limits(
-            **limits.model_dump(),
-            type_urls=frozenset(KNOWN_TYPE_URLS) | frozenset(self.config.server.extra_type_urls))
-        # On the machine's time, not the relay's clock: it paces real load
-        # (streams wait for it with asyncio.sleep).
-        serving.admission = TokenBucket(limits.new_streams_per_second,
-                                        limits.new_streams_burst, time.monotonic)
-        serving.refusal_log = RateLimitedLog(logging.getLogger("relay.downstream"),
-                                             REFUSAL_LOG_INTERVAL, self.clock.now)
-        # Clients keep gRPC's receive limit; the hub's workers take any size.
-        serving.max_response_size = None if self._private else \
-            self.config.server.max_response_size
 
     def _observe_state(self) -> None:
         """Gauges counted from the relay's state when metrics are collected."""
@@ -401,7 +408,7 @@ class Relay:
         """
         if period is None:
             period = self.config.server.drain_period
-        self.serving.draining = True
+        self.serving.start_draining()
         await self.set_not_serving()
         streams = list(self.serving.streams)
         random.shuffle(streams)
@@ -410,7 +417,7 @@ class Relay:
         for stream, offset in zip(streams, drain_schedule(len(streams), period), strict=True):
             await self.clock.sleep(max(0.0, started + offset - self.clock.now()))
             stream.close(DRAINING)
-        await self.clock.wait(self.serving.idle, 1.0)
+        await self.serving.wait_idle(self.clock, 1.0)
         log.info("drained in %.1fs", self.clock.now() - started)
 
     async def start(self) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from relay.cache import CacheChange, ResourceCache
 from relay.clock import Clock, MonotonicClock, wait_until
 from relay.interest import InterestIndex
-from relay.server.streams import ServingContext
+from relay.server.serving import ServingContext, ServingSettings
 from relay.telemetry import Metrics, new_metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
@@ -37,14 +37,15 @@ class Core:
     clock: Clock = field(default_factory=MonotonicClock)
 
     @classmethod
-    def create(cls, metrics: Metrics | None = None, batch_window: float = 0.0,
-               max_locator_size: int | None = None, clock: Clock | None = None) -> Core:
+    def create(cls, metrics: Metrics | None = None, settings: ServingSettings | None = None,
+               clock: Clock | None = None) -> Core:
+        """The layers, serving streams as ``settings`` say (by default: anyone
+        anything, at once)."""
         clock = clock or MonotonicClock()
         cache = ResourceCache(clock.now)
         index = InterestIndex()
         cache.add_listener(index.on_cache_change)
-        serving = ServingContext.create(cache, index, metrics or new_metrics(), batch_window)
-        serving.max_locator_size = max_locator_size
+        serving = ServingContext.create(cache, index, metrics or new_metrics(), settings)
         return cls(cache, index, serving, clock)
 
     def follow(self, dialer: Dialer, state: UpstreamState, backoff: Backoff) -> UpstreamClient:
@@ -54,7 +55,7 @@ class Core:
         as pushes to clients are batched (see :class:`UpstreamClient`).
         """
         client = UpstreamClient(dialer, state, self.index, backoff, self.serving.metrics,
-                                self.clock, self.serving.batch_window)
+                                self.clock, self.serving.settings.batch_window)
         self.index.link(client)
         return client
 

@@ -21,8 +21,8 @@ from envoy.service.status.v3 import csds_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
+from relay.server.serving import ServingContext
 from relay.server.status import UnsupportedMatcher, client_status
-from relay.server.streams import ServingContext
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
 CSDS_SERVICE = "envoy.service.status.v3.ClientStatusDiscoveryService"
@@ -76,8 +76,9 @@ class _Reflection(reflection.aio.ReflectionServicer):  # type: ignore[misc]
             self, request_iterator: AsyncIterable[reflection_pb2.ServerReflectionRequest],
             context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[reflection_pb2.ServerReflectionResponse]:
-        if self._serving.access is not None:
-            await self._serving.access.admit_debug(context)
+        access = self._serving.settings.access
+        if access is not None:
+            await access.admit_debug(context)
         async for response in super().ServerReflectionInfo(request_iterator, context):
             yield response
 
@@ -93,15 +94,15 @@ def _csds_handlers(serving: ServingContext) -> grpc.GenericRpcHandler:
 
     async def stream(requests: AsyncIterator[csds_pb2.ClientStatusRequest],
                      context: grpc.aio.ServicerContext) -> None:
-        if serving.access is not None:
-            await serving.access.admit_debug(context)
+        if serving.settings.access is not None:
+            await serving.settings.access.admit_debug(context)
         async for request in requests:
             await context.write(await answer(request, context))
 
     async def fetch(request: csds_pb2.ClientStatusRequest,
                     context: grpc.aio.ServicerContext) -> csds_pb2.ClientStatusResponse:
-        if serving.access is not None:
-            await serving.access.admit_debug(context)
+        if serving.settings.access is not None:
+            await serving.settings.access.admit_debug(context)
         return await answer(request, context)
 
     serialize = csds_pb2.ClientStatusResponse.SerializeToString

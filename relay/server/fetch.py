@@ -44,7 +44,7 @@ from relay.protocol.sotw import SotwResponsePlan, state_version
 from relay.protocol.subscription import MAX_NAMES_PER_RESPONSE
 from relay.protocol.view import NonceSource, ResourceView
 from relay.resource import CachedResource, arrival_clock
-from relay.server.streams import NAMES_PER_TURN, ServingContext, client_host
+from relay.server.serving import NAMES_PER_TURN, ServingContext, client_host
 from relay.xds_types import short_name
 
 __all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT", "Denied", "FetchOutcome", "Fetcher", "Invalid",
@@ -222,16 +222,17 @@ class Fetcher:
         """Answer one DiscoveryRequest for ``type_url`` (what ``method``, the
         gRPC method or HTTP path it came on, serves) from ``peer``, whose
         certificate says ``identity`` (None: no certificate)."""
-        serving = self._serving
-        if serving.access is not None:
-            error = serving.access.node_error(
+        serving, access = self._serving, self._serving.settings.access
+        if access is not None:
+            error = access.node_error(
                 identity, request.node if request.HasField("node") else None)
             if error is not None:
                 return Denied("node_binding", error)
         if request.type_url and request.type_url != type_url:
             return Invalid(f"type_url {shown(request.type_url, 200)!r} sent to {method}, which "
                            f"serves {type_url!r}")
-        session = Session("sotw", type_url, serving.max_locator_size, serving.limits)
+        session = Session("sotw", type_url, serving.settings.max_locator_size,
+                          serving.settings.limits)
         try:
             received = session.receive(request)
         except LimitExceeded as error:
@@ -242,8 +243,7 @@ class Fetcher:
             return Invalid(str(error))
         since = arrival_clock()
         # what this client sees of the cache: without the Secrets it may not have
-        view = serving.view if serving.access is None else \
-            serving.access.client_view(serving.view, identity)
+        view = serving.view if access is None else access.client_view(serving.view, identity)
         change = view.admit(type_url, next(
             (c for t, c in received.interest if t == type_url), InterestChange()))
         wildcard = bool(change.wildcard)
@@ -339,7 +339,7 @@ class Fetcher:
         if lease is not None:  # what the origin refused is asked afresh (and refused)
             self._drop(lease)
             self._serving.index.remove(lease)
-        limits = self._serving.limits
+        limits = self._serving.settings.limits
         if len(self._leases) >= limits.streams:
             return Limited("streams", f"the relay holds {len(self._leases)} polling "
                            f"subscriptions, its most (limits.streams); poll another replica")

@@ -45,7 +45,7 @@ from relay.protocol.sotw import SotwResponsePlan
 from relay.redaction import message_class
 from relay.server.fetch import Denied, Fetcher, FetchOutcome, Invalid, Limited, Served
 from relay.server.plans import encode_plan
-from relay.server.streams import ServingContext
+from relay.server.serving import ServingContext
 from relay.web import RETRY_AFTER, FollowedTLS, Listener, listen, quiet_malformed_requests
 from relay.xds_types import (
     CLUSTER,
@@ -278,7 +278,7 @@ class RestServer:
 
     With ``tls`` (``server.tls``), HTTPS with the xDS port's certificate
     (followed through rotation), and with its ``client_ca_file`` every poller
-    must present a certificate that chains to it; ``serving.access`` applies
+    must present a certificate that chains to it; ``serving.settings.access`` applies
     ``server.authorization`` to the certificate's identity and the request's
     node. ``reuse_port``: the processes of ``--workers`` share the port.
     ``limits``: ``rest.*``'s timeouts, connections and buffered bodies.
@@ -310,7 +310,7 @@ class RestServer:
         # only bounds request.read(), which this never calls). Lines about
         # clients go where the xDS port's go, bounded with them.
         self._listener = await listen(self._handle, "rest", self._address, tls, self._limits,
-                                      self._serving.refusal_log, _http_log, STOP_GRACE,
+                                      self._serving.settings.refusal_log, _http_log, STOP_GRACE,
                                       self._reuse_port)
         port = self._listener.port
         scheme = "http" if tls is None else "https"
@@ -335,7 +335,7 @@ class RestServer:
             return _response(Reply(503, f"{DRAINING}\n".encode(),
                                    headers={"Retry-After": RETRY_AFTER}), close=True)
         peer = _peer(request)
-        access = serving.access
+        access = serving.settings.access
         identity: PeerIdentity | None = None
         if access is not None and access.checks_identity:
             transport = request.transport
@@ -345,7 +345,7 @@ class RestServer:
             if error is not None:
                 access.refused("identity", peer, error)
                 return _response(Reply(403, f"{error}\n".encode()))
-        held = HeldBody(self._budget, serving.limits.request_size, request.content_length)
+        held = HeldBody(self._budget, serving.settings.limits.request_size, request.content_length)
         try:
             body = await _read_body(request, held, self._limits.body_timeout)
             if isinstance(body, str):
@@ -381,7 +381,7 @@ class RestServer:
                 peer, "the body is not framed as its headers say (Content-Length or chunks)"),
                 close=True)
         if why == "request_size":
-            limit = serving.limits.request_size
+            limit = serving.settings.limits.request_size
             message = (f"a request of more than {limit} bytes; the relay takes requests of at "
                        f"most {limit} (limits.request_size)")
             serving.metrics.downstream_limited.add(1, {"limit": "request_size"})

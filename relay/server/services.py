@@ -16,7 +16,8 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.server.decoding import RequestTooLarge, UndecodableRequest, request_decoder
 from relay.server.fetch import Denied, Fetcher, Invalid, Limited, Served
-from relay.server.streams import DownstreamStream, ServingContext, XdsProtocol
+from relay.server.serving import ServingContext
+from relay.server.streams import DownstreamStream, XdsProtocol
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
 # The status message of streams refused or closed while the relay drains.
@@ -53,13 +54,14 @@ def _stream_handler(serving: ServingContext, protocol: XdsProtocol,
             await context.abort(grpc.StatusCode.UNAVAILABLE, NEW_STREAMS)
         elif wait:
             await asyncio.sleep(wait)
-        identity = await serving.access.admit(context) if serving.access is not None else None
+        identity = await serving.settings.access.admit(context) \
+            if serving.settings.access is not None else None
         stream = DownstreamStream(serving, protocol, peer, fixed_type_url, identity)
         await stream.serve(requests, context)
 
     return grpc.stream_stream_rpc_method_handler(
         behaviour, request_deserializer=request_decoder(request_class,
-                                                        serving.limits.request_size),
+                                                        serving.settings.limits.request_size),
         response_serializer=_identity)
 
 
@@ -70,7 +72,7 @@ def _fetch_handler(serving: ServingContext, fetcher: Fetcher, service: str,
 
     # Decoded here, not by gRPC: a unary call's decoding error would end it
     # UNKNOWN, with a traceback in the log.
-    decode = request_decoder(discovery_pb2.DiscoveryRequest, serving.limits.request_size)
+    decode = request_decoder(discovery_pb2.DiscoveryRequest, serving.settings.limits.request_size)
     path = f"/{service}/{method}"
 
     async def behaviour(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -83,13 +85,14 @@ def _fetch_handler(serving: ServingContext, fetcher: Fetcher, service: str,
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(too_large))
         except UndecodableRequest as undecodable:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(undecodable))
-        identity = await serving.access.admit(context) if serving.access is not None else None
+        identity = await serving.settings.access.admit(context) \
+            if serving.settings.access is not None else None
         outcome = await fetcher.fetch(request, type_url, context.peer(), identity, path)
         if isinstance(outcome, Served):
             return serving.encoder.encode(outcome.plan)
         if isinstance(outcome, Denied):
-            assert serving.access is not None
-            await serving.access.refuse(context, outcome.reason, outcome.message)
+            assert serving.settings.access is not None
+            await serving.settings.access.refuse(context, outcome.reason, outcome.message)
         code = (grpc.StatusCode.INVALID_ARGUMENT if isinstance(outcome, Invalid) else
                 grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(outcome, Limited) else
                 grpc.StatusCode.UNAVAILABLE)

@@ -15,235 +15,26 @@ import functools
 import logging
 import time
 import weakref
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 
-from relay.admission import TokenBucket
 from relay.authorization import PeerIdentity
-from relay.cache import ResourceCache
-from relay.interest import InterestIndex
-from relay.logs import RateLimitedLog
 from relay.protocol.delta import split_request
-from relay.protocol.limits import DEFAULT_LIMITS, ORIGIN_REFUSED, LimitExceeded, Limits, shown
+from relay.protocol.limits import ORIGIN_REFUSED, LimitExceeded, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.session import Plan, Request, Session, XdsProtocol
-from relay.protocol.snapshot import SessionSnapshot
-from relay.protocol.view import CacheView, ClientView
-from relay.server.access import REFUSAL_LOG_INTERVAL, Access, Refused
+from relay.protocol.view import ClientView
+from relay.server.access import Refused
 from relay.server.decoding import RequestTooLarge, UndecodableRequest
-from relay.server.plans import PlanEncoder, encode_plan
-from relay.server.status import client_summary
-from relay.telemetry import Metrics
+from relay.server.plans import encode_plan
+from relay.server.serving import ServingContext, client_host
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.downstream")
 
-__all__ = ["DownstreamStream", "ServingContext", "XdsProtocol", "encode_plan"]
-
-
-# How many of a leaving stream's names the interest index forgets per turn
-# of the event loop (see ServingContext.leave).
-NAMES_PER_TURN = 2_000
-
-
-@dataclass
-class ServingContext:
-    """What every downstream stream shares."""
-
-    cache: ResourceCache
-    index: InterestIndex
-    metrics: Metrics
-    view: CacheView
-    batch_window: float = 0.0
-    # the largest resource locator (name and parameters, encoded) a client may
-    # subscribe to: what the relay can forward to its origin (None: no origin)
-    max_locator_size: int | None = None
-    # the authorization rules (None: everyone may do everything, as on the
-    # private socket between the processes of --workers)
-    access: Access | None = None
-    # what clients may ask (limits.*)
-    limits: Limits = DEFAULT_LIMITS
-    # the most bytes a response takes (server.max_response_size; None: any)
-    max_response_size: int | None = None
-    # streams open per client connection (its peer address)
-    per_connection: Counter[str] = field(default_factory=Counter)
-    # streams, and connections with a stream, open per client host
-    per_host: Counter[str] = field(default_factory=Counter)
-    connections_per_host: Counter[str] = field(default_factory=Counter)
-    # how fast new streams are taken (None: as fast as they come)
-    admission: TokenBucket | None = None
-    # lines about bad requests: at most one per kind and client host per interval
-    refusal_log: RateLimitedLog = field(
-        default_factory=lambda: RateLimitedLog(log, REFUSAL_LOG_INTERVAL, time.monotonic))
-    streams: set[DownstreamStream] = field(default_factory=set)
-    # set when the relay drains: new streams are refused
-    draining: bool = False
-    # set while no stream is open
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-    encoder: PlanEncoder = field(default_factory=PlanEncoder)
-    # streams an origin change concerns, until the batch window closes: one
-    # timer for the whole relay, however many streams a push reaches
-    _batched: set[DownstreamStream] = field(default_factory=set)
-    _batch_timer: asyncio.TimerHandle | None = None
-    # streams that left, still being forgotten by the interest index
-    _forgetting: set[asyncio.Task[None]] = field(default_factory=set)
-
-    def __post_init__(self) -> None:
-        self.idle.set()
-
-    def wake_after_batch(self, stream: DownstreamStream) -> None:
-        """Wake ``stream`` once the batch window closes, to let the rest of
-        the origin's burst arrive first (at once without a window)."""
-        if self.batch_window <= 0:
-            stream.wake()
-            return
-        self._batched.add(stream)
-        if self._batch_timer is None:
-            self._batch_timer = asyncio.get_running_loop().call_later(
-                self.batch_window, self._end_batch)
-
-    def admission_error(self, peer: str) -> tuple[str, str] | None:
-        """Why a new stream from ``peer`` is refused (the limit, the message), or None."""
-        if len(self.streams) >= self.limits.streams:
-            return "streams", (f"the relay serves {len(self.streams)} streams, its most "
-                               f"(limits.streams); connect to another replica")
-        host = client_host(peer)
-        # A unix socket's peers cannot be told apart: they share no connection limit.
-        if host is None:
-            return None
-        limits = self.limits
-        on_connection = self.per_connection[peer]
-        if on_connection >= limits.streams_per_connection:
-            return "streams_per_connection", (
-                f"this connection has {on_connection} streams open, the most "
-                f"(limits.streams_per_connection)")
-        if self.per_host[host] >= limits.streams_per_host:
-            return "streams_per_host", (
-                f"{shown(host, 64)} has {self.per_host[host]} streams open, the most one "
-                f"client host may (limits.streams_per_host)")
-        if not on_connection and self.connections_per_host[host] >= limits.connections_per_host:
-            return "connections_per_host", (
-                f"{shown(host, 64)} has {self.connections_per_host[host]} connections with "
-                f"streams open, the most one client host may (limits.connections_per_host)")
-        return None
-
-    def admission_wait(self, peer: str) -> float | None:
-        """How long a new stream from ``peer`` waits for its turn (see
-        :class:`~relay.admission.TokenBucket`), or None: refused. A unix
-        socket's (the links of ``--workers``) never wait."""
-        if self.admission is None or client_host(peer) is None:
-            return 0.0
-        return self.admission.reserve()
-
-    def join(self, stream: DownstreamStream) -> None:
-        """``stream`` opened: count it (see :meth:`admission_error`)."""
-        self.streams.add(stream)
-        peer = stream.peer
-        self.per_connection[peer] += 1
-        host = client_host(peer)
-        if host is not None:
-            self.per_host[host] += 1
-            if self.per_connection[peer] == 1:
-                self.connections_per_host[host] += 1
-        self.idle.clear()
-
-    def warn_limited(self, peer: str, kind: str, message: str, *args: object) -> None:
-        """Log a line a client causes (a refusal, a NACK), at most once per kind and
-        client host per interval (the port changes with every reconnect; the host
-        does not), and a few per kind for all hosts together (see RateLimitedLog)."""
-        host = peer.rsplit(":", 1)[0]
-        self.refusal_log.warning(kind, message, *args, host=host)
-
-    def leave(self, stream: DownstreamStream) -> None:
-        """``stream`` ended: forget it everywhere.
-
-        A stream holding many names is forgotten by the interest index (and
-        so by the upstream) in slices, one per turn of the event loop, so that
-        a client of 100,000 names leaving holds up nobody; outside an event
-        loop, at once.
-        """
-        if stream in self.streams:
-            self.streams.discard(stream)
-            peer = stream.peer
-            host = client_host(peer)
-            self.per_connection[peer] -= 1
-            if not self.per_connection[peer]:
-                del self.per_connection[peer]
-                if host is not None:
-                    _take_one(self.connections_per_host, host)
-            if host is not None:
-                _take_one(self.per_host, host)
-        self._batched.discard(stream)
-        if not self.streams:
-            self.idle.set()
-        if self.index.remove(stream, NAMES_PER_TURN):
-            return
-        try:
-            task = asyncio.get_running_loop().create_task(self._forget_slowly(stream))
-        except RuntimeError:  # no event loop
-            self.index.remove(stream)
-            return
-        self._forgetting.add(task)
-        task.add_done_callback(self._forgetting.discard)
-
-    async def _forget_slowly(self, stream: DownstreamStream) -> None:
-        while True:
-            await asyncio.sleep(0)
-            if self.index.remove(stream, NAMES_PER_TURN):
-                return
-
-    def _end_batch(self) -> None:
-        self._batch_timer = None
-        batched, self._batched = self._batched, set()
-        for stream in batched:
-            stream.wake()
-
-    def subscription_counts(self) -> Counter[tuple[str, ...]]:
-        """Streams subscribed to each type, by (protocol, short type name)."""
-        counts: Counter[tuple[str, ...]] = Counter()
-        # Snapshots (list(...)): the OTLP exporter calls this from its own thread.
-        for stream in list(self.streams):
-            for type_url in stream.session.types():
-                counts[stream.protocol, short_name(type_url)] += 1
-        return counts
-
-    def rejection_counts(self) -> Counter[tuple[str, ...]]:
-        """Streams whose latest answered response of a type was NACKed, by
-        (protocol, short type name): 0 for every pair some stream subscribes to."""
-        counts: Counter[tuple[str, ...]] = Counter()
-        for stream in list(self.streams):
-            for type_url, rejected in stream.session.rejections():
-                counts[stream.protocol, short_name(type_url)] += rejected
-        return counts
-
-    def close_streams(self, reason: str) -> None:
-        """Ask every downstream stream to end (see :meth:`DownstreamStream.close`)."""
-        for stream in list(self.streams):
-            stream.close(reason)
-
-    def snapshots(self) -> list[tuple[SessionSnapshot, str]]:
-        """Every connected client's snapshot and peer, by node id and peer."""
-        return sorted(((s.session.snapshot(), s.peer) for s in list(self.streams)),
-                      key=lambda item: (item[0].node_id, item[1]))
-
-    def client_statuses(self) -> list[dict[str, Any]]:
-        """What ``/clients`` shows of every connected client (see
-        :func:`relay.server.status.client_summary`)."""
-        return [client_summary(snapshot, peer, self.cache)
-                for snapshot, peer in self.snapshots()]
-
-    @classmethod
-    def create(cls, cache: ResourceCache, index: InterestIndex, metrics: Metrics,
-               batch_window: float = 0.0) -> ServingContext:
-        def conflict(type_url: str, name: str) -> None:
-            metrics.variant_conflicts.add(1, {"type": short_name(type_url)})
-
-        return cls(cache, index, metrics, CacheView(cache, conflict), batch_window)
+__all__ = ["DownstreamStream", "XdsProtocol", "encode_plan"]
 
 
 class DownstreamStream:
@@ -261,10 +52,11 @@ class DownstreamStream:
         # node binding check (None: no check)
         self._unbound = identity
         # what this client sees of the cache: without the Secrets it may not have
-        self.view: ClientView = serving.view if serving.access is None else \
-            serving.access.client_view(serving.view, identity)
-        self.session = Session(protocol, fixed_type_url, serving.max_locator_size,
-                               serving.limits, serving.max_response_size)
+        settings = serving.settings
+        self.view: ClientView = serving.view if settings.access is None else \
+            settings.access.client_view(serving.view, identity)
+        self.session = Session(protocol, fixed_type_url, settings.max_locator_size,
+                               settings.limits, settings.max_response_size)
         # whether something may be due, and the writer's wait for it (an
         # asyncio.Event would do, with a deque per stream that is never used)
         self._woken = False
@@ -420,8 +212,8 @@ class DownstreamStream:
         and logged at most once per kind and client host per interval."""
         metrics = self.serving.metrics
         if isinstance(error, Refused):
-            assert self.serving.access is not None
-            self.serving.access.refused("node_binding", self.peer, str(error))
+            assert self.serving.settings.access is not None
+            self.serving.settings.access.refused("node_binding", self.peer, str(error))
             return grpc.StatusCode.PERMISSION_DENIED, str(error)
         if isinstance(error, LimitExceeded | RequestTooLarge):
             metrics.downstream_limited.add(1, {"limit": error.limit})
@@ -449,9 +241,10 @@ class DownstreamStream:
     def _bind_node(self, first: Request) -> None:
         """Check the first request's Node against the client's certificate
         before it subscribes to anything: raises :class:`Refused`."""
-        assert self._unbound is not None and self.serving.access is not None
+        access = self.serving.settings.access
+        assert self._unbound is not None and access is not None
         node = first.node if first.HasField("node") else None
-        error = self.serving.access.node_error(self._unbound, node)
+        error = access.node_error(self._unbound, node)
         if error is not None:
             raise Refused(error)
         self._unbound = None
@@ -473,23 +266,6 @@ class DownstreamStream:
                         self.wake()
         finally:
             self.wake()
-
-
-def client_host(peer: str) -> str | None:
-    """The host of a gRPC peer (``ipv4:10.0.0.7:41000``: ``ipv4:10.0.0.7``),
-    what per-host limits count by; None for a unix socket, whose peers
-    cannot be told apart."""
-    if peer.startswith("unix:"):
-        return None
-    return peer.rsplit(":", 1)[0]
-
-
-def _take_one(counts: Counter[str], key: str) -> None:
-    left = counts[key] - 1
-    if left > 0:
-        counts[key] = left
-    else:
-        del counts[key]
 
 
 def _call_ended(stream: weakref.ref[DownstreamStream], _context: object) -> None:

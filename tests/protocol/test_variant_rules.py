@@ -23,7 +23,8 @@ from relay.cache import ABSENT, Missing, ResourceCache, Update
 from relay.constraints import Locator, compile_constraints, params_of
 from relay.core import Core
 from relay.resource import CachedResource
-from relay.server.streams import DownstreamStream, ServingContext
+from relay.server.serving import ServingContext
+from relay.server.streams import DownstreamStream
 from relay.telemetry import new_metrics, prometheus_provider
 from relay.upstream.state import SETTLE_GRACE, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT

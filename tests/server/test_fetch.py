@@ -12,11 +12,12 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import Update
 from relay.constraints import EMPTY_PARAMS
 from relay.core import Core
-from relay.protocol.limits import Limits
+from relay.protocol.limits import DEFAULT_LIMITS, Limits
 from relay.protocol.sotw import state_version
 from relay.protocol.subscription import MAX_NAMES_PER_RESPONSE
 from relay.resource import CachedResource
 from relay.server.fetch import Fetcher, Limited, Served, Unanswered, Unavailable, unanswered
+from relay.server.serving import ServingSettings
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
 from tests.clock import ManualClock
@@ -39,9 +40,10 @@ class Up:
         self.refetched.append((type_url, names))
 
 
-def setup(lease: float = 60.0, wait: float = 0.5) -> tuple[Core, Fetcher, Up, ManualClock]:
+def setup(lease: float = 60.0, wait: float = 0.5, limits: Limits = DEFAULT_LIMITS
+          ) -> tuple[Core, Fetcher, Up, ManualClock]:
     clock = ManualClock()
-    core = Core.create(clock=clock)
+    core = Core.create(settings=ServingSettings(limits=limits), clock=clock)
     up = Up()
     core.index.link(up)
     return core, Fetcher(core.serving, clock, lease, wait), up, clock
@@ -199,8 +201,7 @@ async def test_more_names_than_one_stream_response_takes_are_answered_in_one() -
 
 
 async def test_leases_beyond_limits_streams_are_refused() -> None:
-    core, fetcher, _, _ = setup()
-    core.serving.limits = Limits(streams=1)
+    core, fetcher, _, _ = setup(limits=Limits(streams=1))
     core.cache.apply(ENDPOINT, Update(upserts=[load("e1"), load("e2")]))
     await fetch(fetcher, "e1")
     assert await fetch(fetcher, "e2") == Limited(
@@ -210,8 +211,7 @@ async def test_leases_beyond_limits_streams_are_refused() -> None:
 
 
 async def test_leases_beyond_limits_leases_per_host_are_refused_that_host_only() -> None:
-    core, fetcher, _, clock = setup()
-    core.serving.limits = Limits(leases_per_host=2)
+    core, fetcher, _, clock = setup(limits=Limits(leases_per_host=2))
     core.cache.apply(ENDPOINT, Update(upserts=[load("e1"), load("e2"), load("e3")]))
     await fetch(fetcher, "e1")
     await fetch(fetcher, "e2", peer="ipv4:127.0.0.1:2")  # another port, the same host

@@ -16,8 +16,9 @@ from relay.cache import Update
 from relay.constraints import compile_constraints
 from relay.core import Core
 from relay.resource import CachedResource
+from relay.server.serving import ServingContext
 from relay.server.status import UnsupportedMatcher, client_config, client_status
-from relay.server.streams import DownstreamStream, ServingContext, XdsProtocol
+from relay.server.streams import DownstreamStream, XdsProtocol
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
 
@@ -43,7 +44,7 @@ def put(ctx: ServingContext, msg: Any, version: str) -> None:
 def open_stream(ctx: ServingContext, protocol: XdsProtocol = "delta",
                 node_id: str = "n1") -> DownstreamStream:
     stream = DownstreamStream(ctx, protocol, f"peer-{node_id}")
-    ctx.streams.add(stream)
+    ctx.join(stream)
     return stream
 
 

@@ -18,7 +18,8 @@ from relay.constraints import EMPTY_PARAMS
 from relay.core import Core
 from relay.interest import InterestIndex
 from relay.resource import CachedResource
-from relay.server.streams import NAMES_PER_TURN, DownstreamStream, ServingContext
+from relay.server.serving import NAMES_PER_TURN, ServingContext
+from relay.server.streams import DownstreamStream
 from relay.telemetry import new_metrics
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack

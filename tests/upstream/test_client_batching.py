@@ -14,6 +14,7 @@ from envoy.config.core.v3 import base_pb2
 from relay.cache import ResourceCache
 from relay.core import Core
 from relay.interest import Interest, InterestIndex
+from relay.server.serving import ServingSettings
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import MAX_NAMES_PER_TURN, UpstreamClient
 from relay.upstream.dial import Dialer
@@ -52,7 +53,7 @@ def make(window: float = WINDOW
          ) -> tuple[UpstreamClient, RecordingState, InterestIndex, ManualClock]:
     """A client following an origin it never dials, on a stream taken as open."""
     clock = ManualClock()
-    core = Core.create(batch_window=window, clock=clock)
+    core = Core.create(settings=ServingSettings(batch_window=window), clock=clock)
     state = RecordingState(core.cache)
     client = core.follow(Dialer("127.0.0.1:1"), state, Backoff())
     state.on_connect(core.index, clock.now())
