@@ -5,24 +5,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import random
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 import grpc
+from opentelemetry.metrics import MeterProvider
+from prometheus_client import CollectorRegistry
 
 from relay.admin import AdminServer
 from relay.admission import TokenBucket
 from relay.authorization import Authorizer
+from relay.cache import ResourceCache
 from relay.certificates import WatchedKeyPair
 from relay.clock import Clock, MonotonicClock
 from relay.config import RelayConfig, node_proto
 from relay.core import Core
 from relay.demand import DemandLedger
 from relay.encoding import MAX_MESSAGE_SIZE
+from relay.interest import InterestIndex
 from relay.logs import RateLimitedLog
 from relay.persistence.restore import Restored, restore
 from relay.persistence.stores import DirectoryStore, RedisStore, SnapshotStore, StoreError
@@ -38,7 +44,7 @@ from relay.server.ecosystem import Health, add_ecosystem_services
 from relay.server.fetch import Fetcher
 from relay.server.rest import RestServer
 from relay.server.services import DRAINING, discovery_handlers
-from relay.server.serving import ServingSettings
+from relay.server.serving import ServingContext, ServingSettings
 from relay.telemetry import Metrics, new_metrics, prometheus_provider, watch_loop_lag
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
@@ -195,7 +201,10 @@ def drain_schedule(count: int, period: float) -> list[float]:
     return [i * step for i in range(count)]
 
 
-class Relay:
+def build_relay(config: RelayConfig, clock: Clock | None = None, *,
+                origin: Dialer | None = None, listen: str | None = None,
+                reuse_port: bool = False, admin: bool = True,
+                readiness: Callable[[], str | None] | None = None) -> Relay:
     """A relay built from a validated config. ``start`` it, then ``stop`` it.
 
     ``clock`` drives its timers (TTLs, the upstream's deadlines, backoff, the
@@ -205,80 +214,185 @@ class Relay:
     ``listen`` (a gRPC address such as ``unix:/path``, private to the relay's
     processes: plaintext, and no ``server.authorization``) instead of
     ``server.address``; ``reuse_port`` lets other processes listen on the same
-    port (SO_REUSEPORT); ``admin=False`` serves no admin endpoints.
+    port (SO_REUSEPORT); ``admin=False`` serves no admin endpoints;
+    ``readiness`` is what ``/ready`` and ``xds_relay_ready`` go by instead of
+    :meth:`Relay.not_ready_reason` (the hub counts its workers in).
     """
-
-    def __init__(self, config: RelayConfig, clock: Clock | None = None, *,
-                 origin: Dialer | None = None, listen: str | None = None,
-                 reuse_port: bool = False, admin: bool = True) -> None:
-        self.config = config
-        self.clock: Clock = clock or MonotonicClock()
-        otlp = config.metrics.otlp
-        provider, self.registry = prometheus_provider(
-            otlp.endpoint if otlp else None, otlp.interval if otlp else 15.0)
-        self.meter_provider = provider
-        self.metrics = new_metrics(provider, self.registry)
-        upstream = config.upstream
-        if origin is None and upstream.address is not None:
-            origin = dialer(config)
-        self.core = Core.create(
-            self.metrics, serving_settings(config, self.metrics, self.clock,
-                                           private=listen is not None,
-                                           forwards=origin is not None),
-            self.clock)
-        self.cache, self.index, self.serving = self.core.cache, self.core.index, self.core.serving
-        self.upstream: UpstreamClient | None = None
-        self.files: FileSource | None = None
-        if origin is None:
-            from relay.sources.files import FileSource
-
-            assert upstream.files is not None  # the config has exactly one source
-            self.files = FileSource(upstream.files, self.cache, upstream.poll_interval,
-                                    self.metrics)
-        else:
-            state = UpstreamState(node_proto(config), self.cache, upstream.linger,
-                                  upstream.answer_grace, upstream.max_request_size,
-                                  upstream.initial_versions)
-            self.upstream = self.core.follow(
-                origin, state, Backoff(upstream.backoff.initial, upstream.backoff.max))
+    clock = clock or MonotonicClock()
+    otlp = config.metrics.otlp
+    provider, registry = prometheus_provider(
+        otlp.endpoint if otlp else None, otlp.interval if otlp else 15.0)
+    metrics = new_metrics(provider, registry)
+    if origin is None and config.upstream.address is not None:
+        origin = dialer(config)
+    # serving the processes of --workers, not clients
+    private = listen is not None
+    core = Core.create(metrics, serving_settings(config, metrics, clock, private=private,
+                                                 forwards=origin is not None), clock)
+    upstream = None if origin is None else _upstream_client(config, core, origin)
+    if upstream is not None and not private:
+        core.index.limit_demand(demand_ledger(config, clock))
+    # server.tls is for clients, not for the private socket between the processes
+    tls = None if private else config.server.tls
+    fetcher = Fetcher(core.serving, clock, config.rest.lease, config.rest.wait)
+    parts = RelayParts(
+        clock=clock, meter_provider=provider, registry=registry, core=core,
+        upstream=upstream, files=_file_source(config, core) if upstream is None else None,
         # The snapshot: only of what an origin sent (files are their own), and
         # only where the origin is a real one (not a --workers hub).
-        self.snapshot = snapshot_store(config) if self.upstream is not None else None
-        self.snapshot_writer: SnapshotWriter | None = None
-        self.restored: Restored | None = None
-        # server.tls and server.authorization are for clients, not for the
-        # private socket between the processes of --workers
-        tls = config.server.tls if listen is None else None
-        self.certificates = None if tls is None else \
-            WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file)
-        self.health = Health()
-        self.admin: AdminServer | None = None
-        if admin:
-            self.admin = AdminServer(self.cache, self.registry, self.not_ready_reason,
-                                     self.serving.client_statuses, self.ready_detail)
-        self._listen = listen or str(config.server.address)
-        # serving the processes of --workers, not clients
-        self._private = listen is not None
-        # One-shot fetches (gRPC Fetch*, REST polling) and the leases they hold;
+        snapshot=snapshot_store(config) if upstream is not None else None,
+        certificates=None if tls is None else
+        WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file),
+        fetcher=fetcher,
         # REST is served by the processes that serve clients (not a --workers hub).
-        self.fetcher = Fetcher(self.serving, self.clock, config.rest.lease, config.rest.wait)
-        self.rest: RestServer | None = None
-        if config.rest.address is not None and listen is None:
-            self.rest = RestServer(self.serving, self.fetcher, config.rest.address,
-                                   config.server.tls, reuse_port, config.rest.http_limits)
-        if listen is None and origin is not None:
-            self.index.limit_demand(demand_ledger(config, self.clock))
-        # what /ready and xds_relay_ready go by: the hub of --workers counts its workers in
-        self.readiness: Callable[[], str | None] = self.not_ready_reason
-        self._observe_state()
-        self._count_from_zero()
-        self._reuse_port = reuse_port
+        rest=None if private or config.rest.address is None else
+        RestServer(core.serving, fetcher, config.rest.address, config.server.tls, reuse_port,
+                   config.rest.http_limits),
+        listen=listen or str(config.server.address), private=private, reuse_port=reuse_port)
+    return Relay(config, parts, admin=admin, readiness=readiness)
+
+
+def _upstream_client(config: RelayConfig, core: Core, origin: Dialer) -> UpstreamClient:
+    """The client of the origin stream, as ``upstream.*`` says, wired into ``core``."""
+    upstream = config.upstream
+    state = UpstreamState(node_proto(config), core.cache, upstream.linger,
+                          upstream.answer_grace, upstream.max_request_size,
+                          upstream.initial_versions)
+    return core.follow(origin, state, Backoff(upstream.backoff.initial, upstream.backoff.max))
+
+
+def _file_source(config: RelayConfig, core: Core) -> FileSource:
+    """The file source of ``upstream.files``, writing into ``core``'s cache."""
+    from relay.sources.files import FileSource
+
+    upstream = config.upstream
+    assert upstream.files is not None  # the config has exactly one source
+    return FileSource(upstream.files, core.cache, upstream.poll_interval, core.serving.metrics)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelayParts:
+    """What :func:`build_relay` makes of a config, for a :class:`Relay` to run."""
+
+    clock: Clock
+    meter_provider: MeterProvider
+    registry: CollectorRegistry
+    core: Core
+    # the source of resources, exactly one: an origin (or the hub of --workers), or files
+    upstream: UpstreamClient | None
+    files: FileSource | None
+    # where the snapshot is kept, if it is
+    snapshot: SnapshotStore | None
+    # the xDS port's certificate (server.tls)
+    certificates: WatchedKeyPair | None
+    # one-shot fetches (gRPC Fetch*, REST polling) and the leases they hold
+    fetcher: Fetcher
+    rest: RestServer | None
+    # where xDS is served: server.address, or the private socket of --workers
+    listen: str
+    private: bool
+    reuse_port: bool
+
+
+class Lifecycle(enum.Enum):
+    """Where a relay is in its life; each state comes after the one before."""
+
+    BUILT = "built"  # made from its config, not listening
+    SERVING = "serving"  # listening (see Relay.start)
+    DRAINING = "draining"  # refusing new streams, closing the open ones (see Relay.drain)
+    STOPPED = "stopped"  # closed for good (see Relay.stop)
+
+
+# Why /ready says 503 in each state but SERVING.
+_NOT_READY = {Lifecycle.BUILT: "not serving yet", Lifecycle.DRAINING: "draining",
+              Lifecycle.STOPPED: "stopped"}
+
+
+class Relay:
+    """One relay process, running what :func:`build_relay` made of its config.
+
+    Its life is one :class:`Lifecycle`: built, serving once :meth:`start`
+    has bound its ports, draining once :meth:`drain` began, stopped once
+    :meth:`stop` ran. ``readiness`` (by default :meth:`not_ready_reason`) is
+    what ``/ready`` and ``xds_relay_ready`` go by.
+    """
+
+    def __init__(self, config: RelayConfig, parts: RelayParts, *, admin: bool = True,
+                 readiness: Callable[[], str | None] | None = None) -> None:
+        self.config: Final = config
+        self._parts = parts
+        self.upstream: Final = parts.upstream
+        self.rest: Final = parts.rest
+        self._readiness = readiness or self.not_ready_reason
+        self._health = Health()
+        self.admin: Final = None if not admin else AdminServer(
+            parts.core.cache, parts.registry, self._readiness,
+            parts.core.serving.client_statuses, self.ready_detail)
+        self._state = Lifecycle.BUILT
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopped = False
-        self.xds_port = 0
-        self.admin_port = 0
-        self.rest_port = 0
+        self._snapshot_writer: SnapshotWriter | None = None
+        self._restored: Restored | None = None
+        self._xds_port = self._admin_port = self._rest_port = 0
+        self._observe_state()
+        self._count_from_zero()
+
+    # -- what others read ------------------------------------------------------
+
+    @property
+    def state(self) -> Lifecycle:
+        """Where the relay is in its life."""
+        return self._state
+
+    @property
+    def cache(self) -> ResourceCache:
+        """The resources cached."""
+        return self._parts.core.cache
+
+    @property
+    def index(self) -> InterestIndex:
+        """Who wants what, and the way back up."""
+        return self._parts.core.index
+
+    @property
+    def serving(self) -> ServingContext:
+        """What every stream, fetch and poll shares."""
+        return self._parts.core.serving
+
+    @property
+    def metrics(self) -> Metrics:
+        """The relay's instruments."""
+        return self._parts.core.serving.metrics
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The Prometheus registry ``/metrics`` serves."""
+        return self._parts.registry
+
+    @property
+    def xds_port(self) -> int:
+        """The port xDS is served on, once serving (0 before, and on a unix socket)."""
+        return self._xds_port
+
+    @property
+    def admin_port(self) -> int:
+        """The admin endpoints' port, once serving (0 before, or without them)."""
+        return self._admin_port
+
+    @property
+    def rest_port(self) -> int:
+        """The REST polling port, once serving (0 before, or without it)."""
+        return self._rest_port
+
+    @property
+    def snapshot_writer(self) -> SnapshotWriter | None:
+        """What writes the snapshot back, once started with persistence."""
+        return self._snapshot_writer
+
+    @property
+    def restored(self) -> Restored | None:
+        """What the snapshot held when the relay started (None: nothing loaded)."""
+        return self._restored
 
     def _observe_state(self) -> None:
         """Gauges counted from the relay's state when metrics are collected."""
@@ -287,7 +401,7 @@ class Relay:
             self.upstream.state.subscription_counts if self.upstream is not None else None)
         self.metrics.observe(
             "xds_relay_ready", "1 while /ready says ready (serving what it has), 0 otherwise",
-            (), lambda: {(): int(self.readiness() is None)})
+            (), lambda: {(): int(self._readiness() is None)})
         self.metrics.observe(
             "xds_relay_downstream_nacked_streams",
             "Streams whose latest answered response of a type was NACKed, no ACK since: "
@@ -297,14 +411,14 @@ class Relay:
             "xds_relay_fetch_leases",
             "Resource sets kept subscribed for REST polls and gRPC fetches (rest.lease after "
             "their last poll; at most limits.streams)", ("type",),
-            self.fetcher.lease_counts)
+            self._parts.fetcher.lease_counts)
         # What "near a limit" alerts divide by.
         limits = self.config.limits
         self.metrics.observe(
             "xds_relay_limit", "The configured limits.* (counts, and sizes in bytes); "
             "streams are per process",
             ("limit",), lambda: {(name,): getattr(limits, name) for name in NUMBERED_LIMITS})
-        certificates = self.certificates
+        certificates = self._parts.certificates
         if certificates is not None:
             # what alerts on a certificate that rotation failed to renew watch
             self.metrics.observe(
@@ -325,21 +439,19 @@ class Relay:
         if self.upstream is not None:
             metrics.upstream_connected.add(0)
             metrics.upstream_reconnects.add(0)
-        if self.snapshot is not None:
+        if self._parts.snapshot is not None:
             for outcome in ("ok", "failed"):
                 metrics.snapshot_writes.add(0, {"outcome": outcome})
 
     async def set_not_serving(self) -> None:
         """Turn every gRPC health status NOT_SERVING, for good (when draining starts)."""
-        await self.health.set_not_serving()
+        await self._health.set_not_serving()
 
     def not_ready_reason(self) -> str | None:
         """Why ``/ready`` says 503, or None when ready."""
-        if self.serving.draining:
-            return "draining"
-        if self._server is None:
-            return "not serving yet"
-        if self.files is not None:
+        if self._state is not Lifecycle.SERVING:
+            return _NOT_READY[self._state]
+        if self._parts.files is not None:
             return None
         # Once synced, the relay stays ready while the origin is away: it
         # serves what it has cached, to new clients too. So does one that
@@ -352,29 +464,29 @@ class Relay:
 
     def serves_snapshot(self) -> bool:
         """Whether a restored snapshot is what the relay serves, until the origin answers."""
-        return self.restored is not None and self.restored.types > 0
+        return self._restored is not None and self._restored.types > 0
 
     def ready_detail(self) -> str:
         """What a ready relay serves, for ``/ready``'s 200 body."""
-        if self.files is not None:
+        if self._parts.files is not None:
             return "serving files"
         if self.upstream is not None and self.upstream.synced_event.is_set():
             return "synced with the origin"
-        if self.restored is not None:
-            age = "" if self.restored.written_at is None else \
-                f", saved {max(0.0, time.time() - self.restored.written_at):.0f}s ago"
-            return (f"serving a snapshot ({self.restored.resources} resources of "
-                    f"{self.restored.types} types from {self.restored.where}{age}); "
+        if self._restored is not None:
+            age = "" if self._restored.written_at is None else \
+                f", saved {max(0.0, time.time() - self._restored.written_at):.0f}s ago"
+            return (f"serving a snapshot ({self._restored.resources} resources of "
+                    f"{self._restored.types} types from {self._restored.where}{age}); "
                     f"not yet synced with the origin")
         return "not yet synced with the origin"
 
     async def _restore(self) -> None:
         """Load the snapshot into the cache, waiting ``persistence.load_timeout`` at most."""
-        assert self.snapshot is not None and self.config.persistence is not None
-        where = self.snapshot.description
+        assert self._parts.snapshot is not None and self.config.persistence is not None
+        where = self._parts.snapshot.description
         timeout = self.config.persistence.load_timeout
         try:
-            stored = await asyncio.wait_for(self.snapshot.load(), timeout)
+            stored = await asyncio.wait_for(self._parts.snapshot.load(), timeout)
         except TimeoutError:
             log.warning("snapshot not loaded: no answer from %s within %gs "
                         "(persistence.load_timeout); serving without it", where, timeout)
@@ -389,12 +501,12 @@ class Relay:
         def skipped(reason: str, count: int) -> None:
             self.metrics.snapshot_skipped.add(count, {"reason": reason})
 
-        self.restored = restore(self.cache, stored, where, self.clock.now(), time.time(),
+        self._restored = restore(self.cache, stored, where, self._parts.clock.now(), time.time(),
                                 skipped)
-        self.metrics.snapshot_restored.add(self.restored.resources)
-        if self.restored.types:
+        self.metrics.snapshot_restored.add(self._restored.resources)
+        if self._restored.types:
             log.info("restored %d resources of %d types from the snapshot at %s; serving them "
-                     "until the origin answers", self.restored.resources, self.restored.types,
+                     "until the origin answers", self._restored.resources, self._restored.types,
                      where)
 
     async def drain(self, period: float | None = None) -> None:
@@ -406,88 +518,105 @@ class Relay:
         a thundering herd. The origin stream stays up meanwhile: the clients
         not yet closed still get updates. ``stop`` afterwards.
         """
+        if self._state is Lifecycle.STOPPED:
+            return
         if period is None:
             period = self.config.server.drain_period
+        self._state = Lifecycle.DRAINING
         self.serving.start_draining()
         await self.set_not_serving()
         streams = list(self.serving.streams)
         random.shuffle(streams)
         log.info("draining: closing %d client streams over %.1fs", len(streams), period)
-        started = self.clock.now()
+        started = self._parts.clock.now()
         for stream, offset in zip(streams, drain_schedule(len(streams), period), strict=True):
-            await self.clock.sleep(max(0.0, started + offset - self.clock.now()))
+            await self._parts.clock.sleep(max(0.0, started + offset - self._parts.clock.now()))
             stream.close(DRAINING)
-        await self.serving.wait_idle(self.clock, 1.0)
-        log.info("drained in %.1fs", self.clock.now() - started)
+        await self.serving.wait_idle(self._parts.clock, 1.0)
+        log.info("drained in %.1fs", self._parts.clock.now() - started)
 
     async def start(self) -> None:
-        """Bind the servers and start following the origin.
+        """Bind the servers and start following the origin: built, then serving.
 
         With persistence, the snapshot is loaded first: the first client is
         served from it. Then every change the cache takes is written back.
         """
-        if self.snapshot is not None:
+        if self._state is not Lifecycle.BUILT:
+            raise RuntimeError(f"a relay starts once; this one is {self._state.value}")
+        parts = self._parts
+        if parts.snapshot is not None:
             await self._restore()
-            writer = self.snapshot_writer = SnapshotWriter(
-                self.cache, self.snapshot, self.metrics, self.clock)
+            writer = self._snapshot_writer = SnapshotWriter(
+                self.cache, parts.snapshot, self.metrics, parts.clock)
             self.cache.add_listener(writer.on_cache_change)
             self._tasks.append(asyncio.create_task(writer.run(), name="snapshot"))
-        if self.files is not None:
-            self.files.load()  # served before the first client can connect
-            self._tasks.append(asyncio.create_task(self.files.run(), name="file-source"))
-        # gRPC sets SO_REUSEPORT unless told not to: then a second relay
-        # started on the same port would silently take half its connections.
-        # Only the worker processes of one relay share a port, on purpose.
-        options = [*server_options(self.config, private=self._private),
-                   ("grpc.so_reuseport", 1 if self._reuse_port else 0)]
-        server = grpc.aio.server(options=options)
-        server.add_generic_rpc_handlers(discovery_handlers(self.serving, self.fetcher))
-        await add_ecosystem_services(server, self.serving, self.health)
-        try:
-            if self.certificates is not None:
-                self.xds_port = server.add_secure_port(self._listen,
-                                                       server_credentials(self.certificates))
-            else:
-                self.xds_port = server.add_insecure_port(self._listen)
-        except RuntimeError:  # what gRPC raises when it cannot bind
-            self.xds_port = 0
-        if self.xds_port == 0:
-            raise OSError(f"cannot listen on {self._listen}")
+        if parts.files is not None:
+            parts.files.load()  # served before the first client can connect
+            self._tasks.append(asyncio.create_task(parts.files.run(), name="file-source"))
+        server = await self._bind()
         await server.start()
-        self._server = server
-        admin = self.config.admin.address
+        self._server, self._state = server, Lifecycle.SERVING
         if self.admin is not None:
-            self.admin_port = await self.admin.start(self.config.admin)
+            self._admin_port = await self.admin.start(self.config.admin)
         if self.rest is not None:
-            self.rest_port = await self.rest.start()
+            self._rest_port = await self.rest.start()
         if self.upstream is not None:
             self._tasks.append(asyncio.create_task(self.upstream.run(), name="upstream"))
         self._tasks.append(asyncio.create_task(self._report_ready(), name="ready"))
-        self._tasks.append(asyncio.create_task(self.core.expire_ttls(), name="ttl"))
+        self._tasks.append(asyncio.create_task(parts.core.expire_ttls(), name="ttl"))
         self._tasks.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag),
                                                name="loop-lag"))
-        serving = self._listen if self._listen.startswith("unix:") else \
-            f"{self.config.server.address.host}:{self.xds_port}"
-        if self.certificates is not None:
-            mutual = self.certificates.current.client_ca_pem is not None
+        self._log_serving()
+
+    async def _bind(self) -> grpc.aio.Server:
+        """The xDS server, its services added and its port bound (not started)."""
+        parts = self._parts
+        # gRPC sets SO_REUSEPORT unless told not to: then a second relay
+        # started on the same port would silently take half its connections.
+        # Only the worker processes of one relay share a port, on purpose.
+        options = [*server_options(self.config, private=parts.private),
+                   ("grpc.so_reuseport", 1 if parts.reuse_port else 0)]
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers(discovery_handlers(self.serving, parts.fetcher))
+        await add_ecosystem_services(server, self.serving, self._health)
+        try:
+            if parts.certificates is not None:
+                self._xds_port = server.add_secure_port(
+                    parts.listen, server_credentials(parts.certificates))
+            else:
+                self._xds_port = server.add_insecure_port(parts.listen)
+        except RuntimeError:  # what gRPC raises when it cannot bind
+            self._xds_port = 0
+        if self._xds_port == 0:
+            raise OSError(f"cannot listen on {parts.listen}")
+        return server
+
+    def _log_serving(self) -> None:
+        """Say where xDS (and the admin endpoints) are served."""
+        listen, certificates = self._parts.listen, self._parts.certificates
+        serving = listen if listen.startswith("unix:") else \
+            f"{self.config.server.address.host}:{self._xds_port}"
+        if certificates is not None:
+            mutual = certificates.current.client_ca_pem is not None
             serving += " (mutual TLS)" if mutual else " (TLS)"
         if self.admin is None:
             log.info("serving xDS on %s", serving)
         else:
-            log.info("serving xDS on %s, admin on %s:%d", serving, admin.host, self.admin_port)
+            log.info("serving xDS on %s, admin on %s:%d", serving,
+                     self.config.admin.address.host, self._admin_port)
 
     async def _report_ready(self) -> None:
         """Turn the xDS services' gRPC health SERVING once synced, or at once
         when serving a snapshot (as ``/ready``)."""
         if self.upstream is not None and not self.serves_snapshot():
             await self.upstream.synced_event.wait()
-        await self.health.set_ready()
+        await self._health.set_ready()
 
     async def stop(self, grace: float | None = 0.5) -> None:
         """Stop serving; close downstream streams and the origin stream. Idempotent."""
-        if self._stopped:
+        if self._state is Lifecycle.STOPPED:
             return
-        self._stopped = True
+        self._state = Lifecycle.STOPPED
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -499,25 +628,25 @@ class Relay:
         if self.rest is not None:
             await self.rest.stop()
         await self._close_snapshot()
-        if self._server is not None:
+        server, self._server = self._server, None
+        if server is not None:  # it was serving
             # Streams never end on their own: close them with a status the
             # clients understand, rather than leaving gRPC to cancel them.
             self.serving.close_streams("the relay is shutting down")
-            await self._server.stop(grace)
-            self._server = None
+            await server.stop(grace)
         # after both servers: no fetch can take a new lease any more
-        await self.fetcher.aclose()
+        await self._parts.fetcher.aclose()
         # Bounded: a collector that does not answer must not hold up the exit.
-        self.meter_provider.shutdown(timeout_millis=1000)  # type: ignore[attr-defined]
+        self._parts.meter_provider.shutdown(timeout_millis=1000)  # type: ignore[attr-defined]
 
     async def _close_snapshot(self) -> None:
         """Write what is left (a store that does not answer soon is given up
         on: the next relay catches up from the origin) and close the store."""
-        if self.snapshot_writer is not None:
+        if self._snapshot_writer is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.snapshot_writer.write_pending(), 2.0)
-        if self.snapshot is not None:
-            await self.snapshot.close()
+                await asyncio.wait_for(self._snapshot_writer.write_pending(), 2.0)
+        if self._parts.snapshot is not None:
+            await self._parts.snapshot.close()
 
     async def wait(self) -> None:
         """Run until the server stops."""

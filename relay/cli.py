@@ -207,11 +207,11 @@ async def _run(config: RelayConfig, log_level: str) -> int:
         from relay.workers import run_hub
 
         return await run_hub(config, log_level)
-    from relay.app import Relay, serve_until_signalled, signal_queue
+    from relay.app import build_relay, serve_until_signalled, signal_queue
     from relay.runtime import tune_gc
 
     signals = signal_queue()
-    relay = Relay(config)
+    relay = build_relay(config)
     await relay.start()
     tune_gc()
     await serve_until_signalled(relay, signals)

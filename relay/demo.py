@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.app import Relay
+from relay.app import build_relay
 from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, message_class, short_name
 
@@ -79,12 +79,12 @@ async def run_demo(resources: Path, port: int, admin_port: int, origin_port: int
                    once: bool = False) -> int:
     """Start the origin and the relay, show a client served, run until interrupted."""
     directory = resources.resolve()  # noqa: ASYNC240 (once, before serving)
-    origin = Relay(parse_config(_origin_config(directory, origin_port), "<demo origin>"))
+    origin = build_relay(parse_config(_origin_config(directory, origin_port), "<demo origin>"))
     await origin.start()
     try:
         # The origin's real port: the relay follows it even when 0 asked for any port.
-        relay = Relay(parse_config(_relay_config(port, admin_port, origin.xds_port),
-                                   "<demo relay>"))
+        relay = build_relay(parse_config(_relay_config(port, admin_port, origin.xds_port),
+                                         "<demo relay>"))
         await relay.start()
     except BaseException:
         await origin.stop(0)

@@ -17,7 +17,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, message
 
 from relay import xds_types
-from relay.app import Relay
+from relay.app import Relay, build_relay
 from relay.clock import Clock
 from relay.config import parse_config
 from relay.constraints import EMPTY_PARAMS, Params, compile_constraints, params_of
@@ -433,7 +433,7 @@ async def running_stack(origin: Any = None, *, channel_options: Sequence[tuple[s
         # time itself would have to move it past every window.
         server = config.get("server", "")
         config["server"] = f"{server}, batch_window: 0s" if server else "batch_window: 0s"
-    relay = Relay(parse_config(relay_config(origin.port, **config)), clock)
+    relay = build_relay(parse_config(relay_config(origin.port, **config)), clock)
     await relay.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}",
                                         options=list(channel_options))

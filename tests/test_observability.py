@@ -36,7 +36,7 @@ from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
 from google.rpc import status_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.app import Relay
+from relay.app import Relay, build_relay
 from relay.config import RelayConfig, parse_config
 from relay.workers.metrics import merge_metrics
 from relay.xds_types import CLUSTER
@@ -246,7 +246,7 @@ async def _scrape_when(admin_port: int, names: set[str]) -> str:
 
 @contextlib.asynccontextmanager
 async def _serving(config: RelayConfig) -> AsyncIterator[Relay]:
-    relay = Relay(config)
+    relay = build_relay(config)
     await relay.start()
     try:
         yield relay

@@ -29,7 +29,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from relay.admin import READ_METHODS, AdminServer, Reply
-from relay.app import Relay, signal_queue
+from relay.app import build_relay, signal_queue
 from relay.cache import ResourceCache
 from relay.config import Address, RelayConfig
 from relay.runtime import tune_gc
@@ -212,8 +212,9 @@ class Hub:
         # Private (0700): only this user's processes can reach the socket.
         self._dir = Path(tempfile.mkdtemp(prefix="xds-relay-"))
         self.socket = f"unix:{self._dir / 'hub.sock'}"
-        self.relay = Relay(config, listen=self.socket, admin=False)
-        self.relay.readiness = self.not_ready_reason  # xds_relay_ready says what /ready says
+        # xds_relay_ready says what the hub's /ready says
+        self.relay = build_relay(config, listen=self.socket, admin=False,
+                                 readiness=self.not_ready_reason)
         self.relay.metrics.worker_restarts.add(0)  # a series from the start, for increase()
         self.workers = [WorkerProcess(i) for i in range(1, config.server.workers + 1)]
         self.admin = HubAdmin(self.relay.cache, self.not_ready_reason, self.clients,

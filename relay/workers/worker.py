@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 
 from prometheus_client import generate_latest
 
-from relay.app import Relay, serve_until_signalled, signal_queue
+from relay.app import Relay, build_relay, serve_until_signalled, signal_queue
 from relay.config import Address, BackoffConfig, MetricsConfig, RelayConfig
 from relay.logs import configure_logging
 from relay.runtime import tune_gc
@@ -92,7 +92,7 @@ async def _serve(spec: WorkerSpec, end: Connection) -> int:
     upstream = spec.config.upstream
     hub = Dialer(spec.hub, max_response_size=upstream.max_response_size,
                  connect_timeout=upstream.connect_timeout)
-    relay = Relay(spec.config, origin=hub, admin=False, reuse_port=True)
+    relay = build_relay(spec.config, origin=hub, admin=False, reuse_port=True)
     try:
         await relay.start()
     except OSError as error:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from relay.app import Relay
+from relay.app import Relay, build_relay
 from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.harness import (
@@ -29,7 +29,7 @@ from tests.harness import (
 def following(port: int, node_id: str) -> Relay:
     """A relay following whatever serves Delta ADS on ``port``."""
     config = parse_config(relay_config(port))
-    return Relay(config.model_copy(update={
+    return build_relay(config.model_copy(update={
         "node": config.node.model_copy(update={"id": node_id})}))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 
-from relay.app import Relay
+from relay.app import build_relay
 from relay.config import parse_config
 from relay.xds_types import CLUSTER
 from tests.harness import XdsClient, node
@@ -28,14 +28,14 @@ eds_cluster_config: {{eds_config: {{ads: {{}}, resource_api_version: V3}}}}
 
 @contextlib.asynccontextmanager
 async def chain(directory: Path) -> AsyncIterator[XdsClient]:
-    origin = Relay(parse_config(f"""
+    origin = build_relay(parse_config(f"""
 node: {{id: origin}}
 server: {{address: "127.0.0.1:0"}}
 admin: {{address: "127.0.0.1:0"}}
 upstream: {{files: "{directory}", poll_interval: 0.05s}}
 """))
     await origin.start()
-    zone = Relay(parse_config(f"""
+    zone = build_relay(parse_config(f"""
 node: {{id: zone-a}}
 server: {{address: "127.0.0.1:0"}}
 admin: {{address: "127.0.0.1:0"}}

@@ -24,7 +24,7 @@ from google.rpc import status_pb2
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.app import Relay
+from relay.app import build_relay
 from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.harness import (
@@ -448,7 +448,7 @@ upstream:
   backoff: {{initial: 0.1s, max: 0.5s}}
   keepalive: {{time: 1s, timeout: 1s}}
 """
-    relay = Relay(parse_config(relay_config))
+    relay = build_relay(parse_config(relay_config))
     await relay.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
     try:

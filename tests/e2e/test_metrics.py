@@ -11,7 +11,7 @@ from collections.abc import Callable
 from google.rpc import status_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.app import Relay
+from relay.app import build_relay
 from relay.config import parse_config
 from relay.server.access import REFUSAL_REASONS
 from relay.xds_types import ADS_SERVICE, CLUSTER, ENDPOINT, WILDCARD
@@ -201,7 +201,7 @@ async def test_nacked_streams_count_clients_still_rejecting_their_latest_respons
 
 async def test_series_alerts_take_increase_of_start_at_zero() -> None:
     # An origin that never answers: nothing has been counted yet.
-    relay = Relay(parse_config(relay_config(free_port())))
+    relay = build_relay(parse_config(relay_config(free_port())))
     await relay.start()
     try:
         samples = await scrape(relay.admin_port)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from relay.app import Relay
+from relay.app import build_relay
 from relay.config import ConfigError, parse_config
 from tests.harness import ScriptedOrigin, cluster, eventually, relay_config
 
@@ -66,7 +66,7 @@ async def test_metrics_are_pushed_to_the_configured_collector(collector: Collect
 metrics:
   otlp: {{endpoint: "http://127.0.0.1:{collector.port}/v1/metrics", interval: 0.2s}}
 """
-    relay = Relay(parse_config(config, "otlp.yaml"))
+    relay = build_relay(parse_config(config, "otlp.yaml"))
     await relay.start()
     try:
         await eventually(lambda: relay.not_ready_reason() is None)

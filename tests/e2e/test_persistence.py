@@ -17,7 +17,7 @@ import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from relay.app import Relay
+from relay.app import Relay, build_relay
 from relay.config import parse_config
 from relay.persistence.stores import RedisStore
 from relay.server.ecosystem import ADS_SERVICE
@@ -64,7 +64,7 @@ def config(origin_port: int, persistence: str, **options: str) -> Any:
 @contextlib.asynccontextmanager
 async def running(origin_port: int, persistence: str, **options: str
                   ) -> AsyncIterator[tuple[Relay, grpc.aio.Channel]]:
-    relay = Relay(config(origin_port, persistence, **options))
+    relay = build_relay(config(origin_port, persistence, **options))
     await relay.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
     try:
@@ -242,7 +242,7 @@ async def test_a_nacked_origin_response_is_never_stored(persistence: str) -> Non
     loaded = await RedisStore(relay.config.persistence.redis.url,  # type: ignore[union-attr]
                               relay.config.snapshot_prefix(), 1.0).load()
     assert loaded is not None
-    fresh = Relay(relay.config)
+    fresh = build_relay(relay.config)
     from relay.persistence.restore import restore
 
     restore(fresh.cache, loaded, "test", 0.0, 0.0)

@@ -19,7 +19,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from google.protobuf import json_format, struct_pb2
 
-from relay.app import Relay
+from relay.app import build_relay
 from relay.config import parse_config
 from relay.protocol.delta import MAX_NAMES_PER_PIECE
 from relay.xds_types import CLUSTER, ENDPOINT
@@ -100,7 +100,7 @@ async def test_invariant_7_without_origin_versions_content_changes_reach_delta_a
 async def test_invariant_7_derived_versions_are_the_same_on_every_replica() -> None:
     origin = await IstiodOrigin().start()
     origin.set(endpoints("e", 1), endpoints("f", 2))
-    relays = [Relay(parse_config(relay_config(origin.port))) for _ in range(2)]
+    relays = [build_relay(parse_config(relay_config(origin.port))) for _ in range(2)]
     try:
         versions = []
         for relay in relays:
@@ -211,7 +211,7 @@ async def test_an_origin_that_never_completes_a_connect_is_given_up_after_connec
 
     silent = await asyncio.start_server(hold, "127.0.0.1", 0)
     port = silent.sockets[0].getsockname()[1]
-    relay = Relay(parse_config(relay_config(port, upstream="connect_timeout: 0.2s")))
+    relay = build_relay(parse_config(relay_config(port, upstream="connect_timeout: 0.2s")))
     try:
         with caplog.at_level(logging.WARNING, "relay.upstream"):
             await relay.start()

@@ -6,7 +6,7 @@ import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.app import Relay
+from relay.app import build_relay
 from relay.config import Address
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE, WILDCARD
 from tests.harness import (
@@ -403,7 +403,7 @@ async def test_a_second_relay_on_a_port_in_use_fails_to_start() -> None:
     async with running_stack() as stack:
         config = stack.relay.config
         taken = Address("127.0.0.1", stack.relay.xds_port)
-        second = Relay(config.model_copy(update={
+        second = build_relay(config.model_copy(update={
             "server": config.server.model_copy(update={"address": taken})}))
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{taken.port}"):
             await second.start()

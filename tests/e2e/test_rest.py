@@ -26,7 +26,7 @@ from google.protobuf import json_format
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.app import Relay
+from relay.app import build_relay
 from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
@@ -199,7 +199,7 @@ async def test_a_relay_serving_files_answers_polls_from_them(
     (tmp_path / "a.yaml").write_text(
         '"@type": type.googleapis.com/envoy.config.cluster.v3.Cluster\n'
         "name: a\ntype: EDS\nconnect_timeout: 1s\n")
-    relay = Relay(parse_config(f"""
+    relay = build_relay(parse_config(f"""
 node: {{id: files}}
 server: {{address: "127.0.0.1:0"}}
 admin: {{address: "127.0.0.1:0"}}

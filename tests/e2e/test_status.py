@@ -17,7 +17,7 @@ from google.rpc import status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from relay.app import Relay
+from relay.app import build_relay
 from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.clock import ManualClock
@@ -94,7 +94,7 @@ async def test_xds_services_are_not_serving_until_the_relay_has_synced() -> None
     origin = await ScriptedOrigin().start()
     port = origin.port
     await origin.stop()  # nothing listens: the relay cannot sync
-    relay = Relay(parse_config(relay_config(port), "relay.yaml"))
+    relay = build_relay(parse_config(relay_config(port), "relay.yaml"))
     await relay.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}") as channel:

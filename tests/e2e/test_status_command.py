@@ -22,7 +22,7 @@ import pytest
 import trustme
 from google.rpc import status_pb2
 
-from relay.app import Relay
+from relay.app import Relay, build_relay
 from relay.cli import main
 from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
@@ -249,7 +249,7 @@ async def relay_with_admin(admin_keys: str) -> AsyncIterator[Relay]:
     text = relay_config(origin.port)
     plain = 'admin: {address: "127.0.0.1:0"}'
     assert plain in text
-    relay = Relay(parse_config(text.replace(
+    relay = build_relay(parse_config(text.replace(
         plain, f'admin: {{address: "127.0.0.1:0", {admin_keys}}}')))
     await relay.start()
     try:

@@ -17,7 +17,7 @@ import aiohttp
 import grpc
 import pytest
 
-from relay.app import Relay
+from relay.app import Relay, build_relay
 from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.harness import (
@@ -91,9 +91,9 @@ async def test_a_rest_poll_past_its_host_share_gets_429_before_the_origin_sees_i
 async def chained(origin_limits: str) -> AsyncIterator[tuple[ScriptedOrigin, Relay, Relay]]:
     """origin -> an upstream relay with ``origin_limits`` -> the relay under test."""
     origin = await ScriptedOrigin().start()
-    upper = Relay(parse_config(relay_config(origin.port, limits=origin_limits)))
+    upper = build_relay(parse_config(relay_config(origin.port, limits=origin_limits)))
     await upper.start()
-    relay = Relay(parse_config(relay_config(upper.xds_port)))
+    relay = build_relay(parse_config(relay_config(upper.xds_port)))
     await relay.start()
     try:
         yield origin, upper, relay

@@ -31,7 +31,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from relay.app import Relay
+from relay.app import Relay, build_relay
 from relay.config import parse_config
 from relay.server.streams import DownstreamStream
 from relay.xds_types import ENDPOINT
@@ -70,8 +70,8 @@ def running() -> Iterator[Running]:
         origin = await fuzz_origin().start()
         # Fetches keep what they asked subscribed for rest.lease: a short one,
         # so that it has lapsed when the settle check looks.
-        relay = Relay(parse_config(relay_config(origin.port, limits=section,
-                                                rest="lease: 1s")))
+        relay = build_relay(parse_config(relay_config(origin.port, limits=section,
+                                                      rest="lease: 1s")))
         await relay.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
         rig = FuzzRig(origin, channel, limits)
