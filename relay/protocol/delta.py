@@ -17,9 +17,10 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import params_of
 from relay.encoding import field_size, text_size
+from relay.protocol.cycle import OWED
 from relay.protocol.held import Declared, Held
-from relay.protocol.limits import MAX_NACK_MESSAGE, shown
-from relay.protocol.outcome import Nack, RequestOutcome
+from relay.protocol.outcome import RequestOutcome
+from relay.protocol.requests import DeltaRequest
 from relay.protocol.sizing import ResponseBudget, cut_heartbeats
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.subscription import SubscriptionState
@@ -102,44 +103,32 @@ class DeltaSubscription(SubscriptionState):
         # names subscribed again while held: sent again even if unchanged
         # (None while empty, as it nearly always is)
         self._resend: set[str] | None = None
-        # (name, version) of what the response in flight carries
-        self._inflight: tuple[tuple[str, str], ...] = ()
-        self._acked_nonce: str | None = None
 
     # -- input -----------------------------------------------------------
 
-    def on_request(self, request: discovery_pb2.DeltaDiscoveryRequest) -> RequestOutcome:
+    def on_request(self, request: DeltaRequest) -> RequestOutcome:
         """Apply one request: ACK/NACK bookkeeping and subscription changes.
 
         Costs what the request names, never the whole subscription.
         """
         outcome = RequestOutcome()
-        first = not self._started
-        self._started = True
-
-        nonce = request.response_nonce
-        if nonce and nonce == self._inflight_nonce:
-            self._inflight_nonce = None
-            outcome.ack_nonce = nonce
-            if request.HasField("error_detail"):
-                # The client keeps what it had; we do not resend the same
-                # versions (``_held`` already records them), only later changes.
-                message = shown(request.error_detail.message, MAX_NACK_MESSAGE)
-                self._last_nack = Nack(nonce, message, request.error_detail.code,
-                                       resources=self._inflight)
-                outcome.nack = self._last_nack
-            else:
-                self._acked_nonce = nonce
-            self.rejected = outcome.nack is not None
+        first = self._cycle.start()
+        if self._cycle.awaits(request.response_nonce):
+            self._take_reply(request, outcome)
         # A stale nonce still carries valid subscription changes: apply them.
-        plain = request.resource_names_subscribe
-        locators = request.resource_locators_subscribe
-        if not (plain or locators or request.resource_names_unsubscribe or
+        if not (request.resource_names_subscribe or request.resource_locators_subscribe or
+                request.resource_names_unsubscribe or
                 request.resource_locators_unsubscribe or first):
             return outcome  # a plain ACK: the bulk of all traffic
+        self._subscribe_from(request, first)
+        self._unsubscribe_from(request)
+        return outcome
 
-        subscribe = set(plain)
-        params = {loc.name: params_of(loc.dynamic_parameters) for loc in locators}
+    def _subscribe_from(self, request: DeltaRequest, first: bool) -> None:
+        """What ``request`` subscribes (and, the first, declares it holds)."""
+        subscribe = set(request.resource_names_subscribe)
+        params = {loc.name: params_of(loc.dynamic_parameters)
+                  for loc in request.resource_locators_subscribe}
         subscribe.update(params)
         if first:
             self._held = {name: Declared(version)
@@ -164,6 +153,8 @@ class DeltaSubscription(SubscriptionState):
             self._subscribe_names(subscribe, params)
             self._unanswered = subscribe | (self._unanswered or set())
 
+    def _unsubscribe_from(self, request: DeltaRequest) -> None:
+        """What ``request`` unsubscribes."""
         unsubscribe = set(request.resource_names_unsubscribe)
         unsubscribe.update(loc.name for loc in request.resource_locators_unsubscribe)
         if WILDCARD in unsubscribe:
@@ -185,20 +176,12 @@ class DeltaSubscription(SubscriptionState):
                 # them again, or report them removed if they are gone.
                 self._unanswered = gone | (self._unanswered or set())
                 self._pending |= gone
-        return outcome
 
     def _start_wildcard(self) -> None:
         super()._start_wildcard()
-        self._must_answer = True  # Envoy waits for the first wildcard answer
+        self._cycle.owe()  # Envoy waits for the first wildcard answer
 
     # -- output ----------------------------------------------------------
-
-    def has_work(self) -> bool:
-        """Whether :meth:`next_response` may have a response to send now."""
-        return self._inflight_nonce is None and (
-            bool(self._pending) or self._recheck_all or self._must_answer or
-            bool(self._backlog) or
-            bool(self._pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource,
                       max_size: int | None = None) -> DeltaResponsePlan | None:
@@ -209,41 +192,24 @@ class DeltaSubscription(SubscriptionState):
             return None
         candidates = self._take_candidates(
             view, lambda: (*self._names, *self._held, *(self._unanswered or ()), *self._pending))
-
         resources: list[CachedResource] = []
         sending: set[int] = set()  # ids of ``resources``: a name and its alias, once
         removed: dict[str, None] = {}  # subscribed by name and by alias: once
         removed_names: dict[tuple[str, str], discovery_pb2.ResourceName] = {}
         errors: list[discovery_pb2.ResourceError] = []
         budget = ResponseBudget(max_size, self._type_url)
-        counted_errors = 0
         full_at: str | None = None  # the first name the response had no room for
         held_now, unanswered = self._held, self._unanswered or _NOTHING
         resend = self._resend or _NOTHING
-        for name, found in self._looked_up(view, candidates, errors):
-            if len(errors) > counted_errors:  # rare: passed on already, they go
-                for error in errors[counted_errors:]:
-                    budget.count(field_size(error.ByteSize()))
-                counted_errors = len(errors)
+        for name, found in self._looked_up(view, candidates, errors, budget):
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
                 held = held_now.get(name)
-                if held is not None and held.resource_name is not None:
-                    key = (held.resource_name.name, held.variant_key or "")
-                    if key not in removed_names:
-                        if not budget.take(field_size(held.resource_name.ByteSize())):
-                            full_at = name
-                            break
-                        removed_names[key] = held.resource_name
-                elif held is not None or name in unanswered:
-                    # A resource subscribed by alias went out under its own name.
-                    gone = (held.name or name) if held else name
-                    if gone not in removed:
-                        if not budget.take(text_size(gone)):
-                            full_at = name
-                            break
-                        removed[gone] = None
+                if (held is not None or name in unanswered) and \
+                        not self._removal(name, held, budget, removed, removed_names):
+                    full_at = name
+                    break
                 if resend:
                     resend.discard(name)
                 held_now.pop(name, None)
@@ -265,26 +231,39 @@ class DeltaSubscription(SubscriptionState):
                     resend.discard(name)
                 held_now[name] = found
             unanswered.discard(name)
-
         if full_at is not None:
-            # The rest waits, in order, for the next response (after the ACK).
-            # ``full_at`` is at its first place among the candidates: a name
-            # seen earlier would have been sent or skipped there.
-            self._backlog = candidates[candidates.index(full_at):] + (self._backlog or [])
-        if not self._resend:
-            self._resend = None
-        if not self._unanswered:
-            self._unanswered = None
+            self._leave_for_next(candidates, full_at)
+        # (emptied sets go back to None: an idle stream keeps none)
+        self._resend, self._unanswered = self._resend or None, self._unanswered or None
         heartbeats = self._heartbeats_that_fit(resources, view, budget, full_at is not None)
         if not (resources or removed or removed_names or errors or heartbeats or
-                self._must_answer):
+                self._cycle.phase is OWED):
             return None
-        self._must_answer = False
         nonce = nonces.next()
-        self._inflight_nonce = nonce
-        self._inflight = tuple((r.name, r.version) for r in resources)
+        self._cycle.sent(nonce, "", tuple((r.name, r.version) for r in resources))
         return DeltaResponsePlan(self._type_url, nonce, resources, list(removed),
                                  list(removed_names.values()), errors, heartbeats)
+
+    @staticmethod
+    def _removal(name: str, held: Held | None, budget: ResponseBudget,
+                 removed: dict[str, None],
+                 removed_names: dict[tuple[str, str], discovery_pb2.ResourceName]) -> bool:
+        """Tell the client ``name`` is gone (held, or subscribed and never
+        answered), once per resource; whether ``budget`` had room."""
+        if held is not None and held.resource_name is not None:
+            key = (held.resource_name.name, held.variant_key or "")
+            if key not in removed_names:
+                if not budget.take(field_size(held.resource_name.ByteSize())):
+                    return False
+                removed_names[key] = held.resource_name
+            return True
+        # A resource subscribed by alias went out under its own name.
+        gone = (held.name or name) if held else name
+        if gone not in removed:
+            if not budget.take(text_size(gone)):
+                return False
+            removed[gone] = None
+        return True
 
     def _heartbeats_that_fit(self, resources: list[CachedResource], view: ResourceView,
                              budget: ResponseBudget, full: bool) -> list[CachedResource]:
@@ -301,9 +280,10 @@ class DeltaSubscription(SubscriptionState):
 
     def _held_status(self, name: str, held: Held) -> ResourceStatus:
         sent = (held.name or name, held.version)
-        if self._inflight_nonce is not None and sent in self._inflight:
+        if self._cycle.in_flight is not None and sent in self._cycle.resources:
             return ResourceStatus.SENT
-        if self._last_nack is not None and sent in self._last_nack.resources:
+        last_nack = self._cycle.last_nack
+        if last_nack is not None and sent in last_nack.resources:
             return ResourceStatus.NACKED
         # Answered with an ACK, or declared by the client in initial_resource_versions.
         return ResourceStatus.ACKED
@@ -313,4 +293,4 @@ class DeltaSubscription(SubscriptionState):
         return not self._unanswered or name not in self._unanswered
 
     def _acked(self) -> str | None:
-        return self._acked_nonce
+        return self._cycle.acked_nonce

@@ -24,8 +24,9 @@ What the session decides on its own, beyond each type's protocol:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from envoy.config.core.v3 import base_pb2
 
@@ -35,10 +36,17 @@ from relay.interest import InterestChange
 from relay.protocol.delta import DeltaResponsePlan, DeltaSubscription
 from relay.protocol.limits import DEFAULT_LIMITS, LimitExceeded, Limits, kept_node, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
+from relay.protocol.requests import DeltaRequest, Request, ResourceLocator
 from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
 from relay.protocol.view import NonceSource, ResourceView
 from relay.xds_types import CLUSTER, ENDPOINT, push_rank
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
+__all__ = ["SUPPORTS_RESOURCE_IN_SOTW", "Due", "Plan", "Received", "Request", "Session",
+           "State", "XdsProtocol"]
 
 # The two xDS wire protocols: state of the world and incremental.
 XdsProtocol = Literal["sotw", "delta"]
@@ -47,8 +55,6 @@ XdsProtocol = Literal["sotw", "delta"]
 # heartbeats); others get bare resources.
 SUPPORTS_RESOURCE_IN_SOTW = "xds.config.supports-resource-in-sotw"
 
-# The generated messages carry no type information; this names what flows.
-Request: TypeAlias = Any  # DiscoveryRequest | DeltaDiscoveryRequest
 Plan: TypeAlias = DeltaResponsePlan | SotwResponsePlan
 State: TypeAlias = DeltaSubscription | SotwSubscription
 
@@ -132,8 +138,9 @@ class Session:
         if has_node:
             self._check_node(request.node)
         node_params = _node_params_of(request.node) if has_node else self._node_params
-        self._check_locator_sizes(request, node_params.get(type_url, EMPTY_PARAMS))
-        self._check_names(request)
+        names, locators, count = self._subscribing(request)
+        self._check_locator_sizes(names, locators, node_params.get(type_url, EMPTY_PARAMS))
+        self._check_names(names, locators, count)
 
     def receive(self, request: Request) -> Received:
         """Apply one request; raises :class:`ProtocolError` for one that breaks the
@@ -145,13 +152,21 @@ class Session:
             if self._node is None:
                 self._node = kept_node(request.node)
             node_changed = self._update_node_params(request.node)
-        self._check_locator_sizes(request, self._node_params.get(type_url, EMPTY_PARAMS))
-        self._check_names(request)
+        names, locators, count = self._subscribing(request)
+        self._check_locator_sizes(names, locators,
+                                  self._node_params.get(type_url, EMPTY_PARAMS))
+        self._check_names(names, locators, count)
         state = self._states.get(type_url)
         first = state is None
         if state is None:
             state = self._new_state(type_url)
-        outcome = state.on_request(request)
+        # The stream's protocol chose both the state and the request's type.
+        if self._is_delta(request):
+            assert isinstance(state, DeltaSubscription)
+            outcome = state.on_request(request)
+        else:
+            assert isinstance(state, SotwSubscription)
+            outcome = state.on_request(request)
         # A new node may change every type's parameters; a request, its own type.
         touched = self._states.items() if node_changed else [(type_url, state)]
         interest = [(t, change) for t, s in touched
@@ -163,6 +178,24 @@ class Session:
             # Registered even with no names, to hear that the type became synced.
             interest.append((type_url, InterestChange()))
         return Received(type_url, outcome, interest)
+
+    def _is_delta(self, request: Request) -> TypeIs[DeltaRequest]:
+        """Whether ``request`` is a delta one: the stream's protocol (the gRPC
+        method it came on) says so."""
+        return self.protocol == "delta"
+
+    def _subscribing(self, request: Request
+                     ) -> tuple[Sequence[str], Sequence[ResourceLocator], int]:
+        """The plain names and the locators ``request`` subscribes, and how many
+        names it carries in all (unsubscribed ones too)."""
+        if self._is_delta(request):
+            names, locators = request.resource_names_subscribe, \
+                request.resource_locators_subscribe
+            return names, locators, len(names) + len(locators) + \
+                len(request.resource_names_unsubscribe) + \
+                len(request.resource_locators_unsubscribe)
+        names, locators = request.resource_names, request.resource_locators
+        return names, locators, len(names) + len(locators)
 
     def _new_state(self, type_url: str) -> State:
         state: State
@@ -214,17 +247,11 @@ class Session:
                                 f"{count}; at most {limit} per locator "
                                 f"(limits.dynamic_parameters)")
 
-    def _check_names(self, request: Request) -> None:
-        """The request's names: how many, how long, their parameters."""
+    def _check_names(self, names: Sequence[str], locators: Sequence[ResourceLocator],
+                     count: int) -> None:
+        """A request's names (``count`` in all, of which ``names`` and
+        ``locators`` subscribed): how many, how long, their parameters."""
         limits = self._limits
-        if self.protocol == "delta":
-            names, locators = request.resource_names_subscribe, \
-                request.resource_locators_subscribe
-            count = len(names) + len(locators) + len(request.resource_names_unsubscribe) + \
-                len(request.resource_locators_unsubscribe)
-        else:
-            names, locators = request.resource_names, request.resource_locators
-            count = len(names) + len(locators)
         if not count:
             return  # an ACK, most often
         if count > limits.names_per_request:
@@ -259,8 +286,9 @@ class Session:
             state.set_node_params(params.get(type_url, EMPTY_PARAMS))
         return True
 
-    def _check_locator_sizes(self, request: Request, node_params: Params) -> None:
-        """Refuse a name the relay could not forward to its origin.
+    def _check_locator_sizes(self, names: Sequence[str], locators: Sequence[ResourceLocator],
+                             node_params: Params) -> None:
+        """Refuse a name subscribed that the relay could not forward to its origin.
 
         The relay's subscription upstream carries every client's names (with
         the node's dynamic parameters for the type, if any). One too large
@@ -270,9 +298,6 @@ class Session:
         limit = self._max_locator_size
         if limit is None:
             return
-        delta = self.protocol == "delta"
-        names = request.resource_names_subscribe if delta else request.resource_names
-        locators = request.resource_locators_subscribe if delta else request.resource_locators
         if not (names or locators):
             return  # an ACK, most often
         with_params = locator_size("", node_params) if node_params else 0
@@ -302,7 +327,7 @@ class Session:
         state = self._states.get(type_url)
         if state is None:
             return None
-        return state.resources_changed(names, everything)
+        return state.mark_changed(names, everything)
 
     def heartbeats_received(self, type_url: str, names: frozenset[str]) -> bool:
         """The origin confirmed these names unchanged; whether the stream cares."""
@@ -328,8 +353,8 @@ class Session:
                 continue
             if type_url == CLUSTER:
                 endpoints = self._states.get(ENDPOINT)
-                if isinstance(endpoints, SotwSubscription):
-                    endpoints.expect_request()
+                if endpoints is not None:
+                    endpoints.expect_request()  # warming (SotW; delta resubscribes)
             responses.append(plan)
         refetch = {type_url: names for type_url, state in self._in_push_order
                    if (names := state.take_refetch())}

@@ -20,10 +20,10 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import Params, params_of
-from relay.encoding import field_size
+from relay.protocol.cycle import OWED
 from relay.protocol.held import Held
-from relay.protocol.limits import MAX_NACK_MESSAGE, shown
-from relay.protocol.outcome import Nack, RequestOutcome
+from relay.protocol.outcome import RequestOutcome
+from relay.protocol.requests import SotwRequest
 from relay.protocol.sizing import ResponseBudget, cut_heartbeats
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.subscription import SubscriptionState
@@ -98,16 +98,11 @@ class SotwSubscription(SubscriptionState):
     def __init__(self, type_url: str, resource_in_sotw: bool = False) -> None:
         super().__init__(type_url)
         self._wrap_ttl = resource_in_sotw
+        # the first request named nothing of a type where that means wildcard:
+        # from then on, an empty list of names is the wildcard (fixed once)
         self._legacy_wildcard = False
-        self._last_nonce: str | None = None   # of the latest response sent
-        # (``_inflight_nonce`` is that response, until the client answers it)
-        self._version_info = ""               # of the latest response sent
-        self._acked_version = ""
         # the sum of ``held_term`` over ``_held``: the state's version, kept current
         self._held_sum = 0
-        # set after a cluster push: the next request is answered in full even if
-        # it looks like a plain ACK (Envoy re-requests endpoints to warm clusters)
-        self._answer_next_request = False
 
     @property
     def _full_state(self) -> bool:
@@ -120,11 +115,11 @@ class SotwSubscription(SubscriptionState):
         Envoy asks for endpoints again after a cluster update, and waits for
         the answer to finish warming its clusters.
         """
-        self._answer_next_request = True
+        self._cycle.expect_request()
 
     # -- input -----------------------------------------------------------
 
-    def on_request(self, request: discovery_pb2.DiscoveryRequest) -> RequestOutcome:
+    def on_request(self, request: SotwRequest) -> RequestOutcome:
         """Apply one request. A request answering an older response is ignored.
 
         A SotW request names the whole subscription, so it costs that much;
@@ -135,37 +130,26 @@ class SotwSubscription(SubscriptionState):
         locators = {loc.name: params_of(loc.dynamic_parameters)
                     for loc in request.resource_locators}
         requested.update(locators)
-
-        if not self._started:
+        cycle = self._cycle
+        if cycle.start():
             # The first request of a type on a stream is initial, whatever nonce
             # it carries; the client's state is unknown, so everything is sent.
-            self._started = True
             self._legacy_wildcard = not requested and self._type_url in LEGACY_WILDCARD_TYPES
             self._set_names(requested, locators, first=True)
             self._recheck_all = True
-            self._must_answer = self._wildcard or (self._full_state and bool(self._names))
+            if self._wildcard or (self._full_state and self._names):
+                cycle.owe()
             return outcome
 
-        if self._last_nonce is not None and request.response_nonce != self._last_nonce:
+        nonce = request.response_nonce
+        if cycle.last_nonce is not None and nonce != cycle.last_nonce:
             return outcome  # stale: the client has not seen our latest response yet
-        if self._inflight_nonce is not None:
-            outcome.ack_nonce = self._inflight_nonce
-            if request.HasField("error_detail"):
-                self._last_nack = Nack(self._inflight_nonce,
-                                       shown(request.error_detail.message, MAX_NACK_MESSAGE),
-                                       request.error_detail.code, self._version_info)
-                outcome.nack = self._last_nack
-            else:
-                self._acked_version = self._version_info
-            self.rejected = outcome.nack is not None
-            self._inflight_nonce = None
-
-        if self._answer_next_request and request.response_nonce == self._last_nonce:
-            self._answer_next_request = False
+        if cycle.awaits(nonce):
+            self._take_reply(request, outcome)
+        if cycle.take_expected(nonce):
             for name in requested & self._held.keys():
                 self._unhold(name)
             self._pending |= requested
-            self._must_answer = True
         if requested == self._names and not (self._wildcard or locators or self._locator_params):
             return outcome  # the same plain names again (an ACK, most often)
         self._set_names(requested, locators, first=False)
@@ -179,7 +163,7 @@ class SotwSubscription(SubscriptionState):
         if wildcard and not self._wildcard:
             self._start_wildcard()
             if not first:
-                self._must_answer = True
+                self._cycle.owe()
         self._wildcard = wildcard
         # Parameters changed: re-evaluate which variant it gets.
         kept = requested - added
@@ -203,7 +187,7 @@ class SotwSubscription(SubscriptionState):
                 self._unhold(name)
         self._subscribe_names(added, {name: locators[name] for name in added & locators.keys()})
         if added and self._full_state:
-            self._must_answer = True
+            self._cycle.owe()
 
     def heartbeats_received(self, names: frozenset[str]) -> None:
         """The origin confirmed these names unchanged (only Resource-aware clients hear it)."""
@@ -211,13 +195,6 @@ class SotwSubscription(SubscriptionState):
             super().heartbeats_received(names)
 
     # -- output ----------------------------------------------------------
-
-    def has_work(self) -> bool:
-        """Whether :meth:`next_response` may have a response to send now."""
-        return self._started and self._inflight_nonce is None and (
-            bool(self._pending) or self._recheck_all or self._must_answer or
-            bool(self._backlog) or
-            bool(self._pending_heartbeats))
 
     def next_response(self, view: ResourceView, nonces: NonceSource,
                       max_size: int | None = None) -> SotwResponsePlan | None:
@@ -267,7 +244,7 @@ class SotwSubscription(SubscriptionState):
         self._pending_heartbeats = None
         unchanged = new_held.keys() == self._held.keys() and all(
             self._held[name].is_current(resource) for name, resource in new_held.items())
-        if unchanged and not self._must_answer and not errors:
+        if unchanged and self._cycle.phase is not OWED and not errors:
             if not beats:
                 return None
             # Unchanged state: a heartbeat response, all others in full.
@@ -282,13 +259,8 @@ class SotwSubscription(SubscriptionState):
         resources: list[CachedResource] = []
         errors: list[discovery_pb2.ResourceError] = []
         budget = ResponseBudget(max_size, self._type_url)
-        counted_errors = 0
         full_at: str | None = None  # the first name the response had no room for
-        for name, found in self._looked_up(view, candidates, errors):
-            if len(errors) > counted_errors:  # rare: passed on already, they go
-                for error in errors[counted_errors:]:
-                    budget.count(field_size(error.ByteSize()))
-                counted_errors = len(errors)
+        for name, found in self._looked_up(view, candidates, errors, budget):
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
@@ -310,12 +282,9 @@ class SotwSubscription(SubscriptionState):
                 self._held[name] = found
                 self._held_sum += held_term(name, found)
         if full_at is not None:
-            # The rest waits, in order, for the next response (after the ACK).
-            # ``full_at`` is at its first place among the candidates: a name
-            # seen earlier would have been sent or skipped there.
-            self._backlog = candidates[candidates.index(full_at):] + (self._backlog or [])
+            self._leave_for_next(candidates, full_at)
         beats = self._heartbeats_that_fit(resources, view, budget, full_at is not None)
-        if not resources and not errors and not beats and not self._must_answer:
+        if not resources and not errors and not beats and self._cycle.phase is not OWED:
             return None
         return self._emit(resources + beats, nonces, errors,
                           frozenset(r.name for r in beats))
@@ -346,14 +315,10 @@ class SotwSubscription(SubscriptionState):
     def _emit(self, resources: list[CachedResource], nonces: NonceSource,
               errors: list[discovery_pb2.ResourceError] | None = None,
               heartbeats: frozenset[str] = frozenset()) -> SotwResponsePlan:
-        self._must_answer = False
-        self._answer_next_request = False  # this response already answers it
-        nonce = nonces.next()
-        self._last_nonce = nonce
-        self._inflight_nonce = nonce
-        self._version_info = _version_text(self._held_sum)
+        nonce, version_info = nonces.next(), _version_text(self._held_sum)
+        self._cycle.sent(nonce, version_info)  # (what a request expected waits for, too)
         wrapped = frozenset(r.name for r in resources if self._wraps(r))
-        return SotwResponsePlan(self._type_url, nonce, self._version_info, resources, wrapped,
+        return SotwResponsePlan(self._type_url, nonce, version_info, resources, wrapped,
                                 errors or [], heartbeats)
 
     def _unhold(self, name: str) -> None:
@@ -365,12 +330,13 @@ class SotwSubscription(SubscriptionState):
         # A response is accepted or rejected as a whole, and the state keeps no
         # record of which names it carried: every held name of the type shares
         # the fate of the latest response.
-        if self._inflight_nonce is not None:
+        cycle = self._cycle
+        if cycle.in_flight is not None:
             return ResourceStatus.SENT
-        if self._acked_version == self._version_info:
+        if cycle.acked_version == cycle.version_info:
             return ResourceStatus.ACKED
-        nack = self._last_nack
-        if nack is not None and nack.version_info == self._version_info:
+        nack = cycle.last_nack
+        if nack is not None and nack.version_info == cycle.version_info:
             return ResourceStatus.NACKED
         return ResourceStatus.SENT
 
@@ -378,8 +344,8 @@ class SotwSubscription(SubscriptionState):
         # Full-state types: a response that went out after the subscription and
         # did not list the name said that it does not exist. Other SotW types
         # cannot say it.
-        return (self._full_state and self._last_nonce is not None and
+        return (self._full_state and self._cycle.last_nonce is not None and
                 name not in self._pending and not self._recheck_all)
 
     def _acked(self) -> str | None:
-        return self._acked_version
+        return self._cycle.acked_version

@@ -10,6 +10,10 @@ change, passing on the origin's errors and heartbeats, refusing to serve a
 do-not-cache copy fetched before the client asked, and what the snapshot
 says a client holds.
 
+The request/response/ACK cycle both follow is a
+:class:`~relay.protocol.cycle.Cycle`, one per state; whether a response may
+be due (:meth:`SubscriptionState.has_work`) is decided here, once.
+
 Their bookkeeping is private; the stream sees requests in, responses out,
 and a :class:`~relay.protocol.snapshot.TypeSnapshot`.
 """
@@ -22,9 +26,14 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import Missing
 from relay.constraints import EMPTY_PARAMS, Params
+from relay.encoding import field_size
 from relay.interest import InterestChange
+from relay.protocol.cycle import IDLE, IN_FLIGHT, IN_FLIGHT_OWING, OWED, Cycle
 from relay.protocol.held import Held
-from relay.protocol.outcome import Nack
+from relay.protocol.limits import MAX_NACK_MESSAGE, shown
+from relay.protocol.outcome import RequestOutcome
+from relay.protocol.requests import Request
+from relay.protocol.sizing import ResponseBudget
 from relay.protocol.snapshot import ResourceState, ResourceStatus, TypeSnapshot
 from relay.protocol.view import ResourceView
 from relay.resource import CachedResource, arrival_clock
@@ -66,14 +75,8 @@ class SubscriptionState:
         # arrived before is not this client's to have (``_refetch``)
         self._since: dict[str, int] = {}
         self._refetch: set[str] | None = None
-        # a response is owed even if it would be empty (a first wildcard request)
-        self._must_answer = False
-        self._started = False
-        # nonce of the response the client has not answered yet
-        self._inflight_nonce: str | None = None
-        self._last_nack: Nack | None = None
-        # the latest response the client answered was NACKed (no ACK since)
-        self.rejected = False
+        # the request/response/ACK cycle: what is in flight, what is owed
+        self._cycle = Cycle()
         # name -> the origin's error as last forwarded, so each is sent once
         self._errors_sent: dict[str, discovery_pb2.ResourceError] = {}
         # names whose subscription may have changed since the interest index
@@ -82,6 +85,19 @@ class SubscriptionState:
         self._wildcard_told = False
 
     # -- what others may read ---------------------------------------------------
+
+    @property
+    def rejected(self) -> bool:
+        """Whether the client NACKed the latest response it replied to (no ACK since)."""
+        return self._cycle.rejected
+
+    def has_work(self) -> bool:
+        """Whether ``next_response`` may have a response to send now: one is
+        owed, or something is marked to look at and nothing is in flight."""
+        phase = self._cycle.phase
+        return phase is OWED or (phase is IDLE and (
+            bool(self._pending) or self._recheck_all or bool(self._backlog) or
+            bool(self._pending_heartbeats)))
 
     def take_interest_change(self) -> InterestChange | None:
         """How the subscription changed since this was last called, if it did:
@@ -113,12 +129,14 @@ class SubscriptionState:
 
     # -- cache and node changes --------------------------------------------------
 
-    def resources_changed(self, names: frozenset[str], everything: bool) -> int:
-        """The cache changed these names (or, with ``everything``, possibly any).
+    def mark_changed(self, names: frozenset[str], everything: bool) -> int:
+        """Mark these names changed in the cache (or, with ``everything``,
+        possibly any), to look at for the next response; returns how many
+        changes coalesced.
 
-        Returns how many of them were already waiting behind a response the
-        client has not answered: the change before this one will never reach
-        it (coalesced, latest wins).
+        That is how many of ``names`` were already waiting behind a response
+        the client has not ACKed or NACKed yet: the change before this one
+        will never reach it (coalesced, latest wins).
         """
         if everything:
             self._recheck_all = True
@@ -126,7 +144,9 @@ class SubscriptionState:
             self._changed = set(names)
             coalesced = 0
         else:
-            coalesced = len(self._changed & names) if self._inflight_nonce else 0
+            phase = self._cycle.phase
+            coalesced = len(self._changed & names) \
+                if phase is IN_FLIGHT or phase is IN_FLIGHT_OWING else 0
             self._changed.update(names)
         self._pending.update(names)
         return coalesced
@@ -154,7 +174,22 @@ class SubscriptionState:
         names, self._refetch = frozenset(self._refetch or ()), None
         return names
 
+    def expect_request(self) -> None:
+        """A cluster push went out: Envoy asks for endpoints again, and waits
+        for the response to warm its clusters. Nothing to do where that request
+        is an explicit resubscribe (delta); see the SotW state."""
+
     # -- rules both protocols follow ---------------------------------------------
+
+    def _take_reply(self, request: Request, outcome: RequestOutcome) -> None:
+        """``request`` is the ACK or NACK of the response in flight: note which."""
+        outcome.ack_nonce = request.response_nonce
+        if request.HasField("error_detail"):
+            detail = request.error_detail
+            outcome.nack = self._cycle.nacked(shown(detail.message, MAX_NACK_MESSAGE),
+                                              detail.code)
+        else:
+            self._cycle.acked()
 
     def _touch_all(self, names: Iterable[str]) -> None:
         """These names' subscriptions are about to change: remember what the
@@ -231,11 +266,12 @@ class SubscriptionState:
         return error
 
     def _looked_up(self, view: ResourceView, candidates: list[str],
-                   errors: list[discovery_pb2.ResourceError]
+                   errors: list[discovery_pb2.ResourceError], budget: ResponseBudget
                    ) -> Iterator[tuple[str, CachedResource | Missing]]:
         """Each subscribed name among ``candidates`` (in order) with the variant
         this client gets, or why there is none; the origin's errors not yet
-        passed on go into ``errors`` on the way."""
+        passed on go into ``errors`` on the way, counted in ``budget`` whether
+        they fit or not (they are marked as passed on already)."""
         type_url, wildcard, names = self._type_url, self._wildcard, self._names
         locator_params, node_params = self._locator_params, self._node_params
         # Errors are rare: look them up only in a type that has any, or for
@@ -251,6 +287,7 @@ class SubscriptionState:
                 forwarded = self._forward_error(name, view.error(type_url, name, params))
                 if forwarded is not None:
                     errors.append(forwarded)
+                    budget.count(field_size(forwarded.ByteSize()))
             yield name, lookup(type_url, name, params)
 
     def _heartbeats_due(self, sending: Iterable[CachedResource],
@@ -299,6 +336,15 @@ class SubscriptionState:
         self._backlog = backlog or None
         return ordered
 
+    def _leave_for_next(self, candidates: list[str], full_at: str) -> None:
+        """A response had no room for ``full_at`` and the candidates after it:
+        they wait, in order, for the next response (after the ACK).
+
+        ``full_at`` is at its first place among the candidates: a name seen
+        earlier would have been sent or skipped there.
+        """
+        self._backlog = candidates[candidates.index(full_at):] + (self._backlog or [])
+
     def _looked_at_everything(self) -> None:
         """A response was built from every name marked: the marks go."""
         self._pending.clear()
@@ -311,12 +357,13 @@ class SubscriptionState:
     def snapshot(self) -> TypeSnapshot:
         """What the client subscribes to and holds, and how its last responses went."""
         resources = []
+        last_nack = self._cycle.last_nack
         for name, held in self._held.items():
             if not (self._wildcard or name in self._names):
                 continue  # declared in initial_resource_versions, never subscribed
             status = self._held_status(name, held)
-            message = self._last_nack.message if status is ResourceStatus.NACKED and \
-                self._last_nack is not None else ""
+            message = last_nack.message if status is ResourceStatus.NACKED and \
+                last_nack is not None else ""
             resources.append(ResourceState(held.name or name, status, held.version,
                                            held.variant_key, name, message))
         for name in sorted(self._names - self._held.keys()):
@@ -335,7 +382,7 @@ class SubscriptionState:
         return TypeSnapshot(
             self._type_url, tuple(sorted(self._names)), self._wildcard,
             tuple((name, held.version) for name, held in sorted(self._held.items())),
-            self._acked(), self._inflight_nonce, self._last_nack, tuple(resources))
+            self._acked(), self._cycle.in_flight, last_nack, tuple(resources))
 
     def _held_status(self, name: str, held: Held) -> ResourceStatus:
         raise NotImplementedError

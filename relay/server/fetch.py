@@ -30,7 +30,7 @@ import logging
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from relay.authorization import PeerIdentity
 from relay.cache import UNKNOWN
@@ -39,6 +39,7 @@ from relay.constraints import Params
 from relay.interest import InterestChange
 from relay.protocol.limits import LimitExceeded, shown
 from relay.protocol.outcome import ProtocolError
+from relay.protocol.requests import SotwRequest
 from relay.protocol.session import Session
 from relay.protocol.sotw import SotwResponsePlan, state_version
 from relay.protocol.subscription import MAX_NAMES_PER_RESPONSE
@@ -217,7 +218,7 @@ class Fetcher:
         """The leases held now, the soonest to expire first."""
         return list(self._leases.values())
 
-    async def fetch(self, request: Any, type_url: str, peer: str,
+    async def fetch(self, request: SotwRequest, type_url: str, peer: str,
                     identity: PeerIdentity | None = None, method: str = "") -> FetchOutcome:
         """Answer one DiscoveryRequest for ``type_url`` (what ``method``, the
         gRPC method or HTTP path it came on, serves) from ``peer``, whose
@@ -264,7 +265,7 @@ class Fetcher:
         return Served(SotwResponsePlan(type_url, NonceSource().next(), state_version({}), []),
                       lease)
 
-    def _answer(self, session: Session, view: ResourceView, request: Any,
+    def _answer(self, session: Session, view: ResourceView, request: SotwRequest,
                 many: bool) -> SotwResponsePlan | None:
         """The session's response, whole.
 

@@ -61,7 +61,7 @@ def test_invariant_2_unsubscribing_star_keeps_named_resources_flowing() -> None:
     assert not state.snapshot().wildcard
     view.set("a", "2")
     view.set("b", "2")
-    state.resources_changed(frozenset({"a", "b"}), False)
+    state.mark_changed(frozenset({"a", "b"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and [r.name for r in plan.resources] == ["a"]
 
@@ -119,7 +119,7 @@ def test_invariant_6_missing_name_is_reported_and_subscription_kept() -> None:
     assert plan is not None and plan.removed == ["x"] and plan.resources == []
     state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce))
     view.set("x", "1")
-    state.resources_changed(frozenset({"x"}), False)
+    state.mark_changed(frozenset({"x"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and [r.name for r in plan.resources] == ["x"]
 
@@ -142,7 +142,7 @@ def test_invariant_8_nonces_are_unique_and_names_not_repeated() -> None:
         seen.add(plan.nonce)
         state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce))
         view.set("a", version)
-        state.resources_changed(frozenset({"a"}), False)
+        state.mark_changed(frozenset({"a"}), False)
 
 
 def test_invariant_9_plain_ack_produces_nothing() -> None:
@@ -165,7 +165,7 @@ def test_invariant_10_nack_recorded_and_same_versions_not_resent() -> None:
     assert state.snapshot().last_nack == outcome.nack
     assert state.next_response(view, nonces) is None
     view.set("a", "2")
-    state.resources_changed(frozenset({"a"}), False)
+    state.mark_changed(frozenset({"a"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and plan.resources[0].version == "2"
 
@@ -191,7 +191,7 @@ def test_invariant_21_one_response_in_flight_and_changes_coalesce() -> None:
     assert first is not None
     for version in "234":
         view.set("a", version)
-        state.resources_changed(frozenset({"a"}), False)
+        state.mark_changed(frozenset({"a"}), False)
         assert state.next_response(view, nonces) is None
     state.on_request(Req(type_url=CLUSTER, response_nonce=first.nonce))
     plan = state.next_response(view, nonces)
@@ -215,20 +215,20 @@ def test_changes_behind_an_unanswered_response_are_counted_as_coalesced() -> Non
     assert plan is not None and state.snapshot().in_flight == plan.nonce
     # The first change behind the unanswered response waits; the next one
     # for the same name supersedes it.
-    assert state.resources_changed(frozenset({"a"}), everything=False) == 0
-    assert state.resources_changed(frozenset({"a", "b"}), everything=False) == 1
-    assert state.resources_changed(frozenset({"a", "b"}), everything=False) == 2
+    assert state.mark_changed(frozenset({"a"}), everything=False) == 0
+    assert state.mark_changed(frozenset({"a", "b"}), everything=False) == 1
+    assert state.mark_changed(frozenset({"a", "b"}), everything=False) == 2
     state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce))
     assert state.snapshot().in_flight is None
     # Nothing in flight: a change goes out with the next response, nothing lost.
-    assert state.resources_changed(frozenset({"a"}), everything=False) == 0
+    assert state.mark_changed(frozenset({"a"}), everything=False) == 0
     view.set("a", "2")
     plan = state.next_response(view, nonces)
     assert plan is not None and state.snapshot().in_flight == plan.nonce
     # A name subscribed behind the unanswered response waits too, but its
     # first change supersedes nothing.
     state.on_request(Req(type_url=CLUSTER, resource_names_subscribe=["c"]))
-    assert state.resources_changed(frozenset({"c"}), everything=False) == 0
+    assert state.mark_changed(frozenset({"c"}), everything=False) == 0
 
 
 def test_invariant_7_new_content_under_an_unchanged_version_is_sent() -> None:
@@ -238,12 +238,12 @@ def test_invariant_7_new_content_under_an_unchanged_version_is_sent() -> None:
     assert plan is not None
     state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce))
     view.set("a", "1", body=b"\x0a\x01x")  # the origin changed it but not its version
-    state.resources_changed(frozenset({"a"}), False)
+    state.mark_changed(frozenset({"a"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and [r.name for r in plan.resources] == ["a"]
     state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce))
     view.set("a", "1", body=b"\x0a\x01x")  # a resend of the same: nothing to send
-    state.resources_changed(frozenset({"a"}), False)
+    state.mark_changed(frozenset({"a"}), False)
     assert state.next_response(view, nonces) is None
 
 
@@ -316,7 +316,7 @@ def test_a_nack_marks_the_type_rejected_until_an_ack() -> None:
                          error_detail={"code": 3, "message": "no"}))
     assert state.rejected
     view.set("a", "2")
-    state.resources_changed(frozenset({"a"}), False)
+    state.mark_changed(frozenset({"a"}), False)
     second = state.next_response(view, nonces)
     assert second is not None
     state.on_request(Req(type_url=CLUSTER, response_nonce=second.nonce))

@@ -176,7 +176,7 @@ def test_a_change_while_parts_are_under_way_goes_out_once_latest_wins() -> None:
     assert first is not None and names(first) == ["n00", "n01", "n02"]
     view.set("n01", "2", body=b"y" * BODY)  # sent, changed again
     view.set("n05", "2", body=b"y" * BODY)  # not sent yet
-    state.resources_changed(frozenset({"n01", "n05"}), False)
+    state.mark_changed(frozenset({"n01", "n05"}), False)
     state.on_request(Delta(type_url=ENDPOINT, response_nonce=first.nonce))
     rest = delta_parts(state, view, nonces)
     sent = [(r.name, r.version) for p in rest for r in p.resources]

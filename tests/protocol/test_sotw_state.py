@@ -32,12 +32,12 @@ def test_invariant_14_cluster_responses_list_every_resource() -> None:
     state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce,
                          version_info=plan.version_info))
     view.set("b", "2")
-    state.resources_changed(frozenset({"b"}), False)
+    state.mark_changed(frozenset({"b"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and names(plan) == ["a", "b"]
     state.on_request(Req(type_url=CLUSTER, response_nonce=plan.nonce))
     view.delete("a")
-    state.resources_changed(frozenset({"a"}), False)
+    state.mark_changed(frozenset({"a"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and names(plan) == ["b"]
 
@@ -50,7 +50,7 @@ def test_invariant_14_endpoint_responses_carry_only_changes() -> None:
     state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce,
                          resource_names=["a", "b"]))
     view.set("b", "2")
-    state.resources_changed(frozenset({"b"}), False)
+    state.mark_changed(frozenset({"b"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and names(plan) == ["b"]
 
@@ -61,7 +61,7 @@ def test_invariant_14_listener_named_subscription_waits_for_unknown_names() -> N
     state.on_request(Req(type_url=LISTENER, resource_names=["a", "x"]))
     assert state.next_response(view, nonces) is None  # "x" unknown: absence would delete
     view.delete("x")
-    state.resources_changed(frozenset({"x"}), False)
+    state.mark_changed(frozenset({"x"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and names(plan) == ["a"]
 
@@ -73,7 +73,7 @@ def test_invariant_15_version_changes_with_content_and_is_deterministic() -> Non
     assert first is not None and first.version_info == state_version({"a": first.resources[0]})
     state.on_request(Req(type_url=CLUSTER, response_nonce=first.nonce))
     view.set("a", "2")
-    state.resources_changed(frozenset({"a"}), False)
+    state.mark_changed(frozenset({"a"}), False)
     second = state.next_response(view, nonces)
     assert second is not None and second.version_info != first.version_info
 
@@ -83,7 +83,7 @@ def test_invariant_15_the_version_kept_up_to_date_is_the_digest_of_what_is_held(
     subscribed = ["a", "b", "c"]
 
     def respond(*changed: str) -> str:
-        state.resources_changed(frozenset(changed), False)
+        state.mark_changed(frozenset(changed), False)
         plan = state.next_response(view, nonces)
         assert plan is not None
         state.on_request(Req(type_url=ENDPOINT, response_nonce=plan.nonce,
@@ -138,7 +138,7 @@ def test_invariant_17_empty_names_after_names_means_nothing() -> None:
     state.on_request(Req(type_url=ROUTE, response_nonce=plan.nonce, resource_names=[]))
     assert not state.snapshot().wildcard and state.snapshot().subscribed == ()
     view.set("a", "2")
-    state.resources_changed(frozenset({"a"}), False)
+    state.mark_changed(frozenset({"a"}), False)
     assert state.next_response(view, nonces) is None
 
 
@@ -182,7 +182,7 @@ def test_invariant_21_one_in_flight_then_latest_state() -> None:
     assert first is not None
     for version in "234":
         view.set("a", version)
-        state.resources_changed(frozenset({"a"}), False)
+        state.mark_changed(frozenset({"a"}), False)
         assert state.next_response(view, nonces) is None
     state.on_request(Req(type_url=ENDPOINT, response_nonce=first.nonce,
                          resource_names=["a"]))
@@ -192,7 +192,7 @@ def test_invariant_21_one_in_flight_then_latest_state() -> None:
 
 def test_invariant_19_nothing_for_an_unrequested_type() -> None:
     state, view, nonces = setup(ENDPOINT, a="1")
-    state.resources_changed(frozenset({"a"}), True)
+    state.mark_changed(frozenset({"a"}), True)
     assert state.next_response(view, nonces) is None
 
 
@@ -214,7 +214,7 @@ def test_invariant_15_new_content_under_an_unchanged_version_changes_version_inf
     state.on_request(Req(type_url=CLUSTER, response_nonce=first.nonce,
                          version_info=first.version_info))
     view.set("a", "1", body=b"\x0a\x01x")
-    state.resources_changed(frozenset({"a"}), False)
+    state.mark_changed(frozenset({"a"}), False)
     second = state.next_response(view, nonces)
     assert second is not None and names(second) == ["a"]
     assert second.version_info != first.version_info
@@ -232,7 +232,7 @@ def test_an_origin_error_held_back_while_a_full_state_response_waits_still_goes_
     state.on_request(Req(type_url=LISTENER, resource_names=["a", "b"]))
     assert state.next_response(view, nonces) is None
     view.set("b", "1")
-    state.resources_changed(frozenset({"b"}), False)
+    state.mark_changed(frozenset({"b"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and names(plan) == ["b"]
     assert list(plan.errors) == [view.errors["a"]]
@@ -247,7 +247,7 @@ def test_a_nack_marks_the_type_rejected_until_an_ack() -> None:
                          error_detail={"message": "bad"}))
     assert state.rejected
     view.set("a", "2")
-    state.resources_changed(frozenset({"a"}), False)
+    state.mark_changed(frozenset({"a"}), False)
     second = state.next_response(view, nonces)
     assert second is not None
     state.on_request(Req(type_url=CLUSTER, response_nonce="stale"))

@@ -86,7 +86,7 @@ def test_matching_nothing_waits_until_the_origin_has_answered_then_does_not_exis
     state, plan = delta_client(view, {"env": "dev"})
     assert plan is None  # the origin may still have a variant for env=dev
     cache.apply(CLUSTER, Update(answered=[Locator("c", params_of({"env": "dev"}))]))
-    state.resources_changed(frozenset({"c"}), False)
+    state.mark_changed(frozenset({"c"}), False)
     plan = state.next_response(view, NonceSource())
     assert plan is not None and plan.removed == ["c"] and plan.resources == []
 
@@ -117,7 +117,7 @@ def test_invariant_13_removed_variant_goes_by_name_and_constraints_to_its_holder
     cache.apply(CLUSTER, Update(removed_variants=[("c", key(CANARY))]))
     cache.apply(CLUSTER, Update(answered=[Locator("c", params_of({"env": "canary"}))]))
     for state in (canary, prod):
-        state.resources_changed(frozenset({"c"}), False)
+        state.mark_changed(frozenset({"c"}), False)
     plan = canary.next_response(view, NonceSource())
     assert plan is not None and plan.removed == [] and plan.resources == []
     [removed] = plan.removed_names
@@ -150,7 +150,7 @@ def test_sotw_full_state_omits_a_variant_that_stops_matching() -> None:
             {"name": "c", "dynamic_parameters": {"env": "prod"}}]))
     cache.apply(CLUSTER, Update(removed_variants=[("c", key(PROD))]))
     cache.apply(CLUSTER, Update(answered=[Locator("c", params_of({"env": "prod"}))]))
-    state.resources_changed(frozenset({"c"}), False)
+    state.mark_changed(frozenset({"c"}), False)
     plan = state.next_response(view, nonces)
     assert plan is not None and plan.resources == []  # absence means deletion
 
@@ -182,7 +182,7 @@ def test_repartition_in_one_origin_response_is_one_update_for_the_client() -> No
         not_constraints=DPC(constraint={"key": "zone", "value": "b"}))]})
     cache.apply(CLUSTER, Update([variant("c", "2", zone_b), variant("c", "2", zone_not_b)],
                                 removed_variants=[("c", key(CANARY))]))
-    state.resources_changed(frozenset({"c"}), False)
+    state.mark_changed(frozenset({"c"}), False)
     plan = state.next_response(view, NonceSource())
     assert plan is not None
     assert [r.variant_key for r in plan.resources] == [key(zone_b)]
