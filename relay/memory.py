@@ -1,0 +1,205 @@
+"""Giving memory back once a big client has left or a large request was refused.
+
+A relay's RSS does not fall by itself when what took it goes:
+
+* what a stream held can sit in reference cycles (a refused request's
+  exception, its traceback and the frames holding the request), which only a
+  full collection frees, and :mod:`relay.runtime` makes those rare;
+* CPython returns an arena only once nothing in it is used, and glibc keeps
+  what is freed in its heaps (one per thread that allocates: gRPC's own
+  threads among them) until asked to give it back (``malloc_trim``).
+
+So after something large was let go (a stream holding many names forgotten,
+names the cache forgot, a large request refused), the relay collects and
+asks glibc to trim, at most once per :data:`RETURN_INTERVAL`: a burst of
+departures costs one return at its end, not one each. Measured with
+``python -m benchmarks.memory`` (see README, Performance).
+
+:class:`ReturnPolicy` decides when, without I/O, against an injected clock;
+:class:`MemoryReturn` does it on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import logging
+import platform
+import sys
+import time
+from collections.abc import Callable, Sized
+
+__all__ = ["LARGE", "MMAP_THRESHOLD", "PATIENCE", "RETURN_INTERVAL", "SETTLE", "MemoryReturn",
+           "ReturnPolicy", "malloc_trim", "map_large_blocks", "oversized"]
+
+log = logging.getLogger("relay.memory")
+
+#: The least time between two returns, in seconds: a full collection walks
+#: the whole heap (milliseconds per 100,000 objects), so a relay whose clients
+#: come and go all the time collects a few times a minute at most.
+RETURN_INTERVAL = 5.0
+#: Blocks this large or larger are mapped on their own (see :func:`map_large_blocks`):
+#: a response or request buffer, never the small objects of the heap.
+MMAP_THRESHOLD = 256 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+#: How long nothing more must be let go before memory is given back, in
+#: seconds: by then the stream that held it has ended and gRPC has let go of
+#: its call.
+SETTLE = 1.0
+#: The longest memory waits for letting go to stop, from the first of it.
+PATIENCE = 10.0
+#: How much must have been let go since the last return for another: names
+#: (each a few hundred bytes in the stream, the interest index, the upstream
+#: and the cache), or one large request (worth this much by itself).
+LARGE = 2_000
+
+
+class ReturnPolicy:
+    """When to give memory back.
+
+    Once :data:`LARGE` names (or a large request) were let go since the last
+    return, memory is given back when nothing more has been let go for
+    ``settle`` seconds (a client's 100,000 names go over many turns of the
+    event loop, the origin's lingering subscriptions over seconds), but no
+    later than ``patience`` after the first of it, and never sooner than
+    ``interval`` after the last return.
+    """
+
+    def __init__(self, now: Callable[[], float], interval: float = RETURN_INTERVAL,
+                 settle: float = SETTLE, patience: float = PATIENCE, large: int = LARGE) -> None:
+        self._now = now
+        self._interval = interval
+        self._settle = settle
+        self._patience = patience
+        self._large = large
+        self._let_go = 0
+        self._first: float | None = None  # when the first of it was let go
+        self._last: float | None = None  # when memory was last given back
+        self._due: float | None = None
+
+    def let_go(self, amount: int) -> float | None:
+        """``amount`` names were let go (:data:`LARGE` for a large request).
+        Returns in how many seconds to give memory back when a return was not
+        due yet (one that was may have moved later: see :meth:`due_in`); None
+        otherwise, or when too little was let go for one."""
+        now = self._now()
+        if self._first is None:
+            self._first = now
+        self._let_go += amount
+        if self._let_go < self._large:
+            return None
+        due = min(now + self._settle, self._first + self._patience)
+        if self._last is not None:
+            due = max(due, self._last + self._interval)
+        was_due, self._due = self._due, due
+        return None if was_due is not None else due - now
+
+    def due_in(self) -> float | None:
+        """Seconds until memory is to be given back (0 or less: now); None if it is not."""
+        return None if self._due is None else self._due - self._now()
+
+    def give_back(self) -> None:
+        """Memory is given back now: what is let go from now on is counted afresh."""
+        self._due = self._first = None
+        self._last = self._now()
+        self._let_go = 0
+
+
+#: Dicts whose table takes more than this many bytes per entry are worth
+#: copying (see :func:`oversized`): a full one takes 40 to 100.
+_ROOMY_BYTES_PER_ENTRY = 512
+_SMALL_TABLE = 64 * 1024
+
+
+def oversized(table: Sized) -> bool:
+    """Whether a dict (or set) takes far more room than its entries need.
+
+    Neither shrinks as entries go: one that held 100,000 names keeps its
+    megabytes when ten are left. A copy is as small as what it holds; where
+    many entries may go at once, a copy is made when this says so (it costs
+    what is left, and is rare)."""
+    size = sys.getsizeof(table)
+    return size > _SMALL_TABLE and size > _ROOMY_BYTES_PER_ENTRY * len(table)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def malloc_trim() -> Callable[[], object] | None:
+    """glibc's ``malloc_trim(0)`` (every arena's free pages back to the system),
+    or None where the C library is not glibc."""
+    libc = _glibc()
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)
+
+
+def map_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Have glibc map every block of ``threshold`` bytes or more on its own,
+    so that freeing it gives it back at once; whether it took the setting.
+
+    glibc does so from 128 KiB, but raises the threshold each time such a
+    block is freed, up to 32 MiB: after one large request, the next ones
+    come from its heaps, and a trim gets back only the pages they leave
+    wholly free. A fixed threshold keeps them out of the heaps.
+    """
+    libc = _glibc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+
+
+class MemoryReturn:
+    """Gives memory back on the event loop when :class:`ReturnPolicy` says:
+    a full collection, then ``malloc_trim`` where there is one."""
+
+    def __init__(self, policy: ReturnPolicy, trim: Callable[[], object] | None = None,
+                 collect: Callable[[], object] = gc.collect) -> None:
+        self._policy = policy
+        self._trim = trim
+        self._collect = collect
+        self.returns = 0  # how many times memory was given back
+
+    @classmethod
+    def for_this_process(cls) -> MemoryReturn:
+        """Against the monotonic clock, with glibc's trim if the process has
+        it; large blocks are mapped on their own from now on (see
+        :func:`map_large_blocks`)."""
+        map_large_blocks()
+        return cls(ReturnPolicy(time.monotonic), malloc_trim())
+
+    def let_go(self, amount: int = LARGE) -> None:
+        """``amount`` names (by default: one large request) were let go."""
+        if self._policy.let_go(amount) is not None:
+            self._when_due()
+
+    def _when_due(self) -> None:
+        wait = self._policy.due_in()
+        if wait is None:
+            return
+        if wait > 0:
+            try:
+                asyncio.get_running_loop().call_later(wait, self._when_due)
+                return
+            except RuntimeError:  # no event loop: at once
+                pass
+        self._policy.give_back()
+        started = time.monotonic()
+        self._collect()
+        if self._trim is not None:
+            self._trim()
+        self.returns += 1
+        log.debug("gave memory back in %.3fs", time.monotonic() - started)

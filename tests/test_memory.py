@@ -1,0 +1,123 @@
+"""Giving memory back (relay.memory): when the policy says to, against an
+injected clock, and what the return does."""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+
+import pytest
+
+from relay.memory import (
+    LARGE,
+    MemoryReturn,
+    ReturnPolicy,
+    malloc_trim,
+    map_large_blocks,
+    oversized,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.time = 100.0
+
+    def now(self) -> float:
+        return self.time
+
+
+def policy(clock: Clock) -> ReturnPolicy:
+    return ReturnPolicy(clock.now, interval=5.0, settle=1.0, patience=10.0, large=100)
+
+
+def test_nothing_is_given_back_until_enough_was_let_go() -> None:
+    clock = Clock()
+    rules = policy(clock)
+    assert rules.let_go(60) is None and rules.due_in() is None
+    assert rules.let_go(40) == 1.0  # 100 in all: once nothing more goes for a second
+    assert rules.due_in() == 1.0
+
+
+def test_letting_go_that_goes_on_puts_the_return_off_up_to_the_patience() -> None:
+    clock = Clock()
+    rules = policy(clock)
+    assert rules.let_go(100) == 1.0
+    for _ in range(6):
+        clock.time += 0.9
+        assert rules.let_go(100) is None  # already set: only moved
+        assert rules.due_in() == pytest.approx(1.0)
+    clock.time += 4.0  # 9.4 s after the first: the patience ends at 10
+    rules.let_go(100)
+    assert rules.due_in() == pytest.approx(0.6)
+
+
+def test_returns_are_an_interval_apart_and_count_afresh() -> None:
+    clock = Clock()
+    rules = policy(clock)
+    rules.let_go(100)
+    clock.time += 1.0
+    assert rules.due_in() == 0.0
+    rules.give_back()
+    assert rules.due_in() is None
+    clock.time += 0.5
+    assert rules.let_go(99) is None  # counted from zero again
+    assert rules.let_go(1) == pytest.approx(4.5)  # 5 s after the last return
+
+
+def test_without_an_event_loop_memory_is_given_back_at_once() -> None:
+    clock = Clock()
+    calls: list[str] = []
+    returner = MemoryReturn(ReturnPolicy(clock.now, settle=0.0), trim=lambda: calls.append("trim"),
+                            collect=lambda: calls.append("collect"))
+    returner.let_go(LARGE - 1)
+    assert calls == [] and returner.returns == 0
+    returner.let_go(1)
+    assert calls == ["collect", "trim"] and returner.returns == 1
+
+
+async def test_on_the_event_loop_memory_is_given_back_once_letting_go_stops() -> None:
+    calls: list[str] = []
+    given_back = asyncio.Event()
+
+    def collect() -> None:
+        calls.append("collect")
+        given_back.set()
+
+    loop = asyncio.get_running_loop()
+    returner = MemoryReturn(ReturnPolicy(loop.time, settle=0.5, patience=5.0, large=10),
+                            trim=None, collect=collect)
+    started = loop.time()
+    for _ in range(5):
+        returner.let_go(10)
+        await asyncio.sleep(0.01)
+    assert calls == []  # still letting go
+    await asyncio.wait_for(given_back.wait(), 5.0)
+    assert loop.time() - started >= 0.5  # half a second after the last of it
+    await asyncio.sleep(0.1)
+    assert calls == ["collect"] and returner.returns == 1  # once for all (no trim given)
+
+
+def test_a_refused_request_alone_is_enough() -> None:
+    calls: list[str] = []
+    clock = Clock()
+    returner = MemoryReturn(ReturnPolicy(clock.now, settle=0.0), collect=lambda: calls.append("c"))
+    returner.let_go()
+    assert calls == ["c"]
+
+
+def test_a_table_far_larger_than_what_it_holds_is_oversized() -> None:
+    table = dict.fromkeys(range(100_000))
+    assert not oversized(table)
+    for key in range(99_990):
+        del table[key]
+    assert oversized(table)  # dicts keep their size as entries go
+    assert not oversized(dict(table))  # a copy is as small as what it holds
+    assert not oversized({})
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_glibc_trims_and_maps_large_blocks_on_their_own() -> None:
+    trim = malloc_trim()
+    assert trim is not None
+    assert trim() in (0, 1)  # 1: some memory went back
+    assert map_large_blocks()
