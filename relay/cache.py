@@ -41,6 +41,7 @@ from relay.constraints import (
     compile_constraints,
     select_variant,
 )
+from relay.memory import oversized
 from relay.resource import CachedResource
 
 
@@ -103,9 +104,10 @@ class _Record:
     """Everything the cache knows of one (type, name).
 
     A client may subscribe to any number of names that do not exist, each
-    held as a record the origin answered "absent": the sets most records
-    never change are frozen and shared (a plain name's answer is one shared
-    set), so that such a record costs a few hundred bytes, not a kilobyte.
+    held as a record the origin answered "absent". A record that says no
+    more than that (absent or not, a plain subscription answered or not) is
+    one of a few shared, never written (see :data:`_BARE`): such a name costs
+    the cache its slot in a dict, not a record of its own.
     """
 
     variants: dict[str, CachedResource] = field(default_factory=dict)
@@ -121,13 +123,22 @@ class _Record:
     # other names this resource goes by (VHDS-style Resource.aliases)
     aliases: frozenset[str] = frozenset()
 
-    def is_empty(self) -> bool:
-        return not (self.variants or self.errors or self.absent or self.answered or
-                    self.aliases)
+    def is_bare(self) -> bool:
+        """Whether the record says nothing beyond ``absent`` and ``answered``."""
+        return not (self.variants or self.errors or self.expires or self.aliases)
 
 
 #: The answered set of a plain name (no dynamic parameters), shared by every record.
 _ANSWERED_PLAIN: frozenset[Params] = frozenset({EMPTY_PARAMS})
+_NO_NAMES: frozenset[str] = frozenset()
+#: The records that say only (absent, answered), shared by every name in that
+#: state, by (absent, answered); never written (``_TypeEntry.record`` copies
+#: one first). A record that says nothing at all is not kept.
+_BARE: dict[tuple[bool, frozenset[Params]], _Record] = {
+    (absent, answered): _Record(absent=absent, answered=answered)
+    for absent, answered in ((True, frozenset()), (True, _ANSWERED_PLAIN),
+                             (False, _ANSWERED_PLAIN))}
+_SHARED = frozenset(map(id, _BARE.values()))
 
 
 @dataclass
@@ -142,16 +153,30 @@ class _TypeEntry:
     complete: bool = False
 
     def record(self, name: str) -> _Record:
+        """The record of ``name`` to write to: a new one, or a copy of a shared one."""
         found = self.records.get(name)
         if found is None:
             found = self.records[name] = _Record()
+        elif id(found) in _SHARED:
+            found = self.records[name] = _Record(absent=found.absent, answered=found.answered)
         return found
 
-    def prune(self, name: str) -> None:
-        """Drop the record of ``name`` if it says nothing any more."""
+    def set_bare(self, name: str, absent: bool, answered: frozenset[Params]) -> None:
+        """Make ``name``'s record a bare one (see :data:`_BARE`); it must be bare now."""
+        shared = _BARE.get((absent, answered))
+        if shared is not None:
+            self.records[name] = shared
+        elif absent or answered:
+            self.records[name] = _Record(absent=absent, answered=answered)
+        else:
+            self.records.pop(name, None)
+
+    def compact(self, name: str) -> None:
+        """Keep the record of ``name`` as small as what it says allows: none if
+        it says nothing any more, a shared one if it is bare."""
         found = self.records.get(name)
-        if found is not None and found.is_empty():
-            del self.records[name]
+        if found is not None and id(found) not in _SHARED and found.is_bare():
+            self.set_bare(name, found.absent, found.answered)
 
 
 class ResourceCache:
@@ -165,10 +190,16 @@ class ResourceCache:
         # A heartbeat pushes a new entry; the stale one is dropped when it
         # comes up (its record no longer holds that deadline).
         self._deadlines: list[tuple[float, str, str, str]] = []
+        self._forget_listeners: list[Callable[[int], None]] = []
 
     def add_listener(self, listener: ChangeListener) -> None:
         """Call ``listener`` after every write that changes what readers see."""
         self._listeners.append(listener)
+
+    def add_forget_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener`` with how many names each :meth:`forget` dropped:
+        memory the process may give back (see :mod:`relay.memory`)."""
+        self._forget_listeners.append(listener)
 
     # -- reading ---------------------------------------------------------
 
@@ -290,16 +321,23 @@ class ResourceCache:
         for name, variant_key, version in update.heartbeats:
             self._heartbeat(type_url, entry, name, variant_key, version, now, beats)
         for locator in update.answered:
-            record = entry.record(locator.name)
-            if locator.params not in record.answered:
-                record.answered = _ANSWERED_PLAIN if not record.answered and \
-                    locator.params == EMPTY_PARAMS else record.answered | {locator.params}
+            found = entry.records.get(locator.name)
+            answered = found.answered if found is not None else frozenset()
+            if locator.params not in answered:
+                answered = _ANSWERED_PLAIN if not answered and \
+                    locator.params == EMPTY_PARAMS else answered | {locator.params}
+                if found is None or found.is_bare():
+                    entry.set_bare(locator.name, found is not None and found.absent, answered)
+                else:
+                    entry.record(locator.name).answered = answered
                 changed.add(locator.name)
         # Subscribers by alias hear of their canonical resource's changes.
         for name in list(changed):
             found = entry.records.get(name)
             if found is not None:
                 changed.update(found.aliases)
+        for name in changed:
+            entry.compact(name)
         if update.complete is not None:
             entry.complete = update.complete
         became_synced = not entry.synced
@@ -359,12 +397,19 @@ class ResourceCache:
                 record.aliases -= {alias}
                 if canonical not in keep and not record.aliases:
                     gone.add(canonical)
+        dropped = 0
         for name in gone:
             record = entry.records.pop(name, None)
             entry.erred.discard(name)
             if record is not None:
+                dropped += 1
                 for alias in record.aliases:
                     entry.aliases.pop(alias, None)
+        if dropped:
+            if oversized(entry.records):
+                entry.records = dict(entry.records)
+            for listener in self._forget_listeners:
+                listener(dropped)
 
     def forget_variants(self, type_url: str, name: str, keep: Iterable[str],
                         unanswer: Iterable[Params]) -> None:
@@ -375,11 +420,16 @@ class ResourceCache:
         if entry is None or record is None:
             return
         keys = set(keep)
-        for key in [k for k in record.variants if k not in keys]:
+        dropped = [k for k in record.variants if k not in keys]
+        answered = record.answered - frozenset(unanswer)
+        if not dropped and answered == record.answered:
+            return
+        record = entry.record(name)
+        for key in dropped:
             del record.variants[key]
             record.expires.pop(key, None)
-        record.answered -= frozenset(unanswer)
-        entry.prune(name)
+        record.answered = answered
+        entry.compact(name)
 
     def end_wildcard(self, type_url: str, keep: Container[str]) -> None:
         """A wildcard subscription ended: keep only the explicitly wanted names."""
@@ -435,12 +485,19 @@ class ResourceCache:
             entry.aliases[alias] = name
             record.aliases |= {alias}
             alias_record = entry.records.get(alias)
-            if alias_record is not None:
-                alias_record.absent = False
-                entry.prune(alias)
+            if alias_record is not None and alias_record.absent:
+                entry.record(alias).absent = False
+                entry.compact(alias)
 
     @staticmethod
     def _remove_name(entry: _TypeEntry, name: str, changed: set[str]) -> None:
+        found = entry.records.get(name)
+        if found is None or found.is_bare():
+            # The common case, a name that never existed: no record of its own.
+            if found is None or not found.absent:
+                entry.set_bare(name, True, found.answered if found is not None else frozenset())
+                changed.add(name)
+            return
         record = entry.record(name)
         if record.variants or not record.absent:
             changed.add(name)
@@ -452,9 +509,10 @@ class ResourceCache:
     @staticmethod
     def _remove_variant(entry: _TypeEntry, name: str, variant_key: str,
                         changed: set[str]) -> None:
-        record = entry.records.get(name)
-        if record is None:
+        found = entry.records.get(name)
+        if found is None or not (variant_key in found.variants or variant_key in found.expires):
             return
+        record = entry.record(name)
         record.expires.pop(variant_key, None)
         if record.variants.pop(variant_key, None) is None:
             return
@@ -492,6 +550,11 @@ def _drop_aliases(entry: _TypeEntry, name: str, record: _Record, changed: set[st
     """The resource ``name`` is gone: its aliases are gone with it."""
     for alias in record.aliases:
         entry.aliases.pop(alias, None)
-        entry.record(alias).absent = True
+        found = entry.records.get(alias)
+        if found is None or found.is_bare():
+            entry.set_bare(alias, True, found.answered if found is not None else frozenset())
+        else:
+            entry.record(alias).absent = True
         changed.add(alias)
-    record.aliases = frozenset()
+    if record.aliases:
+        record.aliases = _NO_NAMES
