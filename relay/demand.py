@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+from relay.memory import oversized
 from relay.protocol.limits import ORIGIN_REFUSED, LimitExceeded, shown
 from relay.xds_types import short_name
 
@@ -122,6 +123,8 @@ class DemandLedger:
             self._host_totals[host] = total
             if not names:
                 del per_type[type_url]
+            elif oversized(names):  # most of what the host held went
+                per_type[type_url] = dict(names)
             return
         # the host holds nothing more: forget it (its memory comes back)
         del self._host_totals[host]

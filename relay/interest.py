@@ -23,6 +23,7 @@ from typing import Protocol
 from relay.cache import CacheChange
 from relay.constraints import EMPTY_PARAMS, Params
 from relay.demand import DemandLedger
+from relay.memory import oversized
 
 
 class Subscriber(Hashable, Protocol):
@@ -103,21 +104,38 @@ class _Subscription:
     host: str | None = None
 
 
+@dataclass(slots=True)
+class _Shared:
+    """The holders of a name two or more subscribers hold, and how many of
+    them use each parameter set (the name's share of the union)."""
+
+    subscribers: set[Subscriber]
+    counts: dict[Params, int]
+
+
+#: The parameter sets of a name held by plain subscriptions only: one frozenset
+#: for every such name (the upstream reads one per name).
+_PLAIN: frozenset[Params] = frozenset({EMPTY_PARAMS})
+
+
 class InterestIndex:
     """Subscriptions of all downstream streams, by type and name.
 
     Every update costs what it changes: a subscriber tells the index how its
     interest changed (:meth:`apply`), never its whole interest again.
+
+    A name is held, nearly always, by one subscriber: the index then keeps
+    the subscriber itself as its holder, whose own subscription says with
+    which parameters. Only a name held by several costs a :class:`_Shared`
+    (a set of them and a count per parameter set). The union the upstream
+    reads is the holders' names, oldest first, and their parameter sets.
     """
 
     def __init__(self) -> None:
-        # type URL -> name -> its subscribers
-        self._by_name: dict[str, dict[str, set[Subscriber]]] = defaultdict(dict)
+        # type URL -> name -> who holds it (one subscriber, or several)
+        self._holders: dict[str, dict[str, Subscriber | _Shared]] = defaultdict(dict)
         self._wildcard: dict[str, set[Subscriber]] = defaultdict(set)
-        # type URL -> name -> parameter set -> how many subscribers use it:
-        # the union the upstream subscribes to (per type, oldest name first)
-        self._union: dict[str, dict[str, dict[Params, int]]] = defaultdict(dict)
-        self._union_names = 0  # names in the union, all types
+        self._union_names = 0  # names held, all types: the union's size
         self._per_subscriber: dict[Subscriber, dict[str, _Subscription]] = {}
         self._upward: Upward | None = None
         self._demand: DemandLedger | None = None
@@ -157,10 +175,9 @@ class InterestIndex:
         that it hears when the type becomes synced.
         """
         mine = self._per_subscriber.get(subscriber, {}).get(type_url)
-        union = self._union[type_url]
         demand = self._demand
         if demand is not None and change.added:
-            self._check_demand(demand, mine, host if mine is None else mine.host,
+            self._check_demand(demand, subscriber, mine, host if mine is None else mine.host,
                                type_url, change)
         if mine is None:
             mine = self._per_subscriber.setdefault(subscriber, {})[type_url] = \
@@ -168,41 +185,30 @@ class InterestIndex:
         # whose share the names count against, where shares are counted
         ledger, holder = (demand, mine.host) if demand is not None and mine.host is not None \
             else (None, "")
-        by_name = self._by_name[type_url]
+        holders = self._holders[type_url]
         touched: list[str] = []
         for name, params in change.removed.items():
             if mine.names.get(name) != params:
                 continue  # not subscribed so: nothing to take back
+            if name in change.added:
+                continue  # held still, with other parameters: below
             del mine.names[name]
-            self._uncount(union, name, params, touched)
-            if name not in change.added:
-                holders = by_name[name]
-                holders.discard(subscriber)
-                if not holders:
-                    del by_name[name]
-                if ledger is not None:
-                    ledger.release(holder, type_url, name)
+            self._release(holders, subscriber, name, params, touched)
+            if ledger is not None:
+                ledger.release(holder, type_url, name)
         for name, params in change.added.items():
             had = mine.names.get(name)
             if had == params:
                 continue  # already subscribed so
-            is_new = had is None
-            if had is not None:  # other parameters, not said to be removed: they are
-                self._uncount(union, name, had, touched)
             mine.names[name] = params
-            counts = union.get(name)
-            if counts is None:
-                counts = union[name] = {}
-                self._union_names += 1
-            if params in counts:
-                counts[params] += 1
-            else:
-                counts[params] = 1
-                touched.append(name)
-            if is_new:
-                by_name.setdefault(name, set()).add(subscriber)
+            if had is None:
+                self._hold(holders, type_url, subscriber, name, params, touched)
                 if ledger is not None:
                     ledger.hold(holder, type_url, name)
+            else:  # other parameters (said to be removed or not): they are
+                self._reparameterize(holders, name, had, params, touched)
+        if change.removed:
+            self._compact(type_url, holders, mine)
         wildcard_changed = False
         if change.wildcard is not None and change.wildcard != mine.wildcard:
             mine.wildcard = change.wildcard
@@ -216,17 +222,18 @@ class InterestIndex:
         if (touched or wildcard_changed) and self._upward is not None:
             self._upward.interest_changed(type_url, touched)
 
-    def _check_demand(self, demand: DemandLedger, mine: _Subscription | None,
-                      host: str | None, type_url: str, change: InterestChange) -> None:
+    def _check_demand(self, demand: DemandLedger, subscriber: Subscriber,
+                      mine: _Subscription | None, host: str | None, type_url: str,
+                      change: InterestChange) -> None:
         """Raise LimitExceeded if ``change`` would pass a bound of ``demand``.
 
         Costs what the change touches; its removals are counted only when its
         additions alone would pass a bound."""
-        union = self._union.get(type_url, {})
+        holders = self._holders.get(type_url, {})
         held = mine.names if mine is not None else {}
         new_upstream = new_for_host = 0
         for name in change.added:
-            if name not in union:
+            if name not in holders:
                 new_upstream += 1
             if host is not None and name not in held and not demand.holds(host, type_url, name):
                 new_for_host += 1
@@ -239,7 +246,7 @@ class InterestIndex:
             for name, params in change.removed.items():
                 if name in change.added or held.get(name) != params:
                     continue
-                if union.get(name) == {params: 1}:
+                if holders.get(name) is subscriber:  # its only holder
                     new_upstream -= 1
                 if host is not None and demand.held_count(host, type_url, name) == 1:
                     new_for_host -= 1
@@ -259,6 +266,10 @@ class InterestIndex:
             {n: p for n, p in mine.names.items() if new.get(n) != p},
             interest.wildcard))
 
+    def names_held(self, subscriber: Subscriber) -> int:
+        """How many names ``subscriber`` holds, all types together."""
+        return sum(len(mine.names) for mine in self._per_subscriber.get(subscriber, {}).values())
+
     def remove(self, subscriber: Subscriber, limit: int | None = None) -> bool:
         """Forget the subscriptions of a subscriber that went away: all of
         them, or at most ``limit`` names. Returns whether none are left."""
@@ -277,20 +288,91 @@ class InterestIndex:
         self._per_subscriber.pop(subscriber, None)
         return True
 
-    def _uncount(self, union: dict[str, dict[Params, int]], name: str, params: Params,
-                 touched: list[str]) -> None:
-        """One subscriber fewer for ``name`` with ``params``; ``touched`` gets
-        the name if the union changed."""
-        counts = union[name]
-        left = counts[params] - 1
-        if left:
-            counts[params] = left
+    def _compact(self, type_url: str, holders: dict[str, Subscriber | _Shared],
+                 mine: _Subscription) -> None:
+        """Names went: tables far larger than what is left of them are copied
+        (see :func:`~relay.memory.oversized`), a type nobody holds anything of
+        forgotten."""
+        if oversized(mine.names):
+            mine.names = dict(mine.names)
+        if not holders:
+            del self._holders[type_url]
+        elif oversized(holders):
+            self._holders[type_url] = dict(holders)
+
+    # -- the holders of a name ------------------------------------------------
+    #
+    # ``touched`` gets the name whenever the union changes for it: a parameter
+    # set gained or lost.
+
+    def _hold(self, holders: dict[str, Subscriber | _Shared], type_url: str,
+              subscriber: Subscriber, name: str, params: Params, touched: list[str]) -> None:
+        """``subscriber`` (which did not) now holds ``name`` with ``params``."""
+        found = holders.get(name)
+        if found is None:
+            holders[name] = subscriber
+            self._union_names += 1
+            touched.append(name)
             return
-        del counts[params]
-        touched.append(name)
-        if not counts:
-            del union[name]
+        if not isinstance(found, _Shared):
+            other = self._per_subscriber[found][type_url].names[name]
+            found = holders[name] = _Shared({found}, {other: 1})
+        found.subscribers.add(subscriber)
+        count = found.counts.get(params, 0)
+        found.counts[params] = count + 1
+        if not count:
+            touched.append(name)
+
+    def _release(self, holders: dict[str, Subscriber | _Shared], subscriber: Subscriber,
+                 name: str, params: Params, touched: list[str]) -> None:
+        """``subscriber``, which held ``name`` with ``params``, no longer does."""
+        found = holders[name]
+        if not isinstance(found, _Shared):
+            del holders[name]
             self._union_names -= 1
+            touched.append(name)
+            return
+        found.subscribers.discard(subscriber)
+        self._uncount(found, name, params, touched)
+        if len(found.subscribers) == 1:
+            # Held by one again: the subscriber itself is the holder.
+            [holders[name]] = found.subscribers
+
+    def _reparameterize(self, holders: dict[str, Subscriber | _Shared], name: str,
+                        old: Params, new: Params, touched: list[str]) -> None:
+        """A holder of ``name`` now uses ``new`` parameters instead of ``old``."""
+        found = holders[name]
+        if not isinstance(found, _Shared):
+            touched.append(name)  # one set gone, another come
+            return
+        self._uncount(found, name, old, touched)
+        count = found.counts.get(new, 0)
+        found.counts[new] = count + 1
+        if not count:
+            touched.append(name)
+
+    @staticmethod
+    def _uncount(shared: _Shared, name: str, params: Params, touched: list[str]) -> None:
+        left = shared.counts[params] - 1
+        if left:
+            shared.counts[params] = left
+        else:
+            del shared.counts[params]
+            touched.append(name)
+
+    def _params_of(self, type_url: str, name: str,
+                   found: Subscriber | _Shared) -> frozenset[Params]:
+        """The distinct parameter sets the holders of ``name`` use."""
+        if isinstance(found, _Shared):
+            return frozenset(found.counts)
+        params = self._per_subscriber[found][type_url].names[name]
+        return _PLAIN if params == EMPTY_PARAMS else frozenset((params,))
+
+    @staticmethod
+    def _subscribers(found: Subscriber | _Shared | None) -> Iterable[Subscriber]:
+        if found is None:
+            return ()
+        return found.subscribers if isinstance(found, _Shared) else (found,)
 
     # -- upstream side ---------------------------------------------------
 
@@ -303,10 +385,10 @@ class InterestIndex:
         names = list(names)
         if self._demand is not None:
             self._demand.refuse(type_url, names)
-        by_name = self._by_name.get(type_url, {})
+        holders = self._holders.get(type_url, {})
         taken: dict[Subscriber, dict[str, Params]] = {}
         for name in names:
-            for subscriber in by_name.get(name, ()):
+            for subscriber in self._subscribers(holders.get(name)):
                 held = self._per_subscriber[subscriber][type_url].names
                 taken.setdefault(subscriber, {})[name] = held[name]
         for subscriber, removed in taken.items():
@@ -319,17 +401,19 @@ class InterestIndex:
         return bool(self._wildcard.get(type_url))
 
     def wanted_locators(self, type_url: str) -> dict[str, frozenset[Params]]:
-        """Per name, the distinct parameter sets subscribers use for it (a new dict)."""
-        return {name: frozenset(counts) for name, counts in self._union.get(type_url, {}).items()}
+        """Per name, the distinct parameter sets subscribers use for it (a new
+        dict, oldest name first)."""
+        return {name: self._params_of(type_url, name, found)
+                for name, found in self._holders.get(type_url, {}).items()}
 
     def wanted_params(self, type_url: str, name: str) -> frozenset[Params]:
         """The distinct parameter sets subscribers use for one name (empty: none wants it)."""
-        counts = self._union.get(type_url, {}).get(name)
-        return frozenset(counts) if counts else frozenset()
+        found = self._holders.get(type_url, {}).get(name)
+        return frozenset() if found is None else self._params_of(type_url, name, found)
 
     def wanted_types(self) -> list[str]:
         """Types with at least one name or wildcard subscription."""
-        types = {t for t, names in self._union.items() if names}
+        types = {t for t, names in self._holders.items() if names}
         types |= {t for t, subs in self._wildcard.items() if subs}
         return sorted(types)
 
@@ -353,16 +437,16 @@ class InterestIndex:
         """Subscribers of any of ``names`` (and wildcard subscribers), with their names."""
         if not names:
             return ()
-        by_name = self._by_name.get(type_url, {})
+        holders = self._holders.get(type_url, {})
         wildcard = self._wildcard.get(type_url, set())
         if len(names) == 1:
             # The common case (one resource changed): every subscriber hears
             # of the same set.
             [name] = names
-            return [(s, names) for s in by_name.get(name, set()) | wildcard]
+            return [(s, names) for s in wildcard.union(self._subscribers(holders.get(name)))]
         affected: dict[Subscriber, set[str]] = {}
         for name in names:
-            for subscriber in by_name.get(name, ()):
+            for subscriber in self._subscribers(holders.get(name)):
                 if subscriber not in wildcard:
                     affected.setdefault(subscriber, set()).add(name)
         return [*((s, frozenset(n)) for s, n in affected.items()),

@@ -11,6 +11,7 @@ from relay.demand import REFUSAL_COOLDOWN, DemandLedger
 from relay.interest import InterestChange, InterestIndex
 from relay.protocol.limits import LimitExceeded
 from relay.xds_types import CLUSTER, ENDPOINT
+from tests.allocations import traced
 from tests.test_interest import Sub, Up
 
 
@@ -89,6 +90,23 @@ def test_a_host_share_counts_its_distinct_names_across_its_subscribers() -> None
     index.remove(a)
     assert ledger.host_total(host) == 0
     assert not ledger._held.get(host)  # the host's bookkeeping is gone with its names
+
+
+def test_a_host_that_let_most_of_its_names_go_gives_their_table_back() -> None:
+    names = [f"made-up-{i}" for i in range(20_000)]
+    ledger = DemandLedger(100_000, 100_000, Clock().now)
+    index = InterestIndex()  # no way up: what it is told is not the index's cost
+    index.limit_demand(ledger)
+    host = "ipv4:10.0.0.1"
+    staying, leaving = Sub(), Sub()
+    with traced() as held:
+        index.apply(staying, CLUSTER, adding(*names[:10]), host)
+        index.apply(leaving, CLUSTER, adding(*names), host)
+        full = held()
+        index.remove(leaving)
+        left = held()
+    assert ledger.host_total(host) == 10
+    assert left < full / 20, (left, full)
 
 
 def test_names_the_origin_refused_leave_their_subscribers_and_are_refused_a_while() -> None:

@@ -9,6 +9,7 @@ from relay.cache import CacheChange
 from relay.constraints import EMPTY_PARAMS, params_of
 from relay.interest import Interest, InterestChange, InterestIndex
 from relay.xds_types import CLUSTER, ENDPOINT
+from tests.allocations import traced
 
 
 @dataclass(eq=False)
@@ -172,3 +173,68 @@ def test_new_parameters_for_a_name_replace_the_old_even_if_not_said_removed() ->
     index.apply(sub, CLUSTER, InterestChange(added={"c": prod}))
     assert index.wanted_locators(CLUSTER) == {"c": frozenset({prod})}
     assert index.remove(sub) and index.wanted_types() == []
+
+
+def test_a_name_held_by_one_subscriber_costs_the_index_no_object_of_its_own() -> None:
+    names = dict.fromkeys((f"made-up-{i}" for i in range(10_000)), EMPTY_PARAMS)
+    index = InterestIndex()
+    sub = Sub()
+    with traced() as held:
+        index.apply(sub, ENDPOINT, InterestChange(added=names))
+        per_name = held() / len(names)
+    # Slots in two tables; a set of holders and a count per name took 520 bytes.
+    assert per_name < 150, per_name
+    assert index.upstream_names == len(names)
+    assert index.wanted_params(ENDPOINT, "made-up-7") == frozenset({EMPTY_PARAMS})
+
+
+def test_a_name_several_hold_goes_back_to_one_holder_as_they_leave() -> None:
+    index = InterestIndex()
+    up = Up()
+    index.link(up)
+    canary, prod = params_of({"env": "canary"}), params_of({"env": "prod"})
+    a, b, c = Sub(), Sub(), Sub()
+    index.apply(a, CLUSTER, InterestChange(added={"x": canary}))
+    index.apply(b, CLUSTER, InterestChange(added={"x": prod}))
+    index.apply(c, CLUSTER, InterestChange(added={"x": canary}))
+    assert index.wanted_locators(CLUSTER) == {"x": frozenset({canary, prod})}
+    index.on_cache_change(CacheChange(CLUSTER, frozenset({"x"})))
+    assert [len(s.seen) for s in (a, b, c)] == [1, 1, 1]
+    index.remove(b)
+    assert index.wanted_params(CLUSTER, "x") == frozenset({canary})
+    index.apply(c, CLUSTER, InterestChange(removed={"x": canary}, added={"x": prod}))
+    assert index.wanted_params(CLUSTER, "x") == frozenset({canary, prod})
+    index.remove(a)
+    assert index.wanted_params(CLUSTER, "x") == frozenset({prod})  # c alone holds it
+    index.apply(c, CLUSTER, InterestChange(added={"x": EMPTY_PARAMS}))
+    assert index.wanted_params(CLUSTER, "x") == frozenset({EMPTY_PARAMS})
+    index.on_cache_change(CacheChange(CLUSTER, frozenset({"x"})))
+    assert [len(s.seen) for s in (a, b, c)] == [1, 1, 2]
+    assert index.upstream_names == 1
+    index.remove(c)
+    assert index.wanted_types() == [] and index.upstream_names == 0
+    # Each change named x only when a parameter set entered or left the union.
+    assert up.names == [["x"], ["x"], ["x"], ["x"], ["x"], ["x"], ["x"]]
+
+
+def test_names_held_counts_every_type() -> None:
+    index = InterestIndex()
+    sub = Sub()
+    index.update(sub, ENDPOINT, interest("a", "b"))
+    index.update(sub, CLUSTER, interest("c", wildcard=True))
+    assert index.names_held(sub) == 3 and index.names_held(Sub()) == 0
+
+
+def test_a_subscriber_that_leaves_gives_back_the_tables_it_filled() -> None:
+    names = [f"made-up-{i}" for i in range(20_000)]
+    index = InterestIndex()
+    staying, leaving = Sub(), Sub()
+    with traced() as held:
+        index.update(staying, ENDPOINT, interest(*names[:10]))
+        index.update(leaving, ENDPOINT, interest(*names))
+        full = held()
+        index.remove(leaving)
+        left = held()
+    # Dicts do not shrink as entries go: the tables are copied once most are gone.
+    assert left < full / 20, (left, full)
+    assert len(index.wanted_locators(ENDPOINT)) == 10
