@@ -30,6 +30,7 @@ from relay.demand import DemandLedger
 from relay.encoding import MAX_MESSAGE_SIZE
 from relay.interest import InterestIndex
 from relay.logs import RateLimitedLog
+from relay.memory import MemoryReturn
 from relay.persistence.restore import Restored, restore
 from relay.persistence.stores import DirectoryStore, RedisStore, SnapshotStore, StoreError
 from relay.persistence.writer import SnapshotWriter
@@ -186,7 +187,9 @@ def serving_settings(config: RelayConfig, metrics: Metrics, clock: Clock, *,
         max_locator_size=max_locator_size(config.upstream.max_request_size) if forwards
         else None,
         # Clients keep gRPC's receive limit; the hub's workers take any size.
-        max_response_size=None if private else server.max_response_size)
+        max_response_size=None if private else server.max_response_size,
+        # Memory back once big clients leave or large requests are refused.
+        memory=MemoryReturn.for_this_process())
 
 
 def drain_schedule(count: int, period: float) -> list[float]:

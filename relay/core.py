@@ -46,6 +46,8 @@ class Core:
         index = InterestIndex()
         cache.add_listener(index.on_cache_change)
         serving = ServingContext.create(cache, index, metrics or new_metrics(), settings)
+        if serving.settings.memory is not None:
+            cache.add_forget_listener(serving.settings.memory.let_go)
         return cls(cache, index, serving, clock)
 
     def follow(self, dialer: Dialer, state: UpstreamState, backoff: Backoff) -> UpstreamClient:

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import platform
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
+import grpc
 import pytest
+from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.cache import Update
+from relay.core import Core
 from relay.memory import (
     LARGE,
     MemoryReturn,
@@ -16,6 +22,10 @@ from relay.memory import (
     map_large_blocks,
     oversized,
 )
+from relay.protocol.limits import DEFAULT_LIMITS
+from relay.server.serving import ServingSettings
+from relay.server.streams import DownstreamStream
+from relay.xds_types import ENDPOINT
 
 
 class Clock:
@@ -121,3 +131,90 @@ def test_glibc_trims_and_maps_large_blocks_on_their_own() -> None:
     assert trim is not None
     assert trim() in (0, 1)  # 1: some memory went back
     assert map_large_blocks()
+
+
+# -- where the relay lets go ----------------------------------------------------------
+
+
+def counting_core(clock: Clock, calls: list[str], settle: float = 0.0) -> Core:
+    """A core whose streams and cache ask for memory back (collections counted in ``calls``)."""
+    returner = MemoryReturn(ReturnPolicy(clock.now, settle=settle),
+                            collect=lambda: calls.append("collect"))
+    return Core.create(settings=ServingSettings(memory=returner))
+
+
+def test_a_stream_holding_many_names_gives_memory_back_once_forgotten() -> None:
+    clock, calls = Clock(), []
+    core = counting_core(clock, calls)
+    small, big = (DownstreamStream(core.serving, "sotw", "ipv4:10.0.0.7:1000") for _ in "ab")
+    names = [f"n{i}" for i in range(LARGE)]
+    small.handle_request(discovery_pb2.DiscoveryRequest(type_url=ENDPOINT,
+                                                        resource_names=names[:10]))
+    big.handle_request(discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, resource_names=names))
+    core.serving.leave(small)
+    assert calls == []  # ten names: not worth a collection
+    core.serving.leave(big)  # no event loop: forgotten at once
+    assert calls == ["collect"]
+
+
+def test_names_the_cache_forgets_count_towards_giving_memory_back() -> None:
+    clock, calls = Clock(), []
+    core = counting_core(clock, calls)
+    names = [f"n{i}" for i in range(LARGE)]
+    core.cache.apply(ENDPOINT, Update(removed=names))
+    core.cache.forget(ENDPOINT, names[:-1])
+    assert calls == []
+    core.cache.forget(ENDPOINT, names[-1:])
+    assert calls == ["collect"]
+
+
+@dataclass
+class Context:
+    """What DownstreamStream.serve uses of a gRPC servicer context."""
+
+    code: grpc.StatusCode | None = None
+    details: str | None = None
+
+    def add_done_callback(self, _callback: object) -> None:
+        pass
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise AssertionError("abort keeps the handler's frames (the request) with gRPC")
+
+    async def write(self, _message: bytes) -> None:
+        pass
+
+
+async def test_a_refused_request_ends_its_stream_with_a_status_and_gives_memory_back() -> None:
+    calls: list[str] = []
+    given_back = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def collect() -> None:
+        calls.append("collect")
+        given_back.set()
+
+    returner = MemoryReturn(ReturnPolicy(loop.time, settle=0.0), collect=collect)
+    core = Core.create(settings=ServingSettings(memory=returner))
+    request = discovery_pb2.DeltaDiscoveryRequest(type_url=ENDPOINT,
+                                                  resource_names_subscribe=["a"])
+    request.node.id = "n" * (DEFAULT_LIMITS.node_size + 1)
+
+    async def requests() -> AsyncIterator[discovery_pb2.DeltaDiscoveryRequest]:
+        yield request
+
+    context = Context()
+    stream = DownstreamStream(core.serving, "delta", "ipv4:10.0.0.7:1000")
+    await stream.serve(requests(), context)  # type: ignore[arg-type]
+    assert context.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert context.details == (
+        f"the node is {request.node.ByteSize()} bytes; the relay takes nodes of at most "
+        f"{DEFAULT_LIMITS.node_size} (limits.node_size)")
+    await asyncio.wait_for(given_back.wait(), 5.0)
+    assert calls == ["collect"]

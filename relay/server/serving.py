@@ -25,6 +25,7 @@ from relay.cache import ResourceCache
 from relay.clock import Clock
 from relay.interest import InterestIndex
 from relay.logs import RateLimitedLog
+from relay.memory import LARGE, MemoryReturn
 from relay.protocol.limits import DEFAULT_LIMITS, Limits, shown
 from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.view import CacheView
@@ -76,6 +77,9 @@ class ServingSettings:
     max_locator_size: int | None = None
     # the most bytes a response takes (server.max_response_size; None: any)
     max_response_size: int | None = None
+    # gives memory back once big streams left or large requests were refused
+    # (see relay.memory; None: never asks)
+    memory: MemoryReturn | None = None
 
 
 class ServingContext:
@@ -227,21 +231,32 @@ class ServingContext:
         self._batched.discard(stream)
         if not self._streams:
             self._idle.set()
+        held = self.index.names_held(stream)
         if self.index.remove(stream, NAMES_PER_TURN):
+            self.let_go(held)
             return
         try:
-            task = asyncio.get_running_loop().create_task(self._forget_slowly(stream))
+            task = asyncio.get_running_loop().create_task(self._forget_slowly(stream, held))
         except RuntimeError:  # no event loop
             self.index.remove(stream)
+            self.let_go(held)
             return
         self._forgetting.add(task)
         task.add_done_callback(self._forgetting.discard)
 
-    async def _forget_slowly(self, stream: DownstreamStream) -> None:
+    async def _forget_slowly(self, stream: DownstreamStream, held: int) -> None:
         while True:
             await asyncio.sleep(0)
             if self.index.remove(stream, NAMES_PER_TURN):
+                self.let_go(held)
                 return
+
+    def let_go(self, amount: int = LARGE) -> None:
+        """``amount`` names (or a large request) are no longer held: memory
+        may be given back (see :mod:`relay.memory`)."""
+        memory = self.settings.memory
+        if memory is not None:
+            memory.let_go(amount)
 
     # -- pushes ----------------------------------------------------------------
 

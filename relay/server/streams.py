@@ -187,14 +187,16 @@ class DownstreamStream:
         try:
             while not self._ended:
                 if self._closing is not None:
-                    await context.abort(*self._closing)
+                    _end_call(context, *self._closing)
+                    return
                 for response in self.ready_responses():
                     await context.write(response)
                 if reader.done():
                     error = reader.exception()
                     if error is not None:
-                        code, message = self._status_for(error)
-                        await context.abort(code, message)
+                        _end_call(context, *self._status_for(error))
+                        # what the request held (its traceback has it) goes with the stream
+                        self.serving.let_go()
                     return
                 await self._sleep()
         finally:
@@ -266,6 +268,17 @@ class DownstreamStream:
                         self.wake()
         finally:
             self.wake()
+
+
+def _end_call(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    """End the call with ``code`` and ``message`` once the handler returns.
+
+    Not ``context.abort``: the exception it raises, and with it the handler's
+    frames (the stream, the request that broke a limit: megabytes for a
+    refused Node), stays referenced by gRPC after the call, where no
+    collection frees it."""
+    context.set_code(code)
+    context.set_details(message)
 
 
 def _call_ended(stream: weakref.ref[DownstreamStream], _context: object) -> None:
