@@ -95,6 +95,8 @@ def split_request(request: discovery_pb2.DeltaDiscoveryRequest,
 class DeltaSubscription(SubscriptionState):
     """Delta protocol state of one type on one stream."""
 
+    __slots__ = ("_resend", "_unanswered")
+
     def __init__(self, type_url: str) -> None:
         super().__init__(type_url)
         # subscribed names not yet answered with a resource or a removal

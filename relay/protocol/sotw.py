@@ -95,6 +95,8 @@ class SotwSubscription(SubscriptionState):
     wrapped in ``Resource``, and heartbeats reach it.
     """
 
+    __slots__ = ("_held_sum", "_legacy_wildcard", "_wrap_ttl")
+
     def __init__(self, type_url: str, resource_in_sotw: bool = False) -> None:
         super().__init__(type_url)
         self._wrap_ttl = resource_in_sotw

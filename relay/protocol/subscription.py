@@ -48,6 +48,13 @@ MAX_NAMES_PER_RESPONSE = 2_500
 class SubscriptionState:
     """Subscription state of one type on one stream, either protocol."""
 
+    # (slots: one state per type per stream, thousands of streams; a slot
+    # costs a pointer where an instance dict costs a few hundred bytes)
+    __slots__ = ("_backlog", "_changed", "_cycle", "_errors_sent", "_held", "_locator_params",
+                 "_names", "_node_params", "_pending", "_pending_heartbeats", "_recheck_all",
+                 "_refetch", "_since", "_touched", "_type_url", "_wildcard", "_wildcard_since",
+                 "_wildcard_told")
+
     def __init__(self, type_url: str) -> None:
         self._type_url = type_url
         self._wildcard = False

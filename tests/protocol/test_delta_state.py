@@ -307,6 +307,13 @@ def test_names_subscribed_while_a_big_subscription_is_under_way_come_next() -> N
     assert sent == later + first[limit:]
 
 
+def test_invariant_19_nothing_for_an_unrequested_type() -> None:
+    state, view, nonces = setup(ENDPOINT, a="1")
+    state.mark_changed(frozenset({"a"}), True)
+    assert not state.has_work()  # no request yet: nothing is due, whatever changed
+    assert state.next_response(view, nonces) is None
+
+
 def test_a_nack_marks_the_type_rejected_until_an_ack() -> None:
     state, view, nonces = setup(a="1")
     state.on_request(Req(type_url=CLUSTER))

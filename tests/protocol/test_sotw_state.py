@@ -193,6 +193,7 @@ def test_invariant_21_one_in_flight_then_latest_state() -> None:
 def test_invariant_19_nothing_for_an_unrequested_type() -> None:
     state, view, nonces = setup(ENDPOINT, a="1")
     state.mark_changed(frozenset({"a"}), True)
+    assert not state.has_work()  # no request yet: nothing is due, whatever changed
     assert state.next_response(view, nonces) is None
 
 
