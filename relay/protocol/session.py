@@ -319,11 +319,14 @@ class Session:
 
     # -- cache changes -----------------------------------------------------------
 
-    def resources_changed(self, type_url: str, names: frozenset[str],
-                          everything: bool) -> int | None:
-        """The cache changed these names of ``type_url``: how many changes were
-        superseded behind an unanswered response, or None when the stream does
-        not subscribe to the type."""
+    def mark_changed(self, type_url: str, names: frozenset[str],
+                     everything: bool) -> int | None:
+        """Mark these names of ``type_url`` changed in the cache (or, with
+        ``everything``, possibly any of the type); returns how many changes
+        coalesced behind a response the client has not ACKed or NACKed yet
+        (see :meth:`SubscriptionState.mark_changed
+        <relay.protocol.subscription.SubscriptionState.mark_changed>`), or None
+        when the stream does not subscribe to the type."""
         state = self._states.get(type_url)
         if state is None:
             return None

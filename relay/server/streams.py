@@ -100,7 +100,7 @@ class DownstreamStream:
     # -- notifications from the interest index --------------------------------
 
     def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
-        coalesced = self.session.resources_changed(type_url, names, everything)
+        coalesced = self.session.mark_changed(type_url, names, everything)
         if coalesced is None:
             return
         if coalesced:

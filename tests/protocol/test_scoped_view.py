@@ -161,7 +161,7 @@ def test_a_delta_wildcard_gets_only_the_secrets_inside_the_scope() -> None:
     # a later change to a Secret outside the scope: nothing to say
     session.receive(Delta(type_url=SECRET, response_nonce=response.nonce))
     origin.secret("payments/b2")
-    session.resources_changed(SECRET, frozenset({"payments/b2"}), False)
+    session.mark_changed(SECRET, frozenset({"payments/b2"}), False)
     assert session.due(scoped(origin)).responses == []
 
 

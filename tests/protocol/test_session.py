@@ -72,7 +72,7 @@ def test_invariant_20_a_delta_response_that_only_removes_clusters_goes_last() ->
     origin.remove(CLUSTER, "old")
     origin.put(ENDPOINT, "x", endpoints("x", 9), version="2")
     for type_url in (CLUSTER, ENDPOINT):
-        session.resources_changed(type_url, frozenset({"old", "x"}), False)
+        session.mark_changed(type_url, frozenset({"old", "x"}), False)
     responses = session.due(origin.view).responses
     assert [p.type_url for p in responses] == [ENDPOINT, CLUSTER]
     assert getattr(responses[1], "removed", None) == ["old"]
@@ -94,12 +94,35 @@ def test_after_a_sotw_cluster_push_the_next_endpoint_request_is_answered() -> No
                          version_info=cds.version_info))
     assert session.due(origin.view).responses == []  # plain ACKs: nothing
     origin.put(CLUSTER, "c", cluster("c", timeout_s=3), version="2")
-    session.resources_changed(CLUSTER, frozenset({"c"}), False)
+    session.mark_changed(CLUSTER, frozenset({"c"}), False)
     [pushed] = session.due(origin.view).responses
     session.receive(Sotw(type_url=CLUSTER, response_nonce=pushed.nonce,
                          version_info=pushed.version_info))
     session.receive(Sotw(type_url=ENDPOINT, resource_names=["c"], response_nonce=eds.nonce,
                          version_info=eds.version_info))
+    [answer] = session.due(origin.view).responses
+    assert answer.type_url == ENDPOINT and [r.name for r in answer.resources] == ["c"]
+
+
+def test_after_a_delta_cluster_push_only_a_resubscribe_gets_the_endpoints_again() -> None:
+    # A delta client asks for what it wants again by subscribing to it: a
+    # plain ACK is only an ACK, even after a cluster push.
+    origin = Origin()
+    origin.put(CLUSTER, "c", cluster("c"))
+    origin.put(ENDPOINT, "c", endpoints("c"))
+    session = Session("delta")
+    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["c"]))
+    session.receive(Delta(type_url=ENDPOINT, resource_names_subscribe=["c"]))
+    cds, eds = session.due(origin.view).responses
+    session.receive(Delta(type_url=ENDPOINT, response_nonce=eds.nonce))
+    session.receive(Delta(type_url=CLUSTER, response_nonce=cds.nonce))
+    origin.put(CLUSTER, "c", cluster("c", timeout_s=3), version="2")
+    session.mark_changed(CLUSTER, frozenset({"c"}), False)
+    [pushed] = session.due(origin.view).responses
+    session.receive(Delta(type_url=CLUSTER, response_nonce=pushed.nonce))
+    session.receive(Delta(type_url=ENDPOINT, response_nonce=eds.nonce))
+    assert session.due(origin.view).responses == []
+    session.receive(Delta(type_url=ENDPOINT, resource_names_subscribe=["c"]))
     [answer] = session.due(origin.view).responses
     assert answer.type_url == ENDPOINT and [r.name for r in answer.resources] == ["c"]
 
@@ -116,7 +139,7 @@ def test_invariant_19_no_response_for_unsubscribed_type() -> None:
     origin = Origin()
     session = Session("delta")
     session.receive(Delta(type_url=ENDPOINT, resource_names_subscribe=["a"]))
-    assert session.resources_changed(CLUSTER, frozenset({"a"}), False) is None
+    assert session.mark_changed(CLUSTER, frozenset({"a"}), False) is None
     origin.put(CLUSTER, "a", cluster("a"))
     origin.put(ENDPOINT, "b", endpoints("b"))
     assert session.due(origin.view).responses == []
@@ -206,7 +229,7 @@ def test_a_sotw_wildcard_client_too_waits_for_a_fresh_do_not_cache_copy() -> Non
     due = session.due(origin.view)
     assert due.responses == [] and due.refetch == {CLUSTER: frozenset({"a"})}
     origin.put(CLUSTER, "a", cluster("a"), do_not_cache=True)  # the fresh copy
-    session.resources_changed(CLUSTER, frozenset({"a"}), False)
+    session.mark_changed(CLUSTER, frozenset({"a"}), False)
     [plan] = session.due(origin.view).responses
     assert [r.name for r in plan.resources] == ["a"]
 
