@@ -88,6 +88,7 @@ from benchmarks.attacks import (
 from benchmarks.processes import (
     DELTA_ADS,
     channel,
+    cpu_seconds,
     demand_seconds,
     open_streams,
     wait_for_worker,
@@ -470,8 +471,10 @@ async def _measure(name: str, settings: Settings, src: Path, traced: bool, base:
             await wait_ready(targets.admin_port)
             sampler = RssSampler(relay.process.pid)
             sampling = asyncio.create_task(sampler.run())
+            cpu_before = cpu_seconds(relay.process.pid)
             try:
                 row = await PHASES[name](relay, sampler, targets, settings)
+                row["relay_cpu_s"] = round(cpu_seconds(relay.process.pid) - cpu_before, 2)
             finally:
                 sampling.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -540,8 +543,8 @@ def _left_after_linger(row: dict[str, Any]) -> str:
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["| phase | sent | RSS before / peak / held / after (MiB) | peak cost (MiB) "
              "| held per unit | left after 5 s (MiB, %) | left after linger + 5 s (MiB, %) "
-             "| target met | client got |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | :---: | --- |"]
+             "| relay CPU (s) | target met | client got |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | --- |"]
     for row in rows:
         share = row["left_share"]
         per_unit = row["per_unit_bytes"]
@@ -553,7 +556,8 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"| {_n(row['peak_cost_mib'], 1)} "
             f"| {unit} "
             f"| {_n(row['left_mib'], 1)} ({'-' if share is None else f'{share:+.0%}'}) "
-            f"| {_left_after_linger(row)} | {_target(row)} | {_client(row)} |")
+            f"| {_left_after_linger(row)} | {_n(row.get('relay_cpu_s'), 1)} | {_target(row)} "
+            f"| {_client(row)} |")
     return "\n".join(lines)
 
 

@@ -30,8 +30,8 @@ import sys
 import time
 from collections.abc import Callable, Sized
 
-__all__ = ["LARGE", "MMAP_THRESHOLD", "PATIENCE", "RETURN_INTERVAL", "SETTLE", "MemoryReturn",
-           "ReturnPolicy", "malloc_trim", "map_large_blocks", "oversized"]
+__all__ = ["LARGE", "MMAP_THRESHOLD", "PATIENCE", "RETURN_INTERVAL", "SETTLE", "STREAM",
+           "MemoryReturn", "ReturnPolicy", "malloc_trim", "map_large_blocks", "oversized"]
 
 log = logging.getLogger("relay.memory")
 
@@ -53,6 +53,9 @@ PATIENCE = 10.0
 #: (each a few hundred bytes in the stream, the interest index, the upstream
 #: and the cache), or one large request (worth this much by itself).
 LARGE = 2_000
+#: What a stream costs beyond its names, counted in names: its gRPC call and
+#: buffers and its session, about 35 KB (``benchmarks.memory``'s idle streams).
+STREAM = 50
 
 
 class ReturnPolicy:

@@ -16,6 +16,7 @@ from relay.cache import Update
 from relay.core import Core
 from relay.memory import (
     LARGE,
+    STREAM,
     MemoryReturn,
     ReturnPolicy,
     malloc_trim,
@@ -154,6 +155,18 @@ def test_a_stream_holding_many_names_gives_memory_back_once_forgotten() -> None:
     core.serving.leave(small)
     assert calls == []  # ten names: not worth a collection
     core.serving.leave(big)  # no event loop: forgotten at once
+    assert calls == ["collect"]
+
+
+def test_streams_that_leave_count_for_more_than_their_names() -> None:
+    clock, calls = Clock(), []
+    core = counting_core(clock, calls)
+    streams = [DownstreamStream(core.serving, "delta", f"ipv4:10.0.0.7:{port}")
+               for port in range(LARGE // STREAM)]
+    for stream in streams[:-1]:
+        core.serving.leave(stream)
+    assert calls == []
+    core.serving.leave(streams[-1])  # each an idle stream's 35 KB, in all a collection's worth
     assert calls == ["collect"]
 
 

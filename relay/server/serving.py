@@ -25,7 +25,7 @@ from relay.cache import ResourceCache
 from relay.clock import Clock
 from relay.interest import InterestIndex
 from relay.logs import RateLimitedLog
-from relay.memory import LARGE, MemoryReturn
+from relay.memory import LARGE, STREAM, MemoryReturn
 from relay.protocol.limits import DEFAULT_LIMITS, Limits, shown
 from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.view import CacheView
@@ -231,7 +231,7 @@ class ServingContext:
         self._batched.discard(stream)
         if not self._streams:
             self._idle.set()
-        held = self.index.names_held(stream)
+        held = self.index.names_held(stream) + STREAM
         if self.index.remove(stream, NAMES_PER_TURN):
             self.let_go(held)
             return
