@@ -89,6 +89,14 @@ class RelayProcess:
         return f"127.0.0.1:{self.xds_port}"
 
 
+# Every benchmark's clients connect from 127.0.0.1, where a zone's come from
+# many hosts and arrive over time: the per-host limits and the admission of
+# new streams are lifted, so that one host stands for many and a storm
+# measures the relay, not its pacing (benchmarks.fleet measures that).
+ONE_HOST_LIMITS = ("limits: {streams_per_host: 1000000, connections_per_host: 1000000, "
+                   "new_streams_per_second: 1000000, new_streams_burst: 1000000}")
+
+
 @contextlib.asynccontextmanager
 async def relay_process(node_id: str, origin_port: int, drain_period: float, *,
                         upstream_extra: str = "", server_extra: str = "",
@@ -100,7 +108,8 @@ async def relay_process(node_id: str, origin_port: int, drain_period: float, *,
     ``upstream_extra`` adds keys to the ``upstream`` section (YAML flow
     style, e.g. ``"backoff: {max: 5s}"``), ``server_extra`` to the
     ``server`` section (e.g. ``"tls: {cert_file: ..., key_file: ...}"``);
-    ``sections`` are more top-level lines (e.g. ``"limits: {name_length: 100}"``);
+    ``sections`` are more top-level lines (e.g. ``"limits: {name_length: 100}"``;
+    without a ``limits`` section, :data:`ONE_HOST_LIMITS`);
     ``run_args`` are more arguments to ``run`` (e.g. ``["--workers", "4"]``);
     the relay logs at ``log_level`` to ``stderr`` (the harness's own by
     default). Stopped on the way out (SIGTERM, then SIGKILL after 10 s) if
@@ -117,6 +126,7 @@ admin: {{address: "127.0.0.1:{admin_port}"}}
 upstream: {{address: "127.0.0.1:{origin_port}"{extra}}}
 logging: {{level: {log_level}}}
 {sections}
+{"" if "limits:" in sections else ONE_HOST_LIMITS}
 """)
     process = subprocess.Popen(  # noqa: ASYNC220 (started once, before measuring)
         [sys.executable, "-m", "relay", "run", "--config", config.name, *run_args],
