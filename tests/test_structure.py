@@ -67,3 +67,44 @@ def test_every_allowed_function_is_still_long() -> None:
     lengths = function_lengths()
     stale = sorted(name for name in ALLOWED if lengths.get(name, 0) <= MAX_LINES)
     assert stale == []
+
+
+# The layers that will hold one object per origin (issue 24): a class there
+# with more public methods than this holds more than one idea.
+MAX_PUBLIC_METHODS = 15
+
+
+def public_methods(cls: ast.ClassDef) -> list[str]:
+    """A class's public methods: not properties, not alternate constructors."""
+    kept = []
+    for node in cls.body:
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        decorators = {ast.unparse(d) for d in node.decorator_list}
+        if node.name.startswith("_") or decorators & {"property", "classmethod"}:
+            continue
+        kept.append(node.name)
+    return kept
+
+
+def test_no_class_in_upstream_or_server_over_15_public_methods() -> None:
+    wide = {}
+    for folder in ("upstream", "server"):
+        for path in sorted((PACKAGE / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    methods = public_methods(node)
+                    if len(methods) > MAX_PUBLIC_METHODS:
+                        wide[f"relay/{folder}/{path.name}: {node.name}"] = len(methods)
+    assert wide == {}
+
+
+def test_public_methods_leave_out_properties_and_constructors() -> None:
+    tree = ast.parse("class C:\n"
+                     "    @property\n    def p(self): ...\n"
+                     "    @classmethod\n    def create(cls): ...\n"
+                     "    def _private(self): ...\n"
+                     "    def public(self): ...\n"
+                     "    async def also(self): ...\n")
+    [cls] = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    assert public_methods(cls) == ["public", "also"]
