@@ -47,6 +47,10 @@ INVARIANTS: dict[int, str] = {
     29: "before the first sync, clients wait rather than get an empty answer",
     30: "the cache holds variants separately and serves each subscriber its match",
     31: "parameter changes re-evaluate variants without resubscribing",
+    # fleets
+    32: "connections retired after max_connection_age; a declared reconnect costs nothing",
+    33: "new streams past the admission rate wait, then UNAVAILABLE; open ones untouched",
+    34: "no response over server.max_response_size unless one resource is larger",
 }
 
 

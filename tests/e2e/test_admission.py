@@ -22,7 +22,7 @@ async def outcome(client: XdsClient, name: str) -> str | grpc.aio.AioRpcError:
         return error
 
 
-async def test_a_storm_past_the_rate_is_turned_away_and_open_streams_are_served() -> None:
+async def test_invariant_33_a_storm_past_the_rate_is_turned_away_open_streams_served() -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"))
     async with running_stack(origin, limits="new_streams_per_second: 1, new_streams_burst: 1"

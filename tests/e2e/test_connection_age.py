@@ -25,7 +25,7 @@ def test_the_age_becomes_gRPC_options_and_zero_turns_it_off() -> None:
 
 
 @pytest.mark.parametrize("delta", [True, False], ids=["delta", "sotw"])
-async def test_a_retired_connection_ends_its_streams_and_the_client_comes_back_for_nothing(
+async def test_invariant_32_a_retired_connection_ends_its_streams_and_the_client_comes_back(
         delta: bool) -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"))

@@ -51,7 +51,7 @@ async def receive_all(client: XdsClient, limit: int, received: tuple[str, ...] =
     return responses
 
 
-async def test_a_delta_client_with_grpcs_default_limit_gets_100_resources_of_50kb() -> None:
+async def test_invariant_34_a_delta_client_with_grpcs_default_limit_gets_100_of_50kb() -> None:
     async with running_stack() as stack:
         stack.origin.set(*fifty_kb_each())
         client = stack.client(delta=True)
@@ -83,7 +83,7 @@ async def test_server_max_response_size_sets_the_limit() -> None:
         assert len(responses) >= 5  # 5 MB in responses of at most 1 MiB
 
 
-async def test_one_resource_larger_than_the_limit_goes_alone() -> None:
+async def test_invariant_34_one_resource_larger_than_the_limit_goes_alone() -> None:
     # This client takes large messages; the relay still keeps to 4 MiB where it can.
     options = [("grpc.max_receive_message_length", 16 * MiB)]
     async with running_stack(channel_options=options) as stack:
