@@ -21,7 +21,7 @@ from relay.protocol.cycle import OWED
 from relay.protocol.held import Declared, Held
 from relay.protocol.outcome import RequestOutcome
 from relay.protocol.requests import DeltaRequest
-from relay.protocol.sizing import ResponseBudget, cut_heartbeats
+from relay.protocol.sizing import ResponseBudget
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.subscription import SubscriptionState
 from relay.protocol.view import NonceSource, ResourceView
@@ -267,16 +267,9 @@ class DeltaSubscription(SubscriptionState):
             removed[gone] = None
         return True
 
-    def _heartbeats_that_fit(self, resources: list[CachedResource], view: ResourceView,
-                             budget: ResponseBudget, full: bool) -> list[CachedResource]:
-        """The heartbeats due that fit in the response; the others stay due."""
-        due = self._pending_heartbeats
-        if full or not due:
-            return []  # (a full response leaves them all for the next)
-        heartbeats = self._heartbeats_due(resources, view)
-        self._pending_heartbeats = cut_heartbeats(
-            budget, heartbeats, lambda r: r.heartbeat_entry, due, resources)
-        return heartbeats
+    @staticmethod
+    def _heartbeat_bytes(resource: CachedResource) -> bytes:
+        return resource.heartbeat_entry
 
     # -- snapshot ----------------------------------------------------------
 

@@ -24,7 +24,7 @@ from relay.protocol.cycle import OWED
 from relay.protocol.held import Held
 from relay.protocol.outcome import RequestOutcome
 from relay.protocol.requests import SotwRequest
-from relay.protocol.sizing import ResponseBudget, cut_heartbeats
+from relay.protocol.sizing import ResponseBudget
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.subscription import SubscriptionState
 from relay.protocol.view import NonceSource, ResourceView
@@ -291,16 +291,9 @@ class SotwSubscription(SubscriptionState):
         return self._emit(resources + beats, nonces, errors,
                           frozenset(r.name for r in beats))
 
-    def _heartbeats_that_fit(self, resources: list[CachedResource], view: ResourceView,
-                             budget: ResponseBudget, full: bool) -> list[CachedResource]:
-        """The heartbeats due that fit in the response; the others stay due."""
-        due = self._pending_heartbeats
-        if full or not due:
-            return []  # (a full response leaves them all for the next)
-        beats = self._heartbeats_due(resources, view)
-        self._pending_heartbeats = cut_heartbeats(
-            budget, beats, lambda r: r.sotw_heartbeat_entry, due, resources)
-        return beats
+    @staticmethod
+    def _heartbeat_bytes(resource: CachedResource) -> bytes:
+        return resource.sotw_heartbeat_entry
 
     def _wraps(self, resource: CachedResource) -> bool:
         """Whether ``resource`` goes wrapped in ``Resource``: subscribed with a

@@ -33,7 +33,7 @@ from relay.protocol.held import Held
 from relay.protocol.limits import MAX_NACK_MESSAGE, shown
 from relay.protocol.outcome import RequestOutcome
 from relay.protocol.requests import Request
-from relay.protocol.sizing import ResponseBudget
+from relay.protocol.sizing import ResponseBudget, cut_heartbeats
 from relay.protocol.snapshot import ResourceState, ResourceStatus, TypeSnapshot
 from relay.protocol.view import ResourceView
 from relay.resource import CachedResource, arrival_clock
@@ -314,6 +314,22 @@ class SubscriptionState:
                 out.append(found)
         self._pending_heartbeats = None
         return out
+
+    @staticmethod
+    def _heartbeat_bytes(resource: CachedResource) -> bytes:
+        """What a heartbeat of ``resource`` takes in this protocol's responses."""
+        raise NotImplementedError
+
+    def _heartbeats_that_fit(self, resources: list[CachedResource], view: ResourceView,
+                             budget: ResponseBudget, full: bool) -> list[CachedResource]:
+        """The heartbeats due that fit in the response; the others stay due."""
+        due = self._pending_heartbeats
+        if full or not due:
+            return []  # (a full response leaves them all for the next)
+        heartbeats = self._heartbeats_due(resources, view)
+        self._pending_heartbeats = cut_heartbeats(
+            budget, heartbeats, self._heartbeat_bytes, due, resources)
+        return heartbeats
 
     def _take_candidates(self, view: ResourceView,
                          everything: Callable[[], Iterable[str]]) -> list[str]:
