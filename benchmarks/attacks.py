@@ -103,7 +103,7 @@ from benchmarks.processes import (
     wait_ready,
     workers,
 )
-from benchmarks.report import write_results
+from benchmarks.report import publish, revision, write_results
 from benchmarks.rest import PATH, request_body
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.certs import Authority
@@ -862,10 +862,10 @@ async def measure(attack: Attack, scale: float, src: Path, seed: int,
                     return await _measure(attack, scale, relay, targets, base, resources, seed)
         finally:
             if keep_logs is not None:
-                _copy_logs(base, keep_logs, attack.name)
+                copy_logs(base, keep_logs, attack.name)
 
 
-def _copy_logs(base: Path, keep_logs: Path, attack: str) -> None:
+def copy_logs(base: Path, keep_logs: Path, attack: str) -> None:
     keep_logs.mkdir(parents=True, exist_ok=True)
     for name in ("relay", "origin"):
         with contextlib.suppress(FileNotFoundError):
@@ -964,19 +964,6 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _revision(src: Path) -> str:
-    """The commit ``src`` is at, ``+changes`` if its tree differs from it."""
-    try:
-        commit = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain",
-                                "--untracked-files=no", "--", "relay"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{commit}+changes" if dirty else commit
-
-
 def _scale(text: str) -> float:
     try:
         value = float(text)
@@ -1021,18 +1008,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.relay_src = args.relay_src.resolve()
     started = time.monotonic()
     rows = asyncio.run(main_async(args))
-    revision = _revision(args.relay_src)
+    commit = revision(args.relay_src)
     default = " (the default; 1.0 is the issue's full size)" if args.scale == DEFAULT_SCALE else ""
-    heading = (f"Attacks against the relay at {revision} ({args.relay_src}), scale "
+    heading = (f"Attacks against the relay at {commit} ({args.relay_src}), scale "
                f"{args.scale}{default}, {os.cpu_count()} CPUs, "
                f"{time.monotonic() - started:.0f} s in all.")
-    text = f"{heading}\n\n{markdown(rows)}\n"
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
+    publish(f"{heading}\n\n{markdown(rows)}\n", args.markdown)
     if args.json:
         write_results(args.json, "benchmarks.attacks", relay_src=str(args.relay_src),
-                      revision=revision, scale=args.scale, rows=rows)
+                      revision=commit, scale=args.scale, rows=rows)
 
 
 if __name__ == "__main__":

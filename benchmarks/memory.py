@@ -79,8 +79,7 @@ from benchmarks.attacks import (
     BENCH_YAML,
     RssSampler,
     Targets,
-    _copy_logs,
-    _revision,
+    copy_logs,
     origin_config,
     relay_config,
     relay_run,
@@ -95,7 +94,7 @@ from benchmarks.processes import (
     wait_ready,
     workers,
 )
-from benchmarks.report import write_results
+from benchmarks.report import publish, revision, write_results
 from relay.xds_types import ENDPOINT
 from tests.ports import free_port
 
@@ -453,7 +452,7 @@ async def measure(name: str, settings: Settings, src: Path, traced: bool,
             return await _measure(name, settings, src, traced, base)
         finally:
             if keep_logs is not None:
-                _copy_logs(base, keep_logs, name)
+                copy_logs(base, keep_logs, name)
 
 
 async def _measure(name: str, settings: Settings, src: Path, traced: bool, base: Path
@@ -627,18 +626,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.relay_src = args.relay_src.resolve()
     started = time.monotonic()
     rows = asyncio.run(main_async(args))
-    revision = _revision(args.relay_src)
+    commit = revision(args.relay_src)
     traced = " under tracemalloc (--breakdown)" if args.breakdown else ""
-    heading = (f"Memory of the relay at {revision} ({args.relay_src}){traced}, "
+    heading = (f"Memory of the relay at {commit} ({args.relay_src}){traced}, "
                f"{os.cpu_count()} CPUs, {time.monotonic() - started:.0f} s in all.")
     parts = [heading, markdown(rows), *filter(None, (breakdown(row) for row in rows))]
-    text = "\n\n".join(parts) + "\n"
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text)
+    publish("\n\n".join(parts) + "\n", args.markdown)
     if args.json:
         write_results(args.json, "benchmarks.memory", relay_src=str(args.relay_src),
-                      revision=revision, breakdown=args.breakdown, rows=rows)
+                      revision=commit, breakdown=args.breakdown, rows=rows)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +42,26 @@ def compare(relay: Sequence[float], bare: Sequence[float] | None) -> Comparison:
     theirs = spread(bare)
     return {"relay": ours, "bare": theirs,
             "ratio": {key: _ratio(ours[key], theirs[key]) for key in ("min", "median")}}
+
+
+def revision(src: Path) -> str:
+    """The commit ``src`` is at, ``+changes`` if its tree differs from it."""
+    try:
+        commit = subprocess.run(["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain",
+                                "--untracked-files=no", "--", "relay"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit}+changes" if dirty else commit
+
+
+def publish(text: str, markdown: Path | None) -> None:
+    """Print a benchmark's tables, and write them to ``markdown`` if given."""
+    print(text)
+    if markdown is not None:
+        markdown.write_text(text)
 
 
 def write_results(path: Path, module: str, **fields: Any) -> None:
