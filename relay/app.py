@@ -590,8 +590,10 @@ class Relay:
                 self._xds_port = server.add_insecure_port(parts.listen)
         except RuntimeError:  # what gRPC raises when it cannot bind
             self._xds_port = 0
-        if self._xds_port == 0:
-            raise OSError(f"cannot listen on {parts.listen}")
+        if self._xds_port == 0:  # gRPC says no more than that it failed
+            key = "the workers' socket" if parts.private else "server.address"
+            raise OSError(f"cannot listen on {parts.listen} ({key}): the port is in use, or "
+                          f"the address is not this host's")
         return server
 
     def _log_serving(self) -> None:
