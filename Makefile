@@ -40,3 +40,15 @@ $(NODE_STAMP): $(NODE_DIR)/package-lock.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache $(NODE_DIR)/node_modules
+
+# The documentation's generated parts: the pictures in docs/diagrams/, rendered
+# from their Graphviz sources (needs dot: apt-get install graphviz), the
+# configuration reference and the example config, from relay/config/.
+# tests/docs fails when a committed one is not what these make.
+.PHONY: diagrams docs
+diagrams:
+	$(PYTHON) docs/diagrams/render.py
+
+docs: $(STAMP) diagrams
+	$(BIN)/python -m relay.config.reference > docs/configuration.md
+	$(BIN)/python -m relay.config.reference --example > config/example.yaml
