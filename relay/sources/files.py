@@ -501,6 +501,7 @@ class FileSource:
         self._report(errors, previous=set(self._errors),
                      reread={path for path in scanned if scanned[path] != previous_scan.get(path)})
         total, changed = self._push(served)
+        self._report_mended(scanned, served, bad, total)
 
         first = self._loaded is None and not self._served
         self._served = served
@@ -510,6 +511,18 @@ class FileSource:
             log.info("loaded %d resources from %d files in %s (%d changed, %d errors)",
                      total, len(scanned), self.directory, changed, len(errors))
         return list(errors)
+
+    def _report_mended(self, scanned: Signature, served: dict[Path, tuple[_Parsed, ...]],
+                       bad: dict[Path, list[FileError]], total: int) -> None:
+        """Log each file (or the directory) that had a problem at the last load
+        and has none now: what it serves again. A bad file that was removed
+        is not mended: its removal is what the load logs."""
+        for path in sorted({error.path for error in self._errors} - set(bad)):
+            if path in scanned:
+                log.info("%s mended: serving %d resources again", path,
+                         len(served.get(path, ())))
+            elif path == self.directory:
+                log.info("%s mended: serving %d resources again", path, total)
 
     def _contribution(self, path: Path, results: dict[Path, _FileResult],
                       bad: dict[Path, list[FileError]]) -> tuple[_Parsed, ...]:

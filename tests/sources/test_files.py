@@ -356,6 +356,51 @@ def test_broken_file_is_reported_and_previous_content_kept(
     assert rec.version(CLUSTER, "a") != version
 
 
+def test_a_mended_file_is_logged_with_what_it_serves_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tmp_path, "clusters.yaml", cluster_doc("a") + "---\n" + cluster_doc("b"))
+    write(tmp_path, "other.yaml", cluster_doc("other"))
+    source, _ = source_for(tmp_path)
+    assert source.load() == []
+    path.write_text("name: [\n")
+    assert len(source.load()) == 1
+
+    path.write_text(cluster_doc("a", "3s") + "---\n" + cluster_doc("b"))
+    with caplog.at_level(logging.INFO, logger="relay.sources.files"):
+        assert source.load() == []
+        assert source.load() == []  # mended once: the next load says nothing of it
+
+    assert [r.getMessage() for r in caplog.records if " mended: " in r.getMessage()] == [
+        f"{path} mended: serving 2 resources again"]
+
+
+def test_a_broken_file_removed_is_not_mended(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = write(tmp_path, "bad.yaml", "name: [\n")
+    write(tmp_path, "good.yaml", cluster_doc("good"))
+    source, _ = source_for(tmp_path)
+    assert len(source.load()) == 1
+    path.unlink()
+    with caplog.at_level(logging.INFO, logger="relay.sources.files"):
+        assert source.load() == []
+    assert not [r for r in caplog.records if " mended: " in r.getMessage()]
+
+
+def test_a_directory_listed_again_is_mended(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    directory = tmp_path / "resources"
+    write(directory, "c.yaml", cluster_doc("c") + "---\n" + cluster_doc("d"))
+    source, _ = source_for(directory)
+    assert source.load() == []
+    directory.rename(tmp_path / "elsewhere")
+    assert len(source.load()) == 1
+    (tmp_path / "elsewhere").rename(directory)
+    with caplog.at_level(logging.INFO, logger="relay.sources.files"):
+        assert source.load() == []
+    assert [r.getMessage() for r in caplog.records if " mended: " in r.getMessage()] == [
+        f"{directory} mended: serving 2 resources again"]
+
+
 def test_bad_file_on_first_load_contributes_nothing(tmp_path: Path) -> None:
     write(tmp_path, "good.yaml", cluster_doc("good"))
     write(tmp_path, "bad.json", '{"@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",'
