@@ -12,6 +12,7 @@ from typing import TypeAlias
 
 from relay.config import ConfigError, RelayConfig, config_keys, load_config
 from relay.logs import configure_logging
+from relay.preflight import ports_in_use
 
 _DESCRIPTION = """\
 A caching xDS relay: one Delta-ADS stream to an origin control plane (or a
@@ -40,6 +41,8 @@ the whole NACK message, each resource's status and held and cached version.
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xds-relay", description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="print the relay's version (and Python's and gRPC's) and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(commands)
     _add_validate(commands)
@@ -47,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     _add_demo(commands)
     _add_status(commands)
     return parser
+
+
+def _version() -> str:
+    """``--version``: the installed package's version, and what it runs on."""
+    from relay.version import build_info
+
+    info = build_info()
+    return f"xds-relay {info['version']} (Python {info['python']}, grpcio {info['grpc']})"
 
 
 # what ``add_subparsers`` returns: each command below adds its parser to it
@@ -167,8 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(str(key) for key in config_keys()))
             return 0
         if args.command == "validate":
-            load_config(args.config)
+            config = load_config(args.config)
             print(f"{args.config}: ok")
+            for port in ports_in_use(config):  # valid, but it would not start here now
+                print(f"xds-relay: warning: {port}", file=sys.stderr)
             return 0
         if args.command == "run":
             config = load_config(args.config)
@@ -178,6 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.workers is not None:
                 config = config.model_copy(update={
                     "server": config.server.model_copy(update={"workers": args.workers})})
+            busy = ports_in_use(config)
+            if busy:
+                print("\n".join(f"xds-relay: {port}" for port in busy), file=sys.stderr)
+                return 1
             level = args.log_level or config.logging.level
             configure_logging(level, config.logging.format,
                               "hub" if config.server.workers > 1 else None)
@@ -196,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"xds-relay: invalid config\n{error}", file=sys.stderr)
         return 1
+    except OSError as error:  # a port in use, a file that cannot be read: the message says
+        print(f"xds-relay: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
@@ -212,7 +232,13 @@ async def _run(config: RelayConfig, log_level: str) -> int:
 
     signals = signal_queue()
     relay = build_relay(config)
-    await relay.start()
+    try:
+        await relay.start()
+    except BaseException:
+        # What did start (the xDS server, when admin's port is the one in use)
+        # stops on this loop, not in gRPC's finalizer after the loop closed.
+        await relay.stop(0)
+        raise
     tune_gc()
     await serve_until_signalled(relay, signals)
     return 0
