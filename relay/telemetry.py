@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import inspect
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import HistogramMetricFamily
 
+from relay.version import build_info
 from relay.xds_types import short_name
 
 # Seconds; from a same-host push (sub-millisecond) to a large fan-out (seconds).
@@ -109,6 +112,10 @@ class Metrics:
             "xds_relay_worker_restarts",
             description="Worker processes restarted after they exited (run --workers)")
         self._add_snapshot(meter)
+        info = build_info()
+        self.observe("xds_relay_build_info",
+                     "1, labelled with the relay's version and the Python and grpcio it runs on",
+                     tuple(info), lambda: {tuple(info.values()): 1})
 
     def _add_downstream(self, meter: Meter) -> None:
         """What clients' streams do: connected, pushed to, ACKing, refused."""
@@ -257,8 +264,7 @@ def prometheus_provider(otlp_endpoint: str | None = None,
     ProcessCollector(registry=registry)
     GCCollector(registry=registry)
     PlatformCollector(registry=registry)
-    readers: list[MetricReader] = [
-        PrometheusMetricReader(disable_target_info=True, registry=registry)]
+    readers: list[MetricReader] = [PrometheusMetricReader(**_reader_options(registry))]
     if otlp_endpoint is not None:
         # The JSON exporter, not the protobuf one: that one needs the
         # opentelemetry-proto package, whose modules clash with the older
@@ -270,6 +276,19 @@ def prometheus_provider(otlp_endpoint: str | None = None,
             OTLPMetricExporter(endpoint=otlp_endpoint),
             export_interval_millis=otlp_interval * 1000))
     return SdkMeterProvider(metric_readers=readers), registry
+
+
+def _reader_options(registry: CollectorRegistry) -> dict[str, Any]:
+    """The Prometheus reader's options: the relay's registry, and no labels
+    of the exporter's own. Its newer versions put ``otel_scope_name``,
+    ``otel_scope_version`` and ``otel_scope_schema_url`` on every series
+    unless told not to (older ones neither do nor take the option)."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+    options: dict[str, Any] = {"disable_target_info": True, "registry": registry}
+    if "scope_info_enabled" in inspect.signature(PrometheusMetricReader).parameters:
+        options["scope_info_enabled"] = False
+    return options
 
 
 def new_metrics(provider: MeterProvider | None = None,

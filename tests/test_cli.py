@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -75,6 +76,79 @@ def test_run_refuses_a_bad_workers_flag() -> None:
     result = xds_relay("run", "--config", "config/relay.yaml", "--workers", "none")
     assert result.returncode == 2
     assert "--workers: expected a number from 1 to 1024, got 'none'" in result.stderr
+
+
+def test_version_is_the_installed_package_version() -> None:
+    from importlib import metadata
+
+    result = xds_relay("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"xds-relay {metadata.version('xds-relay')} (Python ")
+    assert f"grpcio {metadata.version('grpcio')})" in result.stdout
+
+
+def _listening() -> socket.socket:
+    """A socket another process would find listening on a loopback port."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    return taken
+
+
+def _config_listening(tmp_path: Path, key: str, port: int) -> Path:
+    """A file-source config listening on port 0 everywhere but ``key``."""
+    sections = {"server.address": "server", "admin.address": "admin", "rest.address": "rest"}
+    addresses = {section: "127.0.0.1:0" for section in sections.values()}
+    addresses[sections[key]] = f"127.0.0.1:{port}"
+    config = tmp_path / "relay.yaml"
+    config.write_text("node: {id: x}\n" + "".join(
+        f"{section}: {{address: \"{address}\"}}\n" for section, address in addresses.items())
+        + f"upstream: {{files: \"{REPO / 'config/resources'}\"}}\n")
+    return config
+
+
+@pytest.mark.parametrize("key", ["server.address", "admin.address", "rest.address"])
+def test_run_on_a_port_in_use_says_so_in_one_line_naming_the_key(tmp_path: Path,
+                                                                  key: str) -> None:
+    with _listening() as taken:
+        port = taken.getsockname()[1]
+        result = xds_relay("run", "--config", str(_config_listening(tmp_path, key, port)))
+    assert result.returncode == 1
+    assert result.stderr == f"xds-relay: cannot listen on 127.0.0.1:{port} ({key}): the port " \
+                            f"is in use\n"
+
+
+def test_validate_warns_of_a_port_in_use(tmp_path: Path) -> None:
+    with _listening() as taken:
+        port = taken.getsockname()[1]
+        config = _config_listening(tmp_path, "admin.address", port)
+        result = xds_relay("validate", "--config", str(config))
+    assert result.returncode == 0
+    assert result.stdout == f"{config}: ok\n"
+    assert result.stderr == (f"xds-relay: warning: cannot listen on 127.0.0.1:{port} "
+                             f"(admin.address): the port is in use\n")
+    # Free again: nothing to warn of.
+    assert xds_relay("validate", "--config", str(config)).stderr == ""
+
+
+async def test_a_relay_failing_to_start_stops_what_did_start(tmp_path: Path) -> None:
+    # The admin port is taken after the check (here: never checked), once the
+    # xDS server listens: run stops the xDS server on its own loop, rather
+    # than leaving it to gRPC's finalizer after the loop is closed.
+    from relay.cli import _run
+    from relay.config import load_config
+    from relay.config.values import Address
+    from relay.preflight import PortInUse, ports_in_use
+
+    with _listening() as taken:
+        config = load_config(_config_listening(tmp_path, "admin.address",
+                                               taken.getsockname()[1]))
+        xds = free_port()
+        config = config.model_copy(update={"server": config.server.model_copy(
+            update={"address": Address("127.0.0.1", xds)})})
+        with pytest.raises(OSError, match=r"\(admin\.address\)"):
+            await _run(config, "info")
+        assert ports_in_use(config) == [PortInUse("admin.address", config.admin.address)]
 
 
 def test_run_refuses_a_bad_config_without_starting(tmp_path: Path) -> None:

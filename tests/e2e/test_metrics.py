@@ -38,9 +38,7 @@ async def scrape(admin_port: int) -> dict[tuple[str, Labels], float]:
             return str(reply.read().decode())
 
     text = await asyncio.get_running_loop().run_in_executor(None, fetch)
-    # The exporter labels every series with the instrumentation scope; drop those.
-    return {(s.name, frozenset((k, v) for k, v in s.labels.items()
-                               if not k.startswith("otel_scope_"))): s.value
+    return {(s.name, frozenset(s.labels.items())): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 

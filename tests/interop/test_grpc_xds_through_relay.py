@@ -112,14 +112,9 @@ def server_tls(relay: Leaf, client_ca: Authority | None = None,
 
 
 def refused(stack: Stack, reason: str) -> float:
-    """How many xDS calls the relay refused for ``reason``.
-
-    (Not ``registry.get_sample_value``: that wants every label, and the
-    OpenTelemetry exporter adds ``otel_scope_*`` ones.)"""
-    return sum(sample.value for family in stack.relay.registry.collect()
-               for sample in family.samples
-               if sample.name == "xds_relay_downstream_refused_streams_total"
-               and sample.labels.get("reason") == reason)
+    """How many xDS calls the relay refused for ``reason``."""
+    return stack.relay.registry.get_sample_value(
+        "xds_relay_downstream_refused_streams_total", {"reason": reason}) or 0.0
 
 
 async def served_through_relay(stack: Stack, client: XdsClientProcess,

@@ -22,8 +22,7 @@ def page(record: Callable[[Metrics], None]) -> str:
 
 
 def samples(text: bytes) -> dict[tuple[str, Labels], float]:
-    return {(s.name, frozenset((k, v) for k, v in s.labels.items()
-                               if not k.startswith("otel_scope_"))): s.value
+    return {(s.name, frozenset(s.labels.items())): s.value
             for family in text_string_to_metric_families(text.decode())
             for s in family.samples}
 
