@@ -377,15 +377,26 @@ def _type_cell(state: Mapping[str, Any]) -> str:
     return f"{label} ({len(versions)} versions)"
 
 
-def _last_nack_cell(types: Mapping[str, Mapping[str, Any]]) -> str:
-    """The type and message of the stream's latest NACK: of a type still
-    nacked if any, the one with the highest nonce (the relay's nonces count up)."""
+def latest_nack(client: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
+    """The type URL and ``last_nack`` of a stream's latest NACK (None: it
+    NACKed nothing): of a type still nacked if any, the one with the highest
+    nonce (the relay's nonces count up). The console shows the same."""
     nacks = [(state.get("sync") == NACKED, _nonce_order(state["last_nack"].get("nonce")),
               type_url, state["last_nack"])
-             for type_url, state in types.items() if isinstance(state.get("last_nack"), dict)]
+             for type_url, state in _types(client).items()
+             if isinstance(state.get("last_nack"), dict)]
     if not nacks:
-        return _NOTHING
+        return None
     *_, type_url, nack = max(nacks, key=lambda n: n[:3])
+    return type_url, nack
+
+
+def _last_nack_cell(types: Mapping[str, Mapping[str, Any]]) -> str:
+    """The type and message of the stream's latest NACK (see :func:`latest_nack`)."""
+    latest = latest_nack({"types": types})
+    if latest is None:
+        return _NOTHING
+    type_url, nack = latest
     message = " ".join(str(nack.get("message", "")).split())
     return f"{short_name(type_url)}: {_cut(_printable(message), _MESSAGE_WIDTH)}"
 
