@@ -10,9 +10,11 @@ import logging
 import random
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote
 
 import grpc
 from opentelemetry.metrics import MeterProvider
@@ -25,6 +27,7 @@ from relay.cache import ResourceCache
 from relay.certificates import WatchedKeyPair
 from relay.clock import Clock, MonotonicClock
 from relay.config import RelayConfig, node_proto
+from relay.config.models import UpstreamConfig
 from relay.core import Core
 from relay.demand import DemandLedger
 from relay.encoding import MAX_MESSAGE_SIZE
@@ -50,8 +53,11 @@ from relay.telemetry import Metrics, new_metrics, prometheus_provider, watch_loo
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
 from relay.upstream.dial import Dialer, OriginTLS
+from relay.upstream.origins import DEFAULT_ORIGIN, Origins, RoutedDemand, Routes
 from relay.upstream.requests import max_locator_size
+from relay.upstream.scoped import OriginCache, ScopedCache
 from relay.upstream.state import UpstreamState
+from relay.upstream.targets import Demand
 from relay.xds_types import KNOWN_TYPE_URLS
 
 if TYPE_CHECKING:
@@ -118,14 +124,14 @@ def connection_age_options(age: float, grace: float) -> list[tuple[str, int]]:
             ("grpc.max_connection_age_grace_ms", max(1, round(grace * 1000)))]
 
 
-def dialer(config: RelayConfig) -> Dialer:
-    """How to reach the origin of ``config`` (which has an ``upstream.address``)."""
-    upstream = config.upstream
+def dialer(upstream: UpstreamConfig, key: str = "upstream") -> Dialer:
+    """How to reach the origin ``upstream`` describes (one with an ``address``;
+    ``key`` is where it is configured, for the log)."""
     assert upstream.address is not None
     tls = upstream.tls
     if upstream.token_file is not None and tls is None:
-        log.warning("upstream.token_file is set without upstream.tls: the token goes to the "
-                    "origin in clear text")
+        log.warning("%s.token_file is set without %s.tls: the token goes to the "
+                    "origin in clear text", key, key)
     return Dialer(
         str(upstream.address),
         tls=None if tls is None else OriginTLS(tls.ca_file, tls.cert_file, tls.key_file,
@@ -137,27 +143,48 @@ def dialer(config: RelayConfig) -> Dialer:
         connect_timeout=upstream.connect_timeout)
 
 
+def routes(config: RelayConfig) -> Routes:
+    """Which origin of ``config`` serves each name (see :mod:`relay.upstream.origins`)."""
+    upstream = config.upstream
+    return Routes(config.authorities, upstream is not None and upstream.address is not None)
+
+
 def demand_ledger(config: RelayConfig, clock: Clock) -> DemandLedger:
     """The bounds on what clients make one process that serves them
     subscribe upstream: with ``server.workers``, each takes an equal share of
     ``limits.upstream_names`` (their hub adds them up on the origin stream)."""
     limits, workers = config.limits, max(1, config.server.workers)
     return DemandLedger(-(-limits.upstream_names // workers), limits.upstream_names_per_host,
-                        clock.now)
+                        clock.now, routes=routes(config).refusal)
 
 
-def snapshot_store(config: RelayConfig) -> SnapshotStore | None:
-    """Where ``config`` keeps its snapshot, if it keeps one."""
+def snapshot_stores(config: RelayConfig) -> dict[str, SnapshotStore]:
+    """Where ``config`` keeps each origin's snapshot, by origin (empty: it keeps none).
+
+    Each origin has a key space of its own: the default origin's is the one a
+    relay of a single origin uses (``persistence.redis.key_prefix``, or the
+    directory); an authority's adds ``:authority:NAME`` to the prefix, or
+    ``authorities/NAME`` to the directory.
+    """
     persistence = config.persistence
     if persistence is None:
-        return None
-    if persistence.directory is not None:
-        return DirectoryStore(persistence.directory)
-    redis = persistence.redis
-    assert redis is not None  # the config has exactly one store
-    password = None if redis.password_file is None else \
-        redis.password_file.read_text().strip()
-    return RedisStore(redis.url, config.snapshot_prefix(), redis.timeout, password)
+        return {}
+    stores: dict[str, SnapshotStore] = {}
+    for origin in config.origins():
+        if persistence.directory is not None:
+            directory = persistence.directory if origin == DEFAULT_ORIGIN else \
+                persistence.directory / "authorities" / quote(origin, safe="").replace(".", "%2E")
+            stores[origin] = DirectoryStore(directory)
+            continue
+        redis = persistence.redis
+        assert redis is not None  # the config has exactly one store
+        password = None if redis.password_file is None else \
+            redis.password_file.read_text().strip()
+        prefix = config.snapshot_prefix()
+        if origin != DEFAULT_ORIGIN:
+            prefix += f":authority:{origin}"
+        stores[origin] = RedisStore(redis.url, prefix, redis.timeout, password)
+    return stores
 
 
 def serving_settings(config: RelayConfig, metrics: Metrics, clock: Clock, *,
@@ -184,8 +211,8 @@ def serving_settings(config: RelayConfig, metrics: Metrics, clock: Clock, *,
                               time.monotonic),
         refusal_log=RateLimitedLog(logging.getLogger("relay.downstream"),
                                    REFUSAL_LOG_INTERVAL, clock.now),
-        max_locator_size=max_locator_size(config.upstream.max_request_size) if forwards
-        else None,
+        max_locator_size=min(max_locator_size(origin.max_request_size)
+                             for origin in config.origins().values()) if forwards else None,
         # Clients keep gRPC's receive limit; the hub's workers take any size.
         max_response_size=None if private else server.max_response_size,
         # Memory back once big clients leave or large requests are refused.
@@ -226,13 +253,12 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
     provider, registry = prometheus_provider(
         otlp.endpoint if otlp else None, otlp.interval if otlp else 15.0)
     metrics = new_metrics(provider, registry)
-    if origin is None and config.upstream.address is not None:
-        origin = dialer(config)
     # serving the processes of --workers, not clients
     private = listen is not None
+    forwards = origin is not None or bool(config.origins())
     core = Core.create(metrics, serving_settings(config, metrics, clock, private=private,
-                                                 forwards=origin is not None), clock)
-    upstream = None if origin is None else _upstream_client(config, core, origin)
+                                                 forwards=forwards), clock)
+    upstream = _origins(config, core, origin) if forwards else None
     if upstream is not None and not private:
         core.index.limit_demand(demand_ledger(config, clock))
     # server.tls is for clients, not for the private socket between the processes
@@ -243,7 +269,7 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
         upstream=upstream, files=_file_source(config, core) if upstream is None else None,
         # The snapshot: only of what an origin sent (files are their own), and
         # only where the origin is a real one (not a --workers hub).
-        snapshot=snapshot_store(config) if upstream is not None else None,
+        snapshots=snapshot_stores(config) if origin is None else {},
         certificates=None if tls is None else
         WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file),
         fetcher=fetcher,
@@ -255,13 +281,36 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
     return Relay(config, parts, admin=admin, readiness=readiness)
 
 
-def _upstream_client(config: RelayConfig, core: Core, origin: Dialer) -> UpstreamClient:
-    """The client of the origin stream, as ``upstream.*`` says, wired into ``core``."""
-    upstream = config.upstream
-    state = UpstreamState(node_proto(config), core.cache, upstream.linger,
+def _origins(config: RelayConfig, core: Core, hub: Dialer | None) -> Origins:
+    """A client per origin (``hub``: the one origin of a --workers process), wired into
+    ``core`` as the way back up from its index."""
+    if hub is not None:
+        only = Routes((), default=True)
+        client = _upstream_client(config, config.hub_link(), core, hub, core.cache, core.index)
+        return core.follow_origins(only, {DEFAULT_ORIGIN: client})
+    table = routes(config)
+    clients = {}
+    for name, upstream in config.origins().items():
+        key = "upstream" if name == DEFAULT_ORIGIN else f"authorities.{name}"
+        if table.several:  # each origin sees its own names only
+            owns = table.owned_by(name)
+            cache: OriginCache = ScopedCache(core.cache, owns)
+            demand: Demand = RoutedDemand(core.index, table, name)
+        else:
+            cache, demand = core.cache, core.index
+        clients[name] = _upstream_client(config, upstream, core, dialer(upstream, key), cache,
+                                         demand)
+    return core.follow_origins(table, clients)
+
+
+def _upstream_client(config: RelayConfig, upstream: UpstreamConfig, core: Core, origin: Dialer,
+                     cache: OriginCache, demand: Demand) -> UpstreamClient:
+    """The client of one origin stream, as ``upstream`` says."""
+    state = UpstreamState(node_proto(config), cache, upstream.linger,
                           upstream.answer_grace, upstream.max_request_size,
                           upstream.initial_versions)
-    return core.follow(origin, state, Backoff(upstream.backoff.initial, upstream.backoff.max))
+    return core.client(origin, state, demand,
+                       Backoff(upstream.backoff.initial, upstream.backoff.max))
 
 
 def _file_source(config: RelayConfig, core: Core) -> FileSource:
@@ -269,7 +318,7 @@ def _file_source(config: RelayConfig, core: Core) -> FileSource:
     from relay.sources.files import FileSource
 
     upstream = config.upstream
-    assert upstream.files is not None  # the config has exactly one source
+    assert upstream is not None and upstream.files is not None  # no origin: files
     return FileSource(upstream.files, core.cache, upstream.poll_interval, core.serving.metrics)
 
 
@@ -281,11 +330,11 @@ class RelayParts:
     meter_provider: MeterProvider
     registry: CollectorRegistry
     core: Core
-    # the source of resources, exactly one: an origin (or the hub of --workers), or files
-    upstream: UpstreamClient | None
+    # the source of resources, exactly one: the origins (or the hub of --workers), or files
+    upstream: Origins | None
     files: FileSource | None
-    # where the snapshot is kept, if it is
-    snapshot: SnapshotStore | None
+    # where each origin's snapshot is kept, by origin (empty: no persistence)
+    snapshots: dict[str, SnapshotStore]
     # the xDS port's certificate (server.tls)
     certificates: WatchedKeyPair | None
     # one-shot fetches (gRPC Fetch*, REST polling) and the leases they hold
@@ -324,7 +373,11 @@ class Relay:
                  readiness: Callable[[], str | None] | None = None) -> None:
         self.config: Final = config
         self._parts = parts
-        self.upstream: Final = parts.upstream
+        self.origins: Final = parts.upstream
+        # The default origin's client (or the only one): what a single-origin
+        # relay, a --workers process and the tests follow.
+        self.upstream: Final = None if parts.upstream is None else \
+            parts.upstream.default or next(iter(parts.upstream.clients.values()))
         self.rest: Final = parts.rest
         self._readiness = readiness or self.not_ready_reason
         self._health = Health()
@@ -334,8 +387,9 @@ class Relay:
         self._state = Lifecycle.BUILT
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._snapshot_writer: SnapshotWriter | None = None
-        self._restored: Restored | None = None
+        # per origin: what writes its snapshot back, what its snapshot held at start
+        self._snapshot_writers: dict[str, SnapshotWriter] = {}
+        self._restored: dict[str, Restored] = {}
         self._xds_port = self._admin_port = self._rest_port = 0
         self._observe_state()
         self._count_from_zero()
@@ -389,19 +443,33 @@ class Relay:
 
     @property
     def snapshot_writer(self) -> SnapshotWriter | None:
-        """What writes the snapshot back, once started with persistence."""
-        return self._snapshot_writer
+        """What writes the default origin's snapshot back (the only origin's), once
+        started with persistence."""
+        return self.snapshot_writers.get(self._first_origin())
+
+    @property
+    def snapshot_writers(self) -> dict[str, SnapshotWriter]:
+        """What writes each origin's snapshot back, by origin, once started."""
+        return self._snapshot_writers
 
     @property
     def restored(self) -> Restored | None:
-        """What the snapshot held when the relay started (None: nothing loaded)."""
-        return self._restored
+        """What the default origin's (the only origin's) snapshot held when the relay
+        started (None: nothing loaded)."""
+        return self._restored.get(self._first_origin())
+
+    def restored_of(self, origin: str) -> Restored | None:
+        """What ``origin``'s snapshot held when the relay started (None: nothing loaded)."""
+        return self._restored.get(origin)
+
+    def _first_origin(self) -> str:
+        return next(iter(self._parts.snapshots), DEFAULT_ORIGIN)
 
     def _observe_state(self) -> None:
         """Gauges counted from the relay's state when metrics are collected."""
         self.metrics.observe_state(
             self.cache.counts, self.serving.subscription_counts,
-            self.upstream.state.subscription_counts if self.upstream is not None else None)
+            self._upstream_subscription_counts if self.origins is not None else None)
         self.metrics.observe(
             "xds_relay_ready", "1 while /ready says ready (serving what it has), 0 otherwise",
             (), lambda: {(): int(self._readiness() is None)})
@@ -429,6 +497,14 @@ class Relay:
                 "When the certificate the xDS port serves expires (Unix time)", (),
                 lambda: {(): int(certificates.current.not_after.timestamp())})
 
+    def _upstream_subscription_counts(self) -> dict[str, int]:
+        """Per type URL: locators subscribed on the origin streams, all origins."""
+        assert self.origins is not None
+        counts: Counter[str] = Counter()
+        for _, client in self.origins:
+            counts.update(client.state.subscription_counts())
+        return dict(counts)
+
     def _count_from_zero(self) -> None:
         """Start at 0 the series that alerts take ``increase()`` of, rather
         than at their first count: the first refusal, limit hit or failed
@@ -442,7 +518,7 @@ class Relay:
         if self.upstream is not None:
             metrics.upstream_connected.add(0)
             metrics.upstream_reconnects.add(0)
-        if self._parts.snapshot is not None:
+        if self._parts.snapshots:
             for outcome in ("ok", "failed"):
                 metrics.snapshot_writes.add(0, {"outcome": outcome})
 
@@ -456,40 +532,69 @@ class Relay:
             return _NOT_READY[self._state]
         if self._parts.files is not None:
             return None
-        # Once synced, the relay stays ready while the origin is away: it
+        # Once synced, the relay stays ready while an origin is away: it
         # serves what it has cached, to new clients too. So does one that
         # restored a snapshot: it serves the zone's last-known-good config.
-        if self.upstream is not None and self.upstream.synced_event.is_set():
+        waiting = [name for name in self._origin_names() if not self._origin_ready(name)]
+        if not waiting:
             return None
-        if self.serves_snapshot():
-            return None
-        return "not yet synced with the origin"
+        return "not yet synced with " + self._origin_list(waiting)
+
+    def _origin_names(self) -> list[str]:
+        return [] if self.origins is None else list(self.origins.clients)
+
+    def _origin_ready(self, origin: str) -> bool:
+        """Whether ``origin``'s part is served: it answered once, or its snapshot is."""
+        assert self.origins is not None
+        if self.origins.clients[origin].synced_event.is_set():
+            return True
+        restored = self._restored.get(origin)
+        return restored is not None and restored.types > 0
+
+    def _origin_list(self, names: list[str]) -> str:
+        """``names`` of origins as /ready says them: "the origin" for a lone one."""
+        if len(self._origin_names()) == 1:
+            return "the origin"
+        return ("origin " if len(names) == 1 else "origins ") + ", ".join(names)
 
     def serves_snapshot(self) -> bool:
-        """Whether a restored snapshot is what the relay serves, until the origin answers."""
-        return self._restored is not None and self._restored.types > 0
+        """Whether a restored snapshot is what the relay serves, until the origins answer."""
+        return any(restored.types > 0 for restored in self._restored.values())
 
     def ready_detail(self) -> str:
-        """What a ready relay serves, for ``/ready``'s 200 body."""
+        """What a ready relay serves, for ``/ready``'s 200 body: per origin, whether
+        it is connected (and since when), synced, or served from its snapshot."""
         if self._parts.files is not None:
             return "serving files"
-        if self.upstream is not None and self.upstream.synced_event.is_set():
-            return "synced with the origin"
-        if self._restored is not None:
-            age = "" if self._restored.written_at is None else \
-                f", saved {max(0.0, time.time() - self._restored.written_at):.0f}s ago"
-            return (f"serving a snapshot ({self._restored.resources} resources of "
-                    f"{self._restored.types} types from {self._restored.where}{age}); "
-                    f"not yet synced with the origin")
-        return "not yet synced with the origin"
+        return "; ".join(self._origin_detail(name) for name in self._origin_names())
 
-    async def _restore(self) -> None:
-        """Load the snapshot into the cache, waiting ``persistence.load_timeout`` at most."""
-        assert self._parts.snapshot is not None and self.config.persistence is not None
-        where = self._parts.snapshot.description
+    def _origin_detail(self, origin: str) -> str:
+        assert self.origins is not None
+        client = self.origins.clients[origin]
+        lone = len(self.origins.clients) == 1
+        who = "the origin" if lone else f"origin {origin}"
+        connected = client.connected_event.is_set()
+        if client.synced_event.is_set():
+            state = f"synced with {who}" if connected else \
+                f"{who} unreachable (serving what it sent)"
+            return f"{state} at {client.target}"
+        restored = self._restored.get(origin)
+        if restored is not None and restored.types:
+            age = "" if restored.written_at is None else \
+                f", saved {max(0.0, time.time() - restored.written_at):.0f}s ago"
+            return (f"serving a snapshot ({restored.resources} resources of "
+                    f"{restored.types} types from {restored.where}{age}); "
+                    f"not yet synced with {who}")
+        return f"not yet synced with {who}"
+
+    async def _restore(self, origin: str, store: SnapshotStore) -> None:
+        """Load ``origin``'s snapshot into the cache, waiting
+        ``persistence.load_timeout`` at most."""
+        assert self.config.persistence is not None
+        where = store.description
         timeout = self.config.persistence.load_timeout
         try:
-            stored = await asyncio.wait_for(self._parts.snapshot.load(), timeout)
+            stored = await asyncio.wait_for(store.load(), timeout)
         except TimeoutError:
             log.warning("snapshot not loaded: no answer from %s within %gs "
                         "(persistence.load_timeout); serving without it", where, timeout)
@@ -504,13 +609,20 @@ class Relay:
         def skipped(reason: str, count: int) -> None:
             self.metrics.snapshot_skipped.add(count, {"reason": reason})
 
-        self._restored = restore(self.cache, stored, where, self._parts.clock.now(), time.time(),
-                                skipped)
-        self.metrics.snapshot_restored.add(self._restored.resources)
-        if self._restored.types:
+        restored = self._restored[origin] = restore(
+            self._origin_cache(origin), stored, where, self._parts.clock.now(), time.time(),
+            skipped)
+        self.metrics.snapshot_restored.add(restored.resources)
+        if restored.types:
             log.info("restored %d resources of %d types from the snapshot at %s; serving them "
-                     "until the origin answers", self._restored.resources, self._restored.types,
-                     where)
+                     "until the origin answers", restored.resources, restored.types, where)
+
+    def _origin_cache(self, origin: str) -> OriginCache:
+        """The cache as ``origin`` writes it (its own names only, with several)."""
+        assert self.origins is not None
+        if not self.origins.routes.several:
+            return self.cache
+        return ScopedCache(self.cache, self.origins.routes.owned_by(origin))
 
     async def drain(self, period: float | None = None) -> None:
         """Stop taking streams and close the open ones spread over ``period``.
@@ -547,12 +659,14 @@ class Relay:
         if self._state is not Lifecycle.BUILT:
             raise RuntimeError(f"a relay starts once; this one is {self._state.value}")
         parts = self._parts
-        if parts.snapshot is not None:
-            await self._restore()
-            writer = self._snapshot_writer = SnapshotWriter(
-                self.cache, parts.snapshot, self.metrics, parts.clock)
+        for origin, store in parts.snapshots.items():
+            await self._restore(origin, store)
+            writer = self._snapshot_writers[origin] = SnapshotWriter(
+                self.cache, store, self.metrics, parts.clock,
+                owns=self.origins.routes.owned_by(origin)
+                if self.origins is not None and self.origins.routes.several else None)
             self.cache.add_listener(writer.on_cache_change)
-            self._tasks.append(asyncio.create_task(writer.run(), name="snapshot"))
+            self._tasks.append(asyncio.create_task(writer.run(), name=f"snapshot-{origin}"))
         if parts.files is not None:
             parts.files.load()  # served before the first client can connect
             self._tasks.append(asyncio.create_task(parts.files.run(), name="file-source"))
@@ -563,8 +677,8 @@ class Relay:
             self._admin_port = await self.admin.start(self.config.admin)
         if self.rest is not None:
             self._rest_port = await self.rest.start()
-        if self.upstream is not None:
-            self._tasks.append(asyncio.create_task(self.upstream.run(), name="upstream"))
+        if self.origins is not None:
+            self._tasks.append(asyncio.create_task(self.origins.run(), name="upstream"))
         self._tasks.append(asyncio.create_task(self._report_ready(), name="ready"))
         self._tasks.append(asyncio.create_task(parts.core.expire_ttls(), name="ttl"))
         self._tasks.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag),
@@ -613,8 +727,10 @@ class Relay:
     async def _report_ready(self) -> None:
         """Turn the xDS services' gRPC health SERVING once synced, or at once
         when serving a snapshot (as ``/ready``)."""
-        if self.upstream is not None and not self.serves_snapshot():
-            await self.upstream.synced_event.wait()
+        if self.origins is not None:
+            for origin, client in self.origins:
+                if not self._origin_ready(origin):
+                    await client.synced_event.wait()
         await self._health.set_ready()
 
     async def stop(self, grace: float | None = 0.5) -> None:
@@ -647,11 +763,13 @@ class Relay:
     async def _close_snapshot(self) -> None:
         """Write what is left (a store that does not answer soon is given up
         on: the next relay catches up from the origin) and close the store."""
-        if self._snapshot_writer is not None:
+        writers = list(self._snapshot_writers.values())
+        if writers:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._snapshot_writer.write_pending(), 2.0)
-        if self._parts.snapshot is not None:
-            await self._parts.snapshot.close()
+                await asyncio.wait_for(
+                    asyncio.gather(*(writer.write_pending() for writer in writers)), 2.0)
+        for store in self._parts.snapshots.values():
+            await store.close()
 
     async def wait(self) -> None:
         """Run until the server stops."""

@@ -14,6 +14,7 @@ where it lives, in ``docs/glossary.md``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from relay.cache import CacheChange, ResourceCache
@@ -24,7 +25,9 @@ from relay.telemetry import Metrics, new_metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
 from relay.upstream.dial import Dialer
+from relay.upstream.origins import Origins, Routes
 from relay.upstream.state import UpstreamState
+from relay.upstream.targets import Demand
 
 
 @dataclass
@@ -51,15 +54,27 @@ class Core:
         return cls(cache, index, serving, clock)
 
     def follow(self, dialer: Dialer, state: UpstreamState, backoff: Backoff) -> UpstreamClient:
-        """The client of the origin stream, linked as the way back up from the index.
+        """The client of the origin stream, linked as the way back up from the index."""
+        client = self.client(dialer, state, self.index, backoff)
+        self.index.link(client)
+        return client
+
+    def client(self, dialer: Dialer, state: UpstreamState, demand: Demand,
+               backoff: Backoff) -> UpstreamClient:
+        """The client of one origin stream, reading what clients want from ``demand``.
 
         It batches what clients ask of the origin over ``server.batch_window``,
         as pushes to clients are batched (see :class:`UpstreamClient`).
         """
-        client = UpstreamClient(dialer, state, self.index, backoff, self.serving.metrics,
-                                self.clock, self.serving.settings.batch_window)
-        self.index.link(client)
-        return client
+        return UpstreamClient(dialer, state, demand, backoff, self.serving.metrics,
+                              self.clock, self.serving.settings.batch_window)
+
+    def follow_origins(self, routes: Routes, clients: Mapping[str, UpstreamClient]) -> Origins:
+        """``clients`` (one per origin, by name) linked, through :class:`Origins`, as
+        the way back up from the index."""
+        origins = Origins(routes, clients)
+        self.index.link(origins)
+        return origins
 
     async def expire_ttls(self) -> None:
         """Remove resources whose TTL lapsed without a heartbeat (never invents one).

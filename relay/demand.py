@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 
 from relay.memory import oversized
 from relay.protocol.limits import ORIGIN_REFUSED, LimitExceeded, shown
+from relay.protocol.outcome import ProtocolError
 from relay.xds_types import short_name
 
 __all__ = ["ORIGIN_REFUSED", "REFUSAL_COOLDOWN", "DemandLedger"]
@@ -44,8 +45,11 @@ class DemandLedger:
     """
 
     def __init__(self, upstream_names: int, upstream_names_per_host: int,
-                 now: Callable[[], float], max_refused: int | None = None) -> None:
+                 now: Callable[[], float], max_refused: int | None = None,
+                 routes: Callable[[str], str | None] | None = None) -> None:
         self.upstream_names = upstream_names
+        # why no origin serves a name (None: one does); see Routes.refusal
+        self._routes = routes
         self.upstream_names_per_host = upstream_names_per_host
         self._now = now
         # host -> type URL -> name -> how many of the host's subscribers hold it
@@ -89,6 +93,12 @@ class DemandLedger:
                     f"clients at {shown(host, 64)} would hold {held + new_for_host} names, "
                     f"more than one host may (limits.upstream_names_per_host: "
                     f"{self.upstream_names_per_host})")
+        if self._routes is not None:
+            added = list(added)
+            for name in added:
+                why = self._routes(name)
+                if why is not None:
+                    raise ProtocolError(why)
         if self._refused:
             self._forget_lapsed()
             for name in added:

@@ -179,7 +179,9 @@ def _convert_error(error: Any, root: yaml.Node, source: str) -> ConfigError:
     value = error.get("input")
     if loc and loc[-1] == "[key]":  # pydantic's marker for a bad mapping key
         loc.pop()
-        kind = "invalid_key"
+        # a key that is text but not what the mapping takes (an authority, say)
+        # says why; any other is not text at all
+        kind = kind if kind == "value_error" and isinstance(value, str) else "invalid_key"
     if kind == "missing":
         return ConfigError(source, _line_of(root, loc[:-1]), _dotted(tuple(loc)), "field required")
     if kind == "extra_forbidden":

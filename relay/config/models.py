@@ -28,6 +28,7 @@ from relay.config.values import (
     MAX_MESSAGE_SIZE,
     Address,
     AddressField,
+    AuthorityField,
     BufferSizeField,
     CertificateFileField,
     CountField,
@@ -303,8 +304,9 @@ class ServerConfig(_Section):
     """The downstream xDS gRPC server."""
 
     address: AddressField = Field(
-        default=Address("0.0.0.0", 18000),
-        description='where clients connect for xDS (gRPC); IPv6 as "[::]:18000"')
+        default=Address("127.0.0.1", 18000),
+        description="where clients connect for xDS (gRPC); loopback unless told otherwise: "
+                    '0.0.0.0:18000 (or "[::]:18000") serves other hosts')
     batch_window: DurationField = Field(
         default=0.005,
         description="how long a push caused by an origin change waits for the rest of its "
@@ -680,7 +682,17 @@ class RelayConfig(_Section):
 
     node: NodeConfig
     server: ServerConfig = ServerConfig()
-    upstream: UpstreamConfig
+    upstream: UpstreamConfig | None = Field(
+        default=None,
+        description="the default origin: classic names, and xdstp:// names of authorities "
+                    "not under authorities; may be left out when authorities are set (names "
+                    "no origin serves are then refused)")
+    authorities: dict[AuthorityField, UpstreamConfig] = Field(
+        default_factory=dict,
+        description="xDS federation: per authority, the origin that serves "
+                    "xdstp://AUTHORITY/... names, with every key of upstream (address, tls, "
+                    "token_file, backoff, fallback, ...); each gets a Delta-ADS stream of "
+                    "its own")
     admin: AdminConfig = AdminConfig()
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -689,8 +701,46 @@ class RelayConfig(_Section):
     rest: RestConfig = RestConfig()
 
     @model_validator(mode="after")
+    def _some_source(self) -> RelayConfig:
+        if self.upstream is None and not self.authorities:
+            message = ("field required: the origin's address (or files); or authorities, an "
+                       "origin per xdstp:// authority")
+            raise ValidationError.from_exception_data(type(self).__name__, [
+                InitErrorDetails(type=PydanticCustomError("value_error", "{message}",
+                                                          {"message": message}),
+                                 loc=("upstream",), input=None)])
+        if self.authorities and self.upstream is not None and self.upstream.files is not None:
+            raise ValueError("authorities need an origin as upstream (upstream.address), not "
+                             "upstream.files")
+        for authority, origin in self.authorities.items():
+            if origin.files is not None:
+                message = ("an authority's origin is reached at an address; files are for "
+                           "upstream alone")
+                raise ValidationError.from_exception_data(type(self).__name__, [
+                    InitErrorDetails(type=PydanticCustomError("value_error", "{message}",
+                                                              {"message": message}),
+                                     loc=("authorities", authority, "files"),
+                                     input=str(origin.files))])
+        return self
+
+    def hub_link(self) -> UpstreamConfig:
+        """The origin settings a --workers process follows its hub with: the
+        default origin's, or the first authority's when there is none."""
+        if self.upstream is not None:
+            return self.upstream
+        return next(iter(self.authorities.values()))
+
+    def origins(self) -> dict[str, UpstreamConfig]:
+        """Every origin the relay follows, by name: ``default`` for ``upstream``
+        (when it is an origin, not files), and each authority by its own."""
+        default = {} if self.upstream is None or self.upstream.address is None else \
+            {"default": self.upstream}
+        return {**default, **self.authorities}
+
+    @model_validator(mode="after")
     def _persistence_needs_an_origin(self) -> RelayConfig:
-        if self.persistence is not None and self.upstream.files is not None:
+        if self.persistence is not None and self.upstream is not None and \
+                self.upstream.files is not None:
             raise ValueError("persistence keeps what an origin sent; with upstream.files the "
                              "files are the snapshot: remove 'persistence'")
         return self

@@ -452,6 +452,27 @@ def format_size(size: int) -> str:
 # --------------------------------------------------------------------------- field types
 
 
+def _validate_authority(value: Any) -> str:
+    """An xDS federation authority: what ``xdstp://`` names carry before their
+    first ``/`` (a host name, or any text without ``/``, ``?``, ``#`` or spaces)."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected an authority (text), got {type(value).__name__}")
+    if not value:
+        raise ValueError("an empty authority: name the one that xdstp://AUTHORITY/... "
+                         "names carry")
+    bad = next((c for c in value if c in "/?#%" or c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(f"{value[:100]!r} holds {bad!r}: an authority is what an xdstp:// "
+                         f"name carries before its first '/', without '?', '#', '%' or spaces")
+    if len(value) > 253:
+        raise ValueError(f"{value[:100]!r}... is {len(value)} characters; 253 at most")
+    if value == "default":
+        raise ValueError("'default' names the origin of upstream (in metrics, /ready and "
+                         "status); an authority may not take it")
+    return value
+
+
+AuthorityField = Annotated[str, PlainValidator(_validate_authority)]
 AddressField = Annotated[Address, PlainValidator(_validate_address)]
 DurationField = Annotated[float, PlainValidator(_validate_duration), Shown(format_duration)]
 PositiveDurationField = Annotated[float, PlainValidator(_validate_positive_duration),

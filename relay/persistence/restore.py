@@ -18,10 +18,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from relay.cache import ResourceCache, Update
+from relay.cache import Update
 from relay.persistence.entries import FORMAT, CorruptEntry, decode_entry
 from relay.persistence.stores import StoredSnapshot
 from relay.resource import CachedResource
+from relay.upstream.scoped import OriginCache
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.persistence")
@@ -39,7 +40,7 @@ class Restored:
     corrupt: int = 0
 
 
-def restore(cache: ResourceCache, snapshot: StoredSnapshot, where: str,
+def restore(cache: OriginCache, snapshot: StoredSnapshot, where: str,
             clock_now: float, wall_now: float,
             count_skipped: Callable[[str, int], None] | None = None) -> Restored:
     """Write ``snapshot`` (read from ``where``) into ``cache``; what it restored.

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from relay.cache import CacheChange, ResourceCache
 from relay.clock import Clock, MonotonicClock
@@ -49,8 +49,12 @@ class SnapshotWriter:
 
     def __init__(self, cache: ResourceCache, store: SnapshotStore, metrics: Metrics,
                  clock: Clock | None = None, wall: Callable[[], float] = time.time,
-                 retry: Backoff | None = None) -> None:
+                 retry: Backoff | None = None,
+                 owns: Callable[[str], bool] | None = None) -> None:
         self.cache = cache
+        # the names this store keeps (None: all); with several origins, each
+        # origin's snapshot holds its own names (see relay.upstream.origins)
+        self.owns = owns
         self.store = store
         self.metrics = metrics
         self.clock: Clock = clock or MonotonicClock()
@@ -68,9 +72,16 @@ class SnapshotWriter:
 
     def on_cache_change(self, change: CacheChange) -> None:
         """A cache listener: note what changed (heartbeats move a TTL's expiry)."""
+        changed: Iterable[str] = change.names
+        beats: Iterable[str] = change.heartbeats
+        owns = self.owns
+        if owns is not None:
+            changed, beats = [n for n in changed if owns(n)], [n for n in beats if owns(n)]
+            if not changed and not beats:
+                return
         names = self._pending.setdefault(change.type_url, set())
-        names.update(change.names)
-        names.update(change.heartbeats)
+        names.update(changed)
+        names.update(beats)
         self._wake.set()
 
     async def run(self) -> None:
@@ -129,7 +140,8 @@ class SnapshotWriter:
         for type_url, names in pending.items():
             if not self.cache.is_synced(type_url):
                 continue
-            batch.types[type_url] = TypeState(complete=self.cache.is_complete(type_url))
+            batch.types[type_url] = TypeState(
+                complete=self.owns is None and self.cache.is_complete(type_url))
             upserts = batch.upserts.setdefault(type_url, {})
             deletes = batch.deletes.setdefault(type_url, [])
             for name in names:

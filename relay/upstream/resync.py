@@ -23,9 +23,9 @@ from typing import Literal
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.cache import ResourceCache
 from relay.resource import CachedResource
 from relay.upstream.deadlines import Deadlines, ReconcileDue
+from relay.upstream.scoped import OriginCache
 from relay.upstream.targets import subscribes
 from relay.xds_types import short_name
 
@@ -62,7 +62,7 @@ class Resync:
     """Per type, what the current stream must confirm of the cache; and, per
     type, whether the origin honours declarations."""
 
-    def __init__(self, cache: ResourceCache, grace: float, initial_versions: InitialVersions,
+    def __init__(self, cache: OriginCache, grace: float, initial_versions: InitialVersions,
                  deadlines: Deadlines) -> None:
         self.cache = cache
         self.grace = grace

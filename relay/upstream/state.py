@@ -31,7 +31,7 @@ from typing import assert_never
 
 from envoy.config.core.v3 import base_pb2
 
-from relay.cache import ResourceCache, Update
+from relay.cache import Update
 from relay.constraints import UNCONSTRAINED
 from relay.upstream.deadlines import (
     Deadline,
@@ -44,6 +44,7 @@ from relay.upstream.deadlines import (
 from relay.upstream.requests import Request, RequestCutter, SubscriptionChange
 from relay.upstream.responses import ParsedResponse, Unusable
 from relay.upstream.resync import InitialVersions, Resync
+from relay.upstream.scoped import OriginCache
 from relay.upstream.settling import Settling
 from relay.upstream.targets import Demand, Targets, TypeSubscription, locators_of
 from relay.xds_types import short_name
@@ -92,7 +93,7 @@ class UpstreamState:
     with another instance but the cache and the demand it is given.
     """
 
-    def __init__(self, node: base_pb2.Node, cache: ResourceCache,
+    def __init__(self, node: base_pb2.Node, cache: OriginCache,
                  linger: float = 0.0, answer_grace: float = SETTLE_GRACE,
                  max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
                  initial_versions: InitialVersions = "auto") -> None:

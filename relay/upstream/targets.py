@@ -18,10 +18,10 @@ from collections.abc import Collection, Container, Iterable, Iterator, Mapping, 
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from relay.cache import ResourceCache
 from relay.constraints import EMPTY_PARAMS, Locator, Params
 from relay.upstream.deadlines import Deadlines, LingerEnds, WildcardLingerEnds
 from relay.upstream.requests import SubscriptionChange
+from relay.upstream.scoped import OriginCache
 
 Locators = dict[str, Set[Params]]
 #: The parameter sets of a plain name as subscribed: one frozenset for every
@@ -53,7 +53,7 @@ class Demand(Protocol):
         not have them (for a while); how many clients held them."""
 
 
-def subscribes(cache: ResourceCache, type_url: str, name: str, names: Container[str]) -> bool:
+def subscribes(cache: OriginCache, type_url: str, name: str, names: Container[str]) -> bool:
     """Whether a subscription to ``names`` covers the cached ``name``, by itself or by an alias."""
     return name in names or any(alias in names for alias in cache.aliases_of(type_url, name))
 
@@ -181,7 +181,7 @@ class Targets:
     """Per type, the locators (and wildcard) subscribed on the current stream,
     brought in line with what clients want and what lingers."""
 
-    def __init__(self, cache: ResourceCache, linger: float, deadlines: Deadlines) -> None:
+    def __init__(self, cache: OriginCache, linger: float, deadlines: Deadlines) -> None:
         self.cache = cache
         self.linger = linger
         self.lingering = Lingering(deadlines)

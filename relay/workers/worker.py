@@ -61,13 +61,19 @@ def worker_config(config: RelayConfig, index: int, port: int,
     rest = config.rest
     if rest.address is not None and rest_port is not None:
         rest = rest.model_copy(update={"address": Address(rest.address.host, rest_port)})
+    # Every origin's settings describe the link to the hub: a worker follows
+    # the hub alone, whatever origin a name comes from (the hub routes them;
+    # the worker's origins only say which names it may refuse).
+    hub_link = {"initial_versions": "honoured", "backoff": BackoffConfig(initial=0.05, max=1.0)}
+    upstream = config.upstream
     return config.model_copy(update={
         "node": config.node.model_copy(update={"id": worker_node_id(config.node.id, index)}),
         "rest": rest,
         "server": config.server.model_copy(update={
             "address": Address(config.server.address.host, port), "workers": 1}),
-        "upstream": config.upstream.model_copy(update={
-            "initial_versions": "honoured", "backoff": BackoffConfig(initial=0.05, max=1.0)}),
+        "upstream": None if upstream is None else upstream.model_copy(update=hub_link),
+        "authorities": {name: origin.model_copy(update=hub_link)
+                        for name, origin in config.authorities.items()},
         "metrics": MetricsConfig(),
         "persistence": None,
     })
@@ -89,7 +95,7 @@ def worker_main(spec: WorkerSpec, end: Connection) -> None:
 async def _serve(spec: WorkerSpec, end: Connection) -> int:
     signals = signal_queue()
     link = await Link.open(end)
-    upstream = spec.config.upstream
+    upstream = spec.config.hub_link()
     hub = Dialer(spec.hub, max_response_size=upstream.max_response_size,
                  connect_timeout=upstream.connect_timeout)
     relay = build_relay(spec.config, origin=hub, admin=False, reuse_port=True)

@@ -104,8 +104,9 @@ def test_defaults_for_minimal_config() -> None:
     assert (cfg.node.locality.region, cfg.node.locality.zone, cfg.node.locality.sub_zone) == (
         "", "", "")
     assert cfg.node.metadata == {}
-    assert cfg.server.address == Address("0.0.0.0", 18000)
-    assert str(cfg.server.address) == "0.0.0.0:18000"
+    # loopback unless told otherwise: plaintext xDS is not offered to the network by default
+    assert cfg.server.address == Address("127.0.0.1", 18000)
+    assert str(cfg.server.address) == "127.0.0.1:18000"
     assert cfg.upstream.poll_interval == 1.0
     assert (cfg.upstream.backoff.initial, cfg.upstream.backoff.max) == (0.5, 30.0)
     assert cfg.upstream.linger == 30.0
@@ -162,7 +163,7 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      node: {id: a}
      upstream: {address: "a:1"}
      extra: 1
-     """, 3, "extra", "node, server, upstream, admin, logging, metrics, persistence, limits, rest"),
+     """, 3, "extra", "node, server, upstream, authorities, admin, logging, metrics, persistence, limits, rest"),
     ("""
      node:
        id: a
@@ -264,7 +265,9 @@ def test_empty_node_id_rejected() -> None:
 def test_missing_top_level_section(text: str, field: str) -> None:
     err = config_error(text)
     assert err.field == field and err.line == 2
-    assert err.problem == "field required"
+    assert err.problem == ("field required" if field == "node" else
+                           "field required: the origin's address (or files); or authorities, "
+                           "an origin per xdstp:// authority")
 
 
 # --------------------------------------------------------------------------- upstream source
@@ -617,7 +620,8 @@ def test_multiple_documents_rejected() -> None:
 def test_default_source_name() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config("node: {id: a}\n")
-    assert str(info.value) == "<string>:1: upstream: field required"
+    assert str(info.value) == ("<string>:1: upstream: field required: the origin's address "
+                               "(or files); or authorities, an origin per xdstp:// authority")
 
 
 def test_config_error_format_without_parts() -> None:

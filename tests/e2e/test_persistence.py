@@ -158,7 +158,7 @@ async def test_a_restarted_relay_serves_its_snapshot_and_resumes_with_only_the_d
             await client.expect_nothing()
             assert set(await received(sotw)) == {"a", "b"}
             await sotw.expect_nothing()
-            assert relay.ready_detail() == "synced with the origin"
+            assert relay.ready_detail() == f"synced with the origin at 127.0.0.1:{port}"
             await written(relay)
         finally:
             client.close()
