@@ -163,7 +163,8 @@ def test_load_config_reads_file(tmp_path: Path) -> None:
      node: {id: a}
      upstream: {address: "a:1"}
      extra: 1
-     """, 3, "extra", "node, server, upstream, authorities, admin, logging, metrics, persistence, limits, rest"),
+     """, 3, "extra",
+     "node, server, upstream, authorities, admin, logging, metrics, persistence, limits, rest"),
     ("""
      node:
        id: a

@@ -131,9 +131,9 @@ async def test_one_origin_down_touches_only_its_names(
         default.set(changed)
         assert await collect(client, 1) == {"backend-default": version_of(changed)}
         await client.expect_nothing(QUIET)
-        async with ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{relay.admin_port}/ready") as reply:
-                body = await reply.text()
+        async with ClientSession() as http, \
+                http.get(f"http://127.0.0.1:{relay.admin_port}/ready") as reply:
+            body = await reply.text()
         assert reply.status == 200
         assert f"origin {EAST} unreachable (serving what it sent)" in body
         assert "synced with origin default" in body
