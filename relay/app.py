@@ -10,7 +10,6 @@ import logging
 import random
 import signal
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -497,13 +496,11 @@ class Relay:
                 "When the certificate the xDS port serves expires (Unix time)", (),
                 lambda: {(): int(certificates.current.not_after.timestamp())})
 
-    def _upstream_subscription_counts(self) -> dict[str, int]:
-        """Per type URL: locators subscribed on the origin streams, all origins."""
+    def _upstream_subscription_counts(self) -> dict[tuple[str, str], int]:
+        """Per (origin, type URL): locators subscribed on the origin's stream."""
         assert self.origins is not None
-        counts: Counter[str] = Counter()
-        for _, client in self.origins:
-            counts.update(client.state.subscription_counts())
-        return dict(counts)
+        return {(origin, type_url): count for origin, client in self.origins
+                for type_url, count in client.state.subscription_counts().items()}
 
     def _count_from_zero(self) -> None:
         """Start at 0 the series that alerts take ``increase()`` of, rather

@@ -195,10 +195,12 @@ class Metrics:
 
     def observe_state(self, cache_counts: Callable[[], Mapping[str, tuple[int, int]]],
                       downstream_counts: Callable[[], Mapping[tuple[str, ...], int]],
-                      upstream_counts: Callable[[], Mapping[str, int]] | None) -> None:
+                      upstream_counts: Callable[[], Mapping[tuple[str, str], int]] | None
+                      ) -> None:
         """The gauges read from the relay's state: ``cache_counts`` gives (names,
         variants) per type URL, ``downstream_counts`` streams per (protocol, short
-        type), ``upstream_counts`` locators per type URL (None for a file source).
+        type), ``upstream_counts`` locators per (origin, type URL) (None for a file
+        source).
 
         They may be called from the OTLP exporter's thread: each takes a
         snapshot of what it counts rather than iterating live collections.
@@ -217,8 +219,10 @@ class Metrics:
                      downstream_counts)
         if upstream_counts is not None:
             self.observe("xds_relay_upstream_subscriptions",
-                         "Resource locators subscribed on the origin stream (a wildcard "
-                         "counts one)", ("type",), lambda: per_type(upstream_counts()))
+                         "Resource locators subscribed on each origin's stream (a wildcard "
+                         "counts one)", ("origin", "type"),
+                         lambda: {(origin, short_name(type_url)): n
+                                  for (origin, type_url), n in upstream_counts().items()})
 
     def observe(self, name: str, description: str, label_names: tuple[str, ...],
                 read: Callable[[], Mapping[tuple[str, ...], int]]) -> None:

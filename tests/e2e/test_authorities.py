@@ -18,11 +18,14 @@ from typing import Any
 import grpc
 import pytest
 from aiohttp import ClientSession
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
 
 from relay.app import Relay, build_relay
 from relay.config import parse_config
 from relay.xds_types import CLUSTER
 from tests.builders import cluster, version_of
+from tests.e2e.test_metrics import labels, scrape, series
 from tests.harness import ADS, QUIET, TIMEOUT, ScriptedOrigin, XdsClient, eventually, node
 
 DELTA_ADS = ADS + "DeltaAggregatedResources"
@@ -95,7 +98,7 @@ async def collect(client: XdsClient, count: int) -> dict[str, str]:
     return seen
 
 
-async def test_each_origin_is_asked_for_its_own_names_only(
+async def test_invariant_37_each_origin_is_asked_for_its_own_names_only(
         origins: tuple[ScriptedOrigin, ScriptedOrigin]) -> None:
     default, east = origins
     async with relay_for(default.port, east.port) as (relay, channel):
@@ -114,9 +117,12 @@ async def test_each_origin_is_asked_for_its_own_names_only(
         client.close()
         second.close()
         assert relay.not_ready_reason() is None
+        samples = await scrape(relay.admin_port)
+        assert series(samples, "xds_relay_upstream_subscriptions") == {
+            labels(origin="default", type="Cluster"): 2, labels(origin=EAST, type="Cluster"): 1}
 
 
-async def test_one_origin_down_touches_only_its_names(
+async def test_invariant_37_one_origin_down_touches_only_its_names(
         origins: tuple[ScriptedOrigin, ScriptedOrigin]) -> None:
     default, east = origins
     async with relay_for(default.port, east.port) as (relay, channel):
@@ -152,6 +158,29 @@ async def test_one_origin_down_touches_only_its_names(
         await eventually(lambda: EAST_CLUSTER in east.stream.subscribed.get(CLUSTER, set()))
         east.set(moved)
         assert await collect(client, 1) == {EAST_CLUSTER: version_of(moved)}
+        client.close()
+
+
+async def test_invariant_37_an_origins_nack_touches_only_its_names(
+        origins: tuple[ScriptedOrigin, ScriptedOrigin]) -> None:
+    default, east = origins
+    async with relay_for(default.port, east.port) as (_, channel):
+        client = await delta_client(channel, ["backend-default", EAST_CLUSTER])
+        held = await collect(client, 2)
+        bad = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="bad-1")
+        bad.resources.add(name=EAST_CLUSTER, version="broken",
+                          resource=any_pb2.Any(type_url=CLUSTER, value=b"\xff\xff\xff"))
+        east.send_raw(bad)
+        await eventually(lambda: any(r.response_nonce == "bad-1" for r in east.all_requests()))
+        [nack] = [r for r in east.all_requests() if r.response_nonce == "bad-1"]
+        assert "cannot be decoded" in nack.error_detail.message
+        await client.expect_nothing(QUIET)
+        # the default origin heard of no error, and its updates still flow
+        assert not any(r.HasField("error_detail") for r in default.all_requests())
+        changed = cluster("backend-default", timeout_s=3)
+        default.set(changed)
+        assert await collect(client, 1) == {"backend-default": version_of(changed)}
+        assert held[EAST_CLUSTER] == version_of(cluster(EAST_CLUSTER))
         client.close()
 
 

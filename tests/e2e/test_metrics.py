@@ -104,7 +104,8 @@ async def test_metrics_count_known_traffic_exactly() -> None:
 
     assert series(samples, "xds_relay_upstream_connected") == {labels(): 1}
     assert series(samples, "xds_relay_upstream_subscriptions") == {
-        labels(type="Cluster"): 1, labels(type="ClusterLoadAssignment"): 1}
+        labels(origin="default", type="Cluster"): 1,
+        labels(origin="default", type="ClusterLoadAssignment"): 1}
     assert series(samples, "xds_relay_cache_resources") == {
         labels(type="Cluster"): 2, labels(type="ClusterLoadAssignment"): 1}
     assert series(samples, "xds_relay_cache_variants") == {
