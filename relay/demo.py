@@ -32,7 +32,7 @@ upstream: {{files: "{resources}", poll_interval: 0.5s}}
 def _relay_config(port: int, admin_port: int, origin_port: int) -> str:
     return f"""
 node: {{id: demo-relay-zone-a, cluster: xds-relay, locality: {{zone: demo-a}}}}
-server: {{address: "0.0.0.0:{port}"}}
+server: {{address: "127.0.0.1:{port}"}}
 admin: {{address: "127.0.0.1:{admin_port}"}}
 upstream: {{address: "127.0.0.1:{origin_port}", backoff: {{initial: 0.5s, max: 5s}},
             linger: 5m}}

@@ -122,7 +122,7 @@ def test_rest_with_workers_on_a_port_number_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(("rest", "key", "other"), [
-    ("127.0.0.1:18000", "server.address", "0.0.0.0:18000"),
+    ("127.0.0.1:18000", "server.address", "127.0.0.1:18000"),
     ("0.0.0.0:19000", "admin.address", "127.0.0.1:19000"),
 ])
 def test_rest_on_the_port_of_another_listener_is_refused(rest: str, key: str,
