@@ -1462,6 +1462,18 @@ def test_kubernetes_relay_is_replicated_non_root_and_bounded() -> None:
             f"relay-deployment.yaml: resources.{bound} should set cpu and memory")
 
 
+def test_kubernetes_creates_the_namespace_it_deploys_to() -> None:
+    namespace = _manifest("namespace.yaml", "Namespace")
+    assert namespace["metadata"]["name"] == _kubernetes_namespace()
+
+
+def test_kubernetes_says_how_to_build_and_push_the_unpublished_image() -> None:
+    text = (KUBERNETES / "kustomization.yaml").read_text()
+    image = yaml.safe_load(text)["images"][0]
+    assert f"docker build -t registry.example.com/xds-relay:{image['newTag']} ." in text
+    assert f"docker push registry.example.com/xds-relay:{image['newTag']}" in text
+
+
 def test_kustomization_lists_every_manifest() -> None:
     kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
     listed = sorted(kustomization["resources"])
