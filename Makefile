@@ -2,8 +2,10 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# Reinstall when the project's metadata changes.
-STAMP  := $(VENV)/.installed
+# Reinstall when the project's metadata changes: the relay's own dependencies
+# for run, and with them the test and lint tools for the rest.
+RUN_STAMP := $(VENV)/.installed-run
+STAMP     := $(VENV)/.installed
 # gRPC's Node.js xDS client, a second real client for the interop tests;
 # skipped (and its test with it) where npm is missing.
 NODE_DIR   := tests/interop/node
@@ -11,7 +13,7 @@ NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 
 .PHONY: run test lint bench clean
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/xds-relay demo
 
 test: $(STAMP) $(NODE_STAMP)
@@ -24,11 +26,15 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.fanout
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "xds-relay needs Python 3.11 or newer as $(PYTHON)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
