@@ -153,6 +153,10 @@ class Metrics:
             "xds_relay_upstream_reconnects", description="Origin streams opened after the first")
         self.upstream_responses = meter.create_counter(
             "xds_relay_upstream_responses", description="Origin responses by outcome")
+        self.upstream_server = meter.create_up_down_counter(
+            "xds_relay_upstream_server",
+            description="1 for the server each origin is followed at (by address: its primary "
+                        "or a fallback), 0 for its others")
         self.variant_conflicts = meter.create_counter(
             "xds_relay_variant_conflicts",
             description="Lookups where several variants matched one client (an origin error)")
