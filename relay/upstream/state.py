@@ -112,6 +112,11 @@ class UpstreamState:
         return self._settling.grace
 
     @property
+    def node(self) -> base_pb2.Node:
+        """The node the relay presents to the origin (a probe of its primary presents it too)."""
+        return self._requests.node
+
+    @property
     def synced(self) -> bool:
         """Whether the origin has sent a usable response, on this stream or an earlier one."""
         return self._synced
