@@ -18,10 +18,10 @@ import ipaddress
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from aiohttp import web
@@ -39,6 +39,10 @@ from relay.redaction import redacted
 from relay.server.access import REFUSAL_LOG_INTERVAL
 from relay.web import FollowedTLS, Listener, listen, quiet_malformed_requests
 from relay.xds_types import PUSH_ORDER, message_class, short_name
+
+if TYPE_CHECKING:
+    from relay.console.server import Console
+    from relay.console.source import ConsoleSource
 
 __all__ = ["OPEN_PATHS", "PATHS", "READ_METHODS", "AdminServer", "BadQuery", "Reply",
            "token_refusal"]
@@ -107,7 +111,8 @@ class AdminServer:
     def __init__(self, cache: ResourceCache, registry: CollectorRegistry | None,
                  not_ready_reason: Callable[[], str | None],
                  clients: Callable[[], list[dict[str, Any]]] = list,
-                 ready_detail: Callable[[], str] | None = None) -> None:
+                 ready_detail: Callable[[], str] | None = None,
+                 console: ConsoleSource | None = None) -> None:
         self.cache = cache
         self.ready_detail = ready_detail
         self.registry = registry
@@ -117,6 +122,9 @@ class AdminServer:
         self._token: _TokenFile | None = None
         # lines about clients (too many connections, slow headers): a few per interval
         self._client_log = RateLimitedLog(log, REFUSAL_LOG_INTERVAL, time.monotonic)
+        # the live console at / (relay.console), when told where its clients come from
+        self._console_source = console
+        self._console: Console | None = None
 
     async def start(self, config: AdminConfig) -> int:
         """Listen where ``config`` says, with its TLS, token and limits
@@ -130,8 +138,18 @@ class AdminServer:
             config.tls.cert_file, config.tls.key_file, None, "admin.tls", log)
         self._token = _TokenFile(config.token_file) if config.token_file is not None else None
         _warn_if_exposed(config)
-        self._listener = await listen(self._handle, "admin", address, tls, config.http_limits,
+        handle: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]] = self._handle
+        if self._console_source is not None:
+            from relay.console.server import Console  # it imports this module
+
+            self._console = Console(self, self._console_source,
+                                    self._token.current if self._token is not None else None,
+                                    tls is not None)
+            handle = self._console.around(handle)
+        self._listener = await listen(handle, "admin", address, tls, config.http_limits,
                                       self._client_log, _http_log, STOP_GRACE)
+        if self._console is not None:
+            self._console.start()  # its history, sampled from now on
         return self._listener.port
 
     async def stop(self) -> None:
@@ -139,6 +157,9 @@ class AdminServer:
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.close()
+        console, self._console = self._console, None
+        if console is not None:
+            await console.stop()
 
     async def respond(self, method: str, target: str) -> Reply:
         """The reply for one (authorized) request: :meth:`route`'s, unless a
