@@ -57,6 +57,7 @@ from relay.protocol.sizing import DEFAULT_MAX_RESPONSE_SIZE
 from relay.server.fetch import DEFAULT_LEASE, DEFAULT_WAIT
 from relay.sources.files import DEFAULT_POLL_INTERVAL
 from relay.telemetry import DEFAULT_OTLP_INTERVAL
+from relay.upstream.dial import DEFAULT_CONNECT_TIMEOUT
 from relay.upstream.state import DEFAULT_MAX_REQUEST_SIZE, SETTLE_GRACE
 
 #: server.max_connection_age and its grace, when not configured (istiod's age).
@@ -72,6 +73,7 @@ __all__ = [
     "AuthorizationConfig",
     "BackoffConfig",
     "ClientKeepaliveConfig",
+    "FallbackServerConfig",
     "KeepaliveConfig",
     "LimitsConfig",
     "Locality",
@@ -420,6 +422,38 @@ class KeepaliveConfig(_Section):
         description="how long a ping may go unanswered before the connection is dropped")
 
 
+def _one_authorization_header(token_file: Path | None, metadata: dict[str, str]) -> None:
+    if token_file is not None and "authorization" in metadata:
+        raise ValueError("initial_metadata.authorization and token_file both set the "
+                         "authorization header; keep one")
+
+
+class FallbackServerConfig(_Section):
+    """One more server of an origin, in ``fallback``: how to reach it. Nothing
+    is taken from the primary's keys: each server has its own credentials."""
+
+    address: AddressField = Field(
+        description="the server, followed over Delta ADS while it is the one in use")
+    tls: UpstreamTLSConfig | None = None
+    token_file: FileField | None = Field(
+        default=None,
+        description="a token file for this server, re-read at every connect, sent as "
+                    "`authorization: Bearer <token>`")
+    initial_metadata: HeadersField = Field(
+        default_factory=dict, description="extra gRPC request metadata for this server")
+    keepalive: KeepaliveConfig = KeepaliveConfig()
+    connect_timeout: PositiveDurationField = Field(
+        default=DEFAULT_CONNECT_TIMEOUT,
+        description="TCP + TLS + HTTP/2 handshake time before an attempt counts as failed")
+    max_response_size: ResponseSizeField = Field(
+        default=MAX_MESSAGE_SIZE, description="the largest response accepted from this server")
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> FallbackServerConfig:
+        _one_authorization_header(self.token_file, self.initial_metadata)
+        return self
+
+
 class UpstreamConfig(_Section):
     """Where resources come from: an origin control plane or a directory."""
 
@@ -453,7 +487,7 @@ class UpstreamConfig(_Section):
         description="extra gRPC request metadata, e.g. {clusterid: Kubernetes} for istiod")
     keepalive: KeepaliveConfig = KeepaliveConfig()
     connect_timeout: PositiveDurationField = Field(
-        default=5.0,
+        default=DEFAULT_CONNECT_TIMEOUT,
         description="TCP + TLS + HTTP/2 handshake time before a connection attempt counts "
                     "as failed")
     max_response_size: ResponseSizeField = Field(
@@ -469,6 +503,13 @@ class UpstreamConfig(_Section):
         description="whether the origin honours initial_resource_versions after a reconnect "
                     "(sends removals, omits the unchanged) or ignores them and resends "
                     "everything (istiod); auto tells from what it does")
+    fallback: list[FallbackServerConfig] = Field(
+        default_factory=list,
+        description="further servers of this origin, in order, each with its own address, "
+                    "tls, token_file, initial_metadata, keepalive, connect_timeout and "
+                    "max_response_size: the relay moves to the next when the one in use is "
+                    "unreachable and a client wants a resource not cached, and back to "
+                    "address as soon as it answers (gRFC A71)")
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> UpstreamConfig:
@@ -481,10 +522,30 @@ class UpstreamConfig(_Section):
 
     @model_validator(mode="after")
     def _one_authorization(self) -> UpstreamConfig:
-        if self.token_file is not None and "authorization" in self.initial_metadata:
-            raise ValueError("initial_metadata.authorization and token_file both set the "
-                             "authorization header; keep one")
+        _one_authorization_header(self.token_file, self.initial_metadata)
         return self
+
+    @model_validator(mode="after")
+    def _fallback_servers_of_an_origin(self) -> UpstreamConfig:
+        if self.fallback and self.files is not None:
+            raise _error_at(("fallback",), "fallback servers are for an origin at 'address', "
+                            "not for 'files'", None)
+        seen = {self.address: "address"}
+        for index, server in enumerate(self.fallback):
+            first = seen.setdefault(server.address, f"fallback[{index}].address")
+            if first != f"fallback[{index}].address":
+                raise _error_at(("fallback", index, "address"),
+                                f"repeats {first} ({server.address}): list each server once",
+                                str(server.address))
+        return self
+
+
+def _error_at(loc: tuple[str | int, ...], message: str, value: object) -> ValidationError:
+    """A validation error about the key at ``loc`` (within the model raising it)."""
+    return ValidationError.from_exception_data("UpstreamConfig", [
+        InitErrorDetails(type=PydanticCustomError("value_error", "{message}",
+                                                  {"message": message}),
+                         loc=loc, input=value)])
 
 
 class AdminTLSConfig(_Section):

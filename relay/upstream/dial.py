@@ -21,6 +21,9 @@ import grpc
 from relay.encoding import MAX_MESSAGE_SIZE
 from relay.errors import RelayError
 
+#: upstream.connect_timeout (and each fallback server's) when not configured.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
 
 class DialError(RelayError):
     """A file the connection needs could not be read; the message says which and why."""
@@ -39,7 +42,7 @@ class OriginTLS:
 
 @dataclass(frozen=True)
 class Dialer:
-    """Everything needed to open a channel and a stream to the origin."""
+    """Everything needed to open a channel and a stream to one server of an origin."""
 
     target: str
     tls: OriginTLS | None = None
@@ -51,7 +54,10 @@ class Dialer:
     keepalive_timeout: float = 10.0
     max_response_size: int = MAX_MESSAGE_SIZE
     # how long a connect (TCP, TLS, HTTP/2) may take before the attempt counts as failed
-    connect_timeout: float = 5.0
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    # where the server is configured (``upstream``, ``upstream.fallback[0]``, ...):
+    # errors about its files name the key to fix
+    key: str = "upstream"
 
     def options(self) -> list[tuple[str, Any]]:
         """Channel arguments."""
@@ -81,20 +87,20 @@ class Dialer:
             return grpc.aio.insecure_channel(self.target, options=self.options())
         tls = self.tls
         credentials = grpc.ssl_channel_credentials(
-            root_certificates=_read(tls.ca_file, "upstream.tls.ca_file"),
-            private_key=_read(tls.key_file, "upstream.tls.key_file"),
-            certificate_chain=_read(tls.cert_file, "upstream.tls.cert_file"))
+            root_certificates=_read(tls.ca_file, f"{self.key}.tls.ca_file"),
+            private_key=_read(tls.key_file, f"{self.key}.tls.key_file"),
+            certificate_chain=_read(tls.cert_file, f"{self.key}.tls.cert_file"))
         return grpc.aio.secure_channel(self.target, credentials, options=self.options())
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """Request metadata for a new stream, with the token as it is now."""
         if self.token_file is None:
             return self.initial_metadata
-        raw = _read(self.token_file, "upstream.token_file")
+        raw = _read(self.token_file, f"{self.key}.token_file")
         assert raw is not None
         token = raw.decode("utf-8", errors="replace").strip()
         if not token:
-            raise DialError(f"upstream.token_file {self.token_file} is empty")
+            raise DialError(f"{self.key}.token_file {self.token_file} is empty")
         return (("authorization", f"Bearer {token}"), *self.initial_metadata)
 
 
