@@ -46,7 +46,13 @@ from relay.upstream.responses import ParsedResponse, Unusable
 from relay.upstream.resync import InitialVersions, Resync
 from relay.upstream.scoped import OriginCache
 from relay.upstream.settling import Settling
-from relay.upstream.targets import Demand, Targets, TypeSubscription, locators_of
+from relay.upstream.targets import (
+    Demand,
+    Targets,
+    TypeSubscription,
+    in_collection,
+    locators_of,
+)
 from relay.xds_types import short_name
 
 __all__ = ["DEFAULT_MAX_REQUEST_SIZE", "SETTLE_GRACE", "Acked", "Demand", "InitialVersions",
@@ -261,12 +267,17 @@ class UpstreamState:
         what the reconcile removes, the locators it answers."""
         type_url = parsed.type_url
         locators = sub.locators
+        # (a member of a glob collection subscribed is subscribed: in_collection)
         wanted = [r for r in parsed.upserts if sub.wildcard or r.name in locators
+                  or in_collection(r.name, locators)
                   or any(alias in locators for alias in r.resource.aliases)]
         removed = [n for n in parsed.removed if sub.wildcard or n in locators
+                   or in_collection(n, locators)
                    or self.cache.aliases_of(type_url, n) & locators.keys()]
-        errors = [e for e in parsed.errors if sub.wildcard or e.resource_name.name in locators]
-        beats = [b for b in parsed.heartbeats if sub.wildcard or b[0] in locators]
+        errors = [e for e in parsed.errors if sub.wildcard or e.resource_name.name in locators
+                  or in_collection(e.resource_name.name, locators)]
+        beats = [b for b in parsed.heartbeats if sub.wildcard or b[0] in locators
+                 or in_collection(b[0], locators)]
         self._resync.on_response(type_url, now, wanted, beats, errors)
         gone = self._resync.reconcile(type_url, now)
         return Update(wanted, removed, [*parsed.removed_variants, *gone], errors, beats,

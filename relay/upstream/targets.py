@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from relay.constraints import EMPTY_PARAMS, Locator, Params
+from relay.protocol.xdstp import PREFIX, collection_of
 from relay.upstream.deadlines import Deadlines, LingerEnds, WildcardLingerEnds
 from relay.upstream.requests import SubscriptionChange
 from relay.upstream.scoped import OriginCache
@@ -54,8 +55,20 @@ class Demand(Protocol):
 
 
 def subscribes(cache: OriginCache, type_url: str, name: str, names: Container[str]) -> bool:
-    """Whether a subscription to ``names`` covers the cached ``name``, by itself or by an alias."""
-    return name in names or any(alias in names for alias in cache.aliases_of(type_url, name))
+    """Whether a subscription to ``names`` covers the cached ``name``, by itself,
+    by the glob collection it is a member of, or by an alias."""
+    return name in names or in_collection(name, names) or \
+        any(alias in names for alias in cache.aliases_of(type_url, name))
+
+
+def in_collection(name: str, names: Container[str]) -> bool:
+    """Whether ``name`` is a member of a glob collection among ``names`` (see
+    :mod:`relay.protocol.xdstp`): what the origin sends of a collection is
+    as subscribed as the collection."""
+    if not name.startswith(PREFIX):
+        return False  # a classic name
+    glob = collection_of(name)
+    return glob is not None and glob in names
 
 
 def locators_of(locators: Mapping[str, Iterable[Params]]) -> Iterator[Locator]:
