@@ -27,6 +27,8 @@ from relay.certificates import WatchedKeyPair
 from relay.clock import Clock, MonotonicClock
 from relay.config import RelayConfig, node_proto
 from relay.config.models import UpstreamConfig
+from relay.console.data import snapshot_views
+from relay.console.source import local_source
 from relay.core import Core
 from relay.demand import DemandLedger
 from relay.encoding import MAX_MESSAGE_SIZE
@@ -382,7 +384,9 @@ class Relay:
         self._health = Health()
         self.admin: Final = None if not admin else AdminServer(
             parts.core.cache, parts.registry, self._readiness,
-            parts.core.serving.client_statuses, self.ready_detail)
+            parts.core.serving.client_statuses, self.ready_detail,
+            console=local_source(parts.core.serving, lambda: snapshot_views(
+                self.snapshot_writers, self.restored_of)))
         self._state = Lifecycle.BUILT
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []

@@ -5,7 +5,7 @@ plain dictionaries (no I/O; the browser renders them, every string as text).
 * :func:`origins_view`: each origin, from the admin server's ``origins``
   (server in use, connected since, last response per type, reconnects);
 * :func:`cache_view`: per type, names, variants, synced, complete, errors;
-* :func:`snapshot_view`: the snapshot store and what was restored from it;
+* :func:`snapshot_views`: each snapshot store and what was restored from it;
 * :func:`history_view`: the chart points after a time;
 * :func:`client_view`: one client's page: per type what it subscribes,
   holds against the cache, and its last NACK in full.
@@ -18,10 +18,12 @@ from typing import Any
 
 from relay.cache import ResourceCache
 from relay.console.history import POINT_FIELDS, History
+from relay.persistence.restore import Restored
+from relay.persistence.writer import SnapshotWriter
 from relay.xds_types import push_rank, short_name
 
 __all__ = ["NAMES_SHOWN", "cache_view", "client_view", "history_view", "origins_view",
-           "readiness_view", "snapshot_view"]
+           "readiness_view", "snapshot_views"]
 
 #: A client's page lists this many resources of a type at most (the unsynced first).
 NAMES_SHOWN = 1000
@@ -73,15 +75,23 @@ def cache_view(cache: ResourceCache) -> list[dict[str, Any]]:
             for t in _by_push_order(cache.type_urls())]
 
 
-def snapshot_view(store: str, pending: int, restored: Mapping[str, Any] | None = None
-                  ) -> dict[str, Any]:
-    """The snapshot store (its description), names waiting to be written,
-    and what the relay restored from it at start (where, when written,
-    how many types and resource variants)."""
-    view: dict[str, Any] = {"store": store, "pending": pending}
-    if restored is not None:
-        view["restored"] = dict(restored)
-    return view
+def snapshot_views(writers: Mapping[str, SnapshotWriter],
+                   restored_of: Callable[[str], Restored | None]) -> list[dict[str, Any]] | None:
+    """Per origin with a snapshot store: the store, the names waiting to be
+    written, and what the relay restored from it at start (where, when it
+    was written, how many types and resource variants). None: no store."""
+    if not writers:
+        return None
+    views = []
+    for origin, writer in writers.items():
+        view: dict[str, Any] = {"origin": origin, "store": writer.store.description,
+                                "pending": writer.pending()}
+        restored = restored_of(origin)
+        if restored is not None:
+            view["restored"] = {"where": restored.where, "written_at": restored.written_at,
+                                "types": restored.types, "resources": restored.resources}
+        views.append(view)
+    return views
 
 
 def history_view(history: History, since: float | None) -> dict[str, Any]:

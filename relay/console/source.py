@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from relay.console.clients import BadQuery, ClientTable, Page, Query, merge_pages, with_worker
 from relay.console.history import Reading, process_rss, relay_reading, tally
+from relay.server.serving import ServingContext
 from relay.telemetry import Metrics
 
 __all__ = ["DUTY", "MIN_AGE", "QUESTIONS", "Clients", "ConsoleSource", "LocalSource",
@@ -67,9 +68,9 @@ class ConsoleSource(Protocol):
                      worker: int | None) -> list[Mapping[str, Any]]:
         """The ``/clients`` records of one client's streams (a worker's: ``worker``)."""
 
-    def snapshot(self) -> Mapping[str, Any] | None:
+    def snapshot(self) -> Sequence[Mapping[str, Any]] | None:
         """The snapshot store, if the relay keeps one (see
-        :func:`relay.console.data.snapshot_view`)."""
+        :func:`relay.console.data.snapshot_views`)."""
 
 
 class LocalSource:
@@ -82,7 +83,7 @@ class LocalSource:
 
     def __init__(self, records: Callable[[], list[dict[str, Any]]],
                  reading: Callable[[], Reading],
-                 snapshot: Callable[[], Mapping[str, Any] | None] = lambda: None,
+                 snapshot: Callable[[], Sequence[Mapping[str, Any]] | None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
         self._records = records
@@ -120,19 +121,20 @@ class LocalSource:
                      worker: int | None) -> list[Mapping[str, Any]]:
         return self.table()[0].records_of(node_id, peer)
 
-    def snapshot(self) -> Mapping[str, Any] | None:
+    def snapshot(self) -> Sequence[Mapping[str, Any]] | None:
         return self._snapshot()
 
 
-def local_source(records: Callable[[], list[dict[str, Any]]], streams: Callable[[], int],
-                 metrics: Metrics,
-                 snapshot: Callable[[], Mapping[str, Any] | None] = lambda: None
+def local_source(serving: ServingContext,
+                 snapshot: Callable[[], Sequence[Mapping[str, Any]] | None] = lambda: None
                  ) -> LocalSource:
-    """The :class:`LocalSource` of a relay: its ``/clients`` records, its count
-    of streams and its instruments."""
-    return LocalSource(records, lambda: relay_reading(
-        streams, metrics.downstream_pushes, metrics.downstream_nacks, metrics.push_latency,
-        metrics.loop_lag), snapshot)
+    """The :class:`LocalSource` of a relay: its streams' ``/clients`` records,
+    their count and its instruments (``serving``'s); ``snapshot`` (see
+    :func:`relay.console.data.snapshot_views`)."""
+    metrics = serving.metrics
+    return LocalSource(serving.client_statuses, lambda: relay_reading(
+        lambda: len(serving.streams), metrics.downstream_pushes, metrics.downstream_nacks,
+        metrics.push_latency, metrics.loop_lag), snapshot)
 
 
 def worker_answer(source: LocalSource, question: str, details: Mapping[str, Any]) -> object:
@@ -162,7 +164,7 @@ class WorkersSource:
     """
 
     def __init__(self, ask: Ask, hub_reading: Callable[[], Reading],
-                 snapshot: Callable[[], Mapping[str, Any] | None] = lambda: None) -> None:
+                 snapshot: Callable[[], Sequence[Mapping[str, Any]] | None] = lambda: None) -> None:
         self._ask = ask
         self._hub_reading = hub_reading
         self._snapshot = snapshot
@@ -196,7 +198,7 @@ class WorkersSource:
                             if isinstance(record, dict)]
         return records
 
-    def snapshot(self) -> Mapping[str, Any] | None:
+    def snapshot(self) -> Sequence[Mapping[str, Any]] | None:
         return self._snapshot()
 
 

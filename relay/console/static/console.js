@@ -225,15 +225,18 @@
       ? table(["Type", "Names", "Variants", "Synced", "Complete", "Origin errors"], rows)
       : el("p", { class: "muted" }, "Nothing cached yet."));
     let text = "No snapshot store.";
-    if (snapshot) {
-      text = "Snapshot: " + snapshot.store + ", " + number(snapshot.pending) + " names to write";
-      const restored = snapshot.restored;
-      if (restored) {
-        text += "; restored " + number(restored.resources) + " resources of " +
-          number(restored.types) + " types at start";
-        if (restored.written_at) text += " (written " + ago(now - restored.written_at) + ")";
-      }
-      text += ".";
+    if (snapshot && snapshot.length) {
+      text = snapshot.map((s) => {
+        let line = "Snapshot" + (snapshot.length > 1 ? " of " + s.origin : "") + ": " + s.store +
+          ", " + number(s.pending) + " names to write";
+        const restored = s.restored;
+        if (restored) {
+          line += "; restored " + number(restored.resources) + " resources of " +
+            number(restored.types) + " types at start";
+          if (restored.written_at) line += " (written " + ago(now - restored.written_at) + ")";
+        }
+        return line + ".";
+      }).join(" ");
     }
     $("snapshot").textContent = text;
   }
