@@ -235,17 +235,6 @@ logging: {{format: json}}
     assert all(r["time"].endswith("Z") for r in records)
 
 
-def test_readme_config_example_is_valid() -> None:
-    from relay.config import parse_config
-
-    readme = (REPO / "README.md").read_text()
-    example = readme.split("```yaml", 1)[1].split("```", 1)[0]
-    config = parse_config(example, "README.md")
-    assert config.node.id == "relay-zone-a"
-    assert str(config.upstream.address) == "origin.internal:18000"
-    assert config.server.batch_window == 0.005
-
-
 async def test_run_node_id_flag_overrides_the_config(tmp_path: Path) -> None:
     from tests.harness import ScriptedOrigin, cluster
 
@@ -287,27 +276,6 @@ def test_validate_names_a_missing_origin_certificate(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert (f"{config}:4: upstream.tls.ca_file: file not found: "
             "/var/run/secrets/istio/root-cert.pem") in result.stderr
-
-
-def test_readme_istiod_example_is_valid(tmp_path: Path) -> None:
-    import trustme
-
-    from relay.config import parse_config
-
-    readme = (REPO / "README.md").read_text()
-    example = readme.split("### Following istiod", 1)[1].split("```yaml", 1)[1]
-    example = example.split("```", 1)[0]
-    # The files are the pod's; stand-ins of the same kinds take their place here.
-    ca, token = tmp_path / "root-cert.pem", tmp_path / "istio-token"
-    ca.write_bytes(trustme.CA().cert_pem.bytes())
-    token.write_text("a.jwt.token")
-    example = example.replace("/var/run/secrets/istio/root-cert.pem", str(ca))
-    example = example.replace("/var/run/secrets/tokens/istio-token", str(token))
-    config = parse_config(example, "README.md")
-    assert config.upstream.tls is not None
-    assert config.upstream.tls.server_name == "istiod.istio-system.svc"
-    assert config.node.metadata["GENERATOR"] == "grpc"
-    assert config.upstream.initial_metadata == {"clusterid": "Kubernetes"}
 
 
 def _leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:

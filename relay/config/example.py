@@ -1,4 +1,8 @@
-"""A commented example config, covering every section (``xds-relay keys`` lists every key)."""
+"""A commented example config, covering every section (``xds-relay keys`` lists every key).
+
+``config/example.yaml`` holds the same text, for operators to copy
+(``tests/docs`` checks that the two agree and that the file validates).
+"""
 
 from __future__ import annotations
 
@@ -13,14 +17,15 @@ node:                           # required: the identity presented to the origin
   metadata:                     # free-form; sent as a protobuf Struct
     team: platform
 server:
-  address: 0.0.0.0:18000        # downstream xDS (gRPC); IPv6 as "[::]:18000"
+  address: 127.0.0.1:18000      # downstream xDS (gRPC); IPv6 as "[::1]:18000". For a zone:
+                                # 0.0.0.0:18000 with tls below (docs/deploying.md)
   batch_window: 5ms             # let an origin burst gather before pushing; 0 disables
   drain_period: 10s             # on SIGTERM, close client streams spread over this long
   max_connection_age: 30m       # retire client connections (GOAWAY, ±10 %): the fleet rebalances
   max_connection_age_grace: 10s # then streams still open end with UNAVAILABLE; 0 above: never
   max_response_size: 4MiB       # larger answers go over several (not SotW listeners, clusters)
   workers: 1                    # >1: that many processes serve clients on address, fed by one
-                                # that follows the origin (see README, "Beyond one core")
+                                # that follows the origin (docs/running.md, "Beyond one core")
   keepalive: {time: 30s, timeout: 10s}  # a client that froze or vanished is freed in time + timeout
   extra_type_urls: []           # type URLs served besides the xDS types the relay knows
   # tls:                        # TLS for clients; files re-read when they change

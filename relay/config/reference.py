@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -68,22 +69,30 @@ the file sets it.
 
 @dataclass(frozen=True, slots=True)
 class _Section:
-    """One section of the config: its dotted path, model, and whether it may be absent."""
+    """One heading of the page: a section of the config (``model``), or a key of
+    the root that is not a section (``model`` None), such as a mapping of
+    sections (``values``: the model each of its values is)."""
 
     path: str
-    model: type[BaseModel]
+    model: type[BaseModel] | None
     optional: bool
+    description: str = ""  # the field's own, where the section has one
+    values: type[BaseModel] | None = None
 
 
 def _sections(model: type[BaseModel] = RelayConfig, prefix: str = "") -> Iterator[_Section]:
-    """Every section under ``model``, depth first in declaration order."""
+    """Every section under ``model``, depth first in declaration order; at the
+    root, the keys that are not sections too, where they are declared."""
     for name, field in model.model_fields.items():
         section = section_model(field.annotation)
-        if section is None:
-            continue
         optional = not field.is_required() and field.get_default() is None
-        yield _Section(f"{prefix}{name}", section, optional)
-        yield from _sections(section, f"{prefix}{name}.")
+        if section is not None:
+            yield _Section(f"{prefix}{name}", section, optional, field.description or "")
+            yield from _sections(section, f"{prefix}{name}.")
+        elif not prefix:
+            values = typing.get_args(field.annotation)[-1:] \
+                if typing.get_origin(field.annotation) is dict else ()
+            yield _Section(name, None, optional, "", *(section_model(v) for v in values))
 
 
 def _summary(model: type[BaseModel]) -> str:
@@ -109,9 +118,12 @@ def _code(text: str) -> str:
 
 
 def _table(section: _Section) -> list[str]:
-    prefix = f"{section.path}."
-    rows = [key for key in config_keys(section.model, prefix)
-            if "." not in key.key[len(prefix):]]  # its own keys; subsections follow
+    if section.model is None:  # a key of the root: its own row
+        rows = [key for key in config_keys() if key.key == section.path]
+    else:
+        prefix = f"{section.path}."
+        rows = [key for key in config_keys(section.model, prefix)
+                if "." not in key.key[len(prefix):]]  # its own keys; subsections follow
     if not rows:
         return []
     lines = ["| key | default | what it does |", "| --- | --- | --- |"]
@@ -120,18 +132,31 @@ def _table(section: _Section) -> list[str]:
     return [*lines, ""]
 
 
+def _about(section: _Section, sections: list[_Section]) -> str:
+    """What a heading says above its table."""
+    if section.model is not None:
+        note = " *Optional*." if section.optional else ""
+        field = f" As `{section.path}`: {section.description}." if section.description else ""
+        return f"{_summary(section.model)}{field}{note}"
+    if section.values is None:
+        return "A key of the root."
+    # a mapping: each value has the keys of the first section of that model
+    like = next((s.path for s in sections if s.model is section.values), None)
+    keys = f"the keys of [`{like}`](#{_anchor(like)})" if like else \
+        _summary(section.values)
+    return f"A mapping: each value is a section with {keys}."
+
+
 def reference() -> str:
     """The whole page, as ``docs/configuration.md`` holds it."""
+    sections = list(_sections())
     lines = [_PREAMBLE]
-    toc = [f"{'  ' * s.path.count('.')}- [`{s.path}`](#{_anchor(s.path)})"
-           for s in _sections()]
+    toc = [f"{'  ' * s.path.count('.')}- [`{s.path}`](#{_anchor(s.path)})" for s in sections]
     lines += ["Sections:", "", *toc, ""]
-    for section in _sections():
+    for section in sections:
         depth = section.path.count(".")
-        lines.append(f"{'#' * min(depth + 2, 4)} {section.path}")
-        lines.append("")
-        note = " *Optional*." if section.optional else ""
-        lines += [f"{_summary(section.model)}{note}", ""]
+        lines += [f"{'#' * min(depth + 2, 4)} {section.path}", ""]
+        lines += [_about(section, sections), ""]
         lines += _table(section)
     return "\n".join(lines).rstrip("\n") + "\n"
 
