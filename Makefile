@@ -55,6 +55,6 @@ clean:
 diagrams:
 	$(PYTHON) docs/diagrams/render.py
 
-docs: $(STAMP) diagrams
+docs: $(RUN_STAMP) diagrams
 	$(BIN)/python -m relay.config.reference > docs/configuration.md
 	$(BIN)/python -m relay.config.reference --example > config/example.yaml
