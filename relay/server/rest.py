@@ -43,9 +43,17 @@ from relay.http_limits import DEFAULT_HTTP_LIMITS, BodyBudget, BodyRefusal, Held
 from relay.protocol.limits import MAX_NACK_MESSAGE, ORIGIN_REFUSED, shown
 from relay.protocol.sotw import SotwResponsePlan
 from relay.redaction import message_class
-from relay.server.fetch import Denied, Fetcher, FetchOutcome, Invalid, Limited, Served
+from relay.server.fetch import (
+    Denied,
+    Fetcher,
+    FetchOutcome,
+    Invalid,
+    Limited,
+    Served,
+    Unavailable,
+)
 from relay.server.plans import encode_plan
-from relay.server.serving import ServingContext
+from relay.server.serving import ServingContext, client_host
 from relay.web import RETRY_AFTER, FollowedTLS, Listener, listen, quiet_malformed_requests
 from relay.xds_types import (
     CLUSTER,
@@ -363,12 +371,34 @@ class RestServer:
         elif isinstance(outcome, Invalid):
             return _response(self._rejected(peer, outcome.message))
         reply = reply_for(outcome, discovery_request.version_info, _render)
-        if reply.status == 200:
-            serving.metrics.push("rest", type_url)
-        elif reply.status == 304:
-            # The poller holds the current version: what a SotW client's ACK says.
-            serving.metrics.downstream_acks.add("rest", short_name(type_url))
+        self._answered(peer, type_url, discovery_request, outcome, reply.status)
         return _response(reply)
+
+    def _answered(self, peer: str, type_url: str, request: Any, outcome: FetchOutcome,
+                  status: int) -> None:
+        """Count, log (a NACK, rate-limited as a stream's) and record (for
+        /clients) a poll answered with ``status``."""
+        serving, short = self._serving, short_name(type_url)
+        nack = request.error_detail.message if request.HasField("error_detail") else None
+        if nack is not None:
+            # The poller rejected the version it was sent (and polls with the one it holds).
+            serving.metrics.downstream_nacks.add("rest", short)
+            serving.warn_limited(peer, f"nack {type_url}",
+                                 "NACK from node=%r peer=%s type=%s version=%s: %s",
+                                 shown(request.node.id), peer, short,
+                                 shown(request.version_info), shown(nack, MAX_NACK_MESSAGE))
+        if status == 200:
+            serving.metrics.push("rest", type_url)
+        elif status == 304 and nack is None:
+            # The poller holds the current version: what a SotW client's ACK says.
+            serving.metrics.downstream_acks.add("rest", short)
+        host = client_host(peer)
+        if host is not None and isinstance(outcome, Served | Unavailable):
+            serving.pollers.polled(
+                shown(request.node.id), host, type_url, tuple(request.resource_names),
+                request.version_info, status, lease=self._fetcher.lease,
+                sent=outcome.plan.version_info if isinstance(outcome, Served) else None,
+                nack=None if nack is None else shown(nack, MAX_NACK_MESSAGE))
 
     def _unread(self, peer: str, why: _Unread) -> web.Response:
         """Answer (and close) a poll whose body was read no further, saying why."""

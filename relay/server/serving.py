@@ -16,7 +16,7 @@ import logging
 import time
 import types
 from collections import Counter
-from collections.abc import Mapping, Set
+from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -31,6 +31,7 @@ from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.view import CacheView
 from relay.server.access import REFUSAL_LOG_INTERVAL, Access
 from relay.server.plans import PlanEncoder
+from relay.server.pollers import PollerBook
 from relay.server.status import client_summary
 from relay.telemetry import Metrics
 from relay.xds_types import short_name
@@ -116,6 +117,8 @@ class ServingContext:
         self._batch_timer: asyncio.TimerHandle | None = None
         # streams that left, still being forgotten by the interest index
         self._forgetting: set[asyncio.Task[None]] = set()
+        # REST pollers seen lately, for /clients (as many as streams may be open)
+        self.pollers: Final = PollerBook(self.settings.limits.streams)
 
     @classmethod
     def create(cls, cache: ResourceCache, index: InterestIndex, metrics: Metrics,
@@ -309,9 +312,19 @@ class ServingContext:
 
     def client_statuses(self) -> list[dict[str, Any]]:
         """What ``/clients`` shows of every connected client (see
-        :func:`relay.server.status.client_summary`)."""
-        return [client_summary(snapshot, peer, self.cache)
-                for snapshot, peer in self.snapshots()]
+        :func:`relay.server.status.client_summary`), and of every REST poller
+        seen lately (see :mod:`relay.server.pollers`)."""
+        return list(self.iter_client_statuses())
+
+    def iter_client_statuses(self) -> Iterator[dict[str, Any]]:
+        """:meth:`client_statuses` one client at a time, each built as it is
+        taken: a caller may let others run between them (the streams open
+        when it started are listed, each as it is when its turn comes)."""
+        streams = sorted(list(self._streams), key=lambda s: (s.node_id, s.peer))
+        for stream in streams:
+            yield client_summary(stream.session.snapshot(), stream.peer, self.cache,
+                                 stream.times())
+        yield from self.pollers.summaries()
 
 
 def client_host(peer: str) -> str | None:

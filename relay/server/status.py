@@ -18,7 +18,7 @@ of a type shares the fate of the latest response of that type.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,8 +137,26 @@ def _body(cache: ResourceCache, type_url: str, held: ResourceState) -> any_pb2.A
     return None
 
 
-def client_summary(snapshot: SessionSnapshot, peer: str,
-                   cache: ResourceCache) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class StreamTimes:
+    """When a stream opened and was last answered, in Unix seconds (wall time).
+
+    ``answered`` has, per type URL, when the client last ACKed and last NACKed
+    a response of that type (None: never).
+    """
+
+    connected_since: float
+    answered: Mapping[str, tuple[float | None, float | None]]
+
+    def latest(self) -> tuple[float | None, float | None]:
+        """The stream's last ACK and last NACK, of any type."""
+        acks = [acked for acked, _ in self.answered.values() if acked is not None]
+        nacks = [nacked for _, nacked in self.answered.values() if nacked is not None]
+        return max(acks, default=None), max(nacks, default=None)
+
+
+def client_summary(snapshot: SessionSnapshot, peer: str, cache: ResourceCache,
+                   times: StreamTimes | None = None) -> dict[str, Any]:
     """What ``/clients`` shows of one stream: per type, what it subscribes to,
     holds, ACKed and last NACKed, and how that compares with the cache.
 
@@ -146,7 +164,12 @@ def client_summary(snapshot: SessionSnapshot, peer: str,
     nonce for delta (whose versions are per resource: ``versions``). A NACK
     names what it rejected: SotW's ``version``, delta's ``versions``. ``sync``
     and ``unsynced`` compare the stream with ``cache``: see :func:`type_sync`.
+
+    With ``times``, the stream has ``connected_since``, ``acked_at`` and
+    ``nacked_at`` (its last ACK and NACK of any type), and each type its own
+    ``acked_at`` and ``nacked_at``: Unix seconds, null for never.
     """
+    answered = {} if times is None else times.answered
     types: dict[str, Any] = {}
     for state in snapshot.types:
         nack = state.last_nack
@@ -171,8 +194,17 @@ def client_summary(snapshot: SessionSnapshot, peer: str,
             "sync": sync,
             "unsynced": unsynced,
         }
-    return {"node_id": snapshot.node_id, "peer": peer, "protocol": snapshot.protocol,
-            "service": service_of(snapshot), "types": types}
+        if times is not None:
+            acked_at, nacked_at = answered.get(state.type_url, (None, None))
+            types[state.type_url].update(acked_at=acked_at, nacked_at=nacked_at)
+    summary: dict[str, Any] = {"node_id": snapshot.node_id, "peer": peer,
+                               "protocol": snapshot.protocol, "service": service_of(snapshot)}
+    if times is not None:
+        acked_at, nacked_at = times.latest()
+        summary.update(connected_since=times.connected_since, acked_at=acked_at,
+                       nacked_at=nacked_at)
+    summary["types"] = types
+    return summary
 
 
 def service_of(snapshot: SessionSnapshot) -> str:

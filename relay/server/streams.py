@@ -30,6 +30,7 @@ from relay.server.access import Refused
 from relay.server.decoding import RequestTooLarge, UndecodableRequest
 from relay.server.plans import encode_plan
 from relay.server.serving import ServingContext, client_host
+from relay.server.status import StreamTimes
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.downstream")
@@ -66,6 +67,10 @@ class DownstreamStream:
         # received after that are pushes (even if they waited for an ACK), and
         # count towards the push latency; older ones are answers from cache
         self._requested_at: dict[str, float] = {}
+        # what /clients shows of when: the stream's start, and per type its
+        # client's last ACK and last NACK (wall time, Unix seconds)
+        self.connected_since = time.time()
+        self._answered_at: dict[str, tuple[float | None, float | None]] = {}
 
     def __hash__(self) -> int:
         return id(self)
@@ -134,17 +139,25 @@ class DownstreamStream:
             self._requested_at[type_url] = time.monotonic()
         metrics = self.serving.metrics
         if outcome.nack is not None:
+            self._answered_at[type_url] = (self._answered_at.get(type_url, (None, None))[0],
+                                           time.time())
             metrics.downstream_nacks.add(self.protocol, short_name(type_url))
             self.serving.warn_limited(
                 self.peer, f"nack {type_url}", "NACK from node=%r peer=%s type=%s nonce=%s: %s",
                 shown(self.node_id), self.peer, short_name(type_url), outcome.nack.nonce,
                 outcome.nack.message)
         elif outcome.ack_nonce is not None:
+            self._answered_at[type_url] = (time.time(),
+                                           self._answered_at.get(type_url, (None, None))[1])
             metrics.downstream_acks.add(self.protocol, short_name(type_url))
         for changed_type, change in received.interest:
             self.serving.index.apply(self, changed_type, self.view.admit(changed_type, change),
                                      self.host)
         return outcome
+
+    def times(self) -> StreamTimes:
+        """When the stream opened, and per type its client's last ACK and NACK."""
+        return StreamTimes(self.connected_since, dict(self._answered_at))
 
     # -- responses -----------------------------------------------------------
 
