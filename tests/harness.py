@@ -47,7 +47,8 @@ class OriginServer:
     """What scripted origins share: a Delta-ADS server on loopback.
 
     Subclasses serve streams in ``_serve`` (usually through :func:`pump`),
-    and may give server options and TLS credentials.
+    and may give server options, TLS credentials and more services
+    (``more_handlers``, e.g. load reporting).
     """
 
     def __init__(self) -> None:
@@ -61,6 +62,9 @@ class OriginServer:
     def server_credentials(self) -> grpc.ServerCredentials | None:
         return None
 
+    def more_handlers(self) -> list[grpc.GenericRpcHandler]:
+        return []
+
     async def start(self, port: int = 0) -> Self:
         """Listen on ``port`` (a free one by default; the same again after a stop)."""
         server = grpc.aio.server(options=self.server_options())
@@ -69,7 +73,7 @@ class OriginServer:
             response_serializer=discovery_pb2.DeltaDiscoveryResponse.SerializeToString)
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
             "envoy.service.discovery.v3.AggregatedDiscoveryService",
-            {"DeltaAggregatedResources": handler})])
+            {"DeltaAggregatedResources": handler}), *self.more_handlers()])
         credentials = self.server_credentials()
         address = f"127.0.0.1:{port}"
         self.port = server.add_insecure_port(address) if credentials is None else \
