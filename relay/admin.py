@@ -1,4 +1,5 @@
-"""Admin HTTP endpoints: ``/ready``, ``/healthz``, ``/config_dump``, ``/clients``, ``/metrics``.
+"""Admin HTTP endpoints: ``/ready``, ``/healthz``, ``/clients``, ``/origins``,
+``/config_dump``, ``/config``, ``/logging``, ``/metrics``.
 
 Two layers. :meth:`AdminServer.route` (and :func:`token_refusal`) decide the
 reply to a request with no I/O: they are tested directly, and the hub of
@@ -13,12 +14,14 @@ that rotate: they are read again when they change, with no restart.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
 import logging
+import textwrap
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,9 +35,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from relay.cache import ResourceCache
 from relay.certificates import file_signature
-from relay.config import AdminConfig
+from relay.config import AdminConfig, RelayConfig
+from relay.config.models import LOG_LEVELS
+from relay.config.running import running_config
 from relay.errors import RelayError
-from relay.logs import RateLimitedLog
+from relay.logs import RateLimitedLog, log_level, set_log_level
 from relay.redaction import redacted
 from relay.server.access import REFUSAL_LOG_INTERVAL
 from relay.web import FollowedTLS, Listener, listen, quiet_malformed_requests
@@ -44,19 +49,27 @@ if TYPE_CHECKING:
     from relay.console.server import Console
     from relay.console.source import ConsoleSource
 
-__all__ = ["OPEN_PATHS", "PATHS", "READ_METHODS", "AdminServer", "BadQuery", "Reply",
-           "token_refusal"]
+__all__ = ["CLIENT_RESOURCES_PER_TURN", "OPEN_PATHS", "PATHS", "READ_METHODS", "WRITE_METHODS",
+           "AdminServer", "BadQuery", "Reply", "token_refusal"]
 
 log = logging.getLogger("relay.admin")
 # aiohttp's own lines (see quiet_malformed_requests)
 _http_log = logging.getLogger("relay.admin.http")
 
 #: Every path served, in the order the 404 reply lists them.
-PATHS = ("/healthz", "/ready", "/clients", "/config_dump", "/metrics")
+PATHS = ("/healthz", "/ready", "/clients", "/origins", "/config_dump", "/config", "/logging",
+         "/metrics")
 #: Paths served without a token: probes (kubelet, Docker) carry none.
 OPEN_PATHS = frozenset({"/healthz", "/ready"})
 #: The methods every path answers (aiohttp leaves out the body of a HEAD reply).
 READ_METHODS = ("GET", "HEAD")
+#: The paths that change something, and the methods they answer. PUT, not
+#: POST: a web page elsewhere can make a browser POST to a loopback admin
+#: port (no token there) without asking, but not PUT.
+WRITE_METHODS = {"/logging": (*READ_METHODS, "PUT")}
+#: /clients is built and written a few clients at a time, letting the event
+#: loop serve others in between: this many resources listed per turn.
+CLIENT_RESOURCES_PER_TURN = 2_000
 #: How long ``stop`` lets requests in progress finish (the hub's gathering takes up to 2 s).
 STOP_GRACE = 2.0
 
@@ -110,14 +123,22 @@ class AdminServer:
 
     def __init__(self, cache: ResourceCache, registry: CollectorRegistry | None,
                  not_ready_reason: Callable[[], str | None],
-                 clients: Callable[[], list[dict[str, Any]]] = list,
+                 clients: Callable[[], Iterable[dict[str, Any]]] = list,
                  ready_detail: Callable[[], str] | None = None,
-                 console: ConsoleSource | None = None) -> None:
+                 console: ConsoleSource | None = None,
+                 origins: Callable[[], list[dict[str, Any]]] | None = None,
+                 config: RelayConfig | None = None) -> None:
+        """``clients`` gives ``/clients`` one client at a time (built as they
+        are taken: see :meth:`clients_reply`); ``origins`` each origin's state
+        for ``/origins`` (None: none to show); ``config`` is what ``/config``
+        shows, redacted (None: it is not shown)."""
         self.cache = cache
         self.ready_detail = ready_detail
         self.registry = registry
         self.not_ready_reason = not_ready_reason
         self.clients = clients
+        self.origins = origins
+        self.config = config
         self._listener: Listener | None = None
         self._token: _TokenFile | None = None
         # lines about clients (too many connections, slow headers): a few per interval
@@ -163,17 +184,45 @@ class AdminServer:
 
     async def respond(self, method: str, target: str) -> Reply:
         """The reply for one (authorized) request: :meth:`route`'s, unless a
-        subclass must ask elsewhere first (the hub of ``--workers`` asks its workers)."""
+        subclass must ask elsewhere first (the hub of ``--workers`` asks its
+        workers); ``/clients`` a few clients at a time (:meth:`clients_reply`)."""
+        if method in READ_METHODS and urlsplit(target).path == "/clients":
+            return await self.clients_reply()
         return self.route(method, target)
+
+    async def clients_reply(self) -> Reply:
+        """``/clients``, built and written while the event loop serves others.
+
+        Each client is built (compared with the cache) and written as it is
+        taken from ``clients``; after every :data:`CLIENT_RESOURCES_PER_TURN`
+        resources listed, the loop runs what waits: 200 clients of 5,000
+        names each take seconds to list, and no client of the relay waits for
+        all of them.
+        """
+        parts: list[str] = []
+        listed = 0
+        for client in self.clients():
+            parts.append(textwrap.indent(json.dumps(client, indent=2), "    "))
+            listed += 1 + sum(len(state.get("versions", ())) + len(state.get("unsynced", ()))
+                              for state in client.get("types", {}).values())
+            if listed >= CLIENT_RESOURCES_PER_TURN:
+                listed = 0
+                await asyncio.sleep(0)
+        if not parts:
+            return Reply(200, b'{\n  "clients": []\n}\n', _JSON)
+        body = '{\n  "clients": [\n' + ",\n".join(parts) + "\n  ]\n}\n"
+        return Reply(200, body.encode(), _JSON)
 
     def route(self, method: str, target: str) -> Reply:
         """The reply for one request (no I/O; tested directly)."""
         url = urlsplit(target)
         if url.path not in PATHS:
             return Reply(404, f"not found; the paths are {' '.join(PATHS)}\n".encode())
-        if method not in READ_METHODS:
-            return Reply(405, f"{method} is not allowed; use GET or HEAD\n".encode(),
-                         headers={"Allow": ", ".join(READ_METHODS)})
+        methods = WRITE_METHODS.get(url.path, READ_METHODS)
+        if method not in methods:
+            use = f"{', '.join(methods[:-1])} or {methods[-1]}"
+            return Reply(405, f"{method} is not allowed; use {use}\n".encode(),
+                         headers={"Allow": ", ".join(methods)})
         if url.path == "/healthz":
             return Reply(200, b"ok\n")
         if url.path == "/ready":
@@ -183,8 +232,15 @@ class AdminServer:
             detail = f": {self.ready_detail()}" if self.ready_detail is not None else ""
             return Reply(200, f"ready{detail}\n".encode())
         if url.path == "/clients":
-            return Reply(200, json.dumps({"clients": self.clients()}, indent=2).encode() + b"\n",
-                         _JSON)
+            return _json_reply({"clients": list(self.clients())})
+        if url.path == "/origins":
+            return _json_reply({"origins": self.origins() if self.origins is not None else []})
+        if url.path == "/config":
+            if self.config is None:
+                return Reply(404, b"this server was given no config to show\n")
+            return _json_reply(running_config(self.config))
+        if url.path == "/logging":
+            return _logging(method, url.query)
         if url.path == "/config_dump":
             try:
                 dump = self.config_dump(**_config_dump_query(url.query))
@@ -262,6 +318,28 @@ class AdminServer:
 
 
 quiet_malformed_requests(_http_log, log)
+
+
+def _json_reply(data: object) -> Reply:
+    return Reply(200, json.dumps(data, indent=2).encode() + b"\n", _JSON)
+
+
+def _logging(method: str, query: str) -> Reply:
+    """``/logging``: the level the relay logs at (GET), or a new one
+    (``PUT /logging?level=debug``), in force at once and logged."""
+    values = {key: value[-1] for key, value in parse_qs(query).items()}
+    unknown = sorted(set(values) - {"level"})
+    if unknown:
+        return Reply(400, f"unknown parameter {unknown[0]!r}; /logging takes level\n".encode())
+    if method != "PUT":
+        if values:
+            return Reply(400, b"to change the level, PUT /logging?level=LEVEL\n")
+        return _json_reply({"level": log_level()})
+    level = values.get("level", "").strip().lower()
+    if level not in LOG_LEVELS:
+        return Reply(400, f"level={level!r}: expected one of "
+                          f"{', '.join(LOG_LEVELS)}\n".encode())
+    return _json_reply({"level": level, "was": set_log_level(level)})
 
 
 def _config_dump_query(query: str) -> dict[str, str | None]:

@@ -22,10 +22,12 @@ cache over ADS and the per-type discovery services, SotW and delta.
 
 
 _STATUS_DESCRIPTION = """\
-Ask a running relay's admin API (/clients) which xDS clients it serves, and
-print one line per stream: node id, peer, protocol (and worker, with
---workers), per type whether the client is in sync with the relay's cache
-(and the version it holds), and its last NACK. Per type:
+Ask a running relay's admin API (/origins, /clients) which origins it follows
+and which xDS clients it serves. First one line per origin: the server in
+use, connected or not and since when, synced or not. Then one line per
+stream (and per REST poller, protocol rest): node id, peer, protocol (and
+worker, with --workers), per type whether the client is in sync with the
+relay's cache (and the version it holds), and its last NACK. Per type:
 
   SYNCED    every resource ACKed at the version the cache has
   STALE     a response in flight, or the cache has moved on since: a push
@@ -33,8 +35,9 @@ print one line per stream: node id, peer, protocol (and worker, with
   NOT SENT  cached resources the client subscribes to were not sent yet
   NACKED    the client rejected the latest response carrying a resource
 
---node ID shows every stream of that node in detail: subscriptions, ACKs,
-the whole NACK message, each resource's status and held and cached version.
+--node ID shows every stream of that node in detail: when it connected and
+last ACKed and NACKed, subscriptions, ACKs, the whole NACK message, each
+resource's status and held and cached version.
 """
 
 
@@ -69,7 +72,9 @@ def _add_run(commands: _Commands) -> None:
         "run", help="run one relay from a config file",
         description="Run one relay. It serves xDS on server.address, follows the origin at "
                     "upstream.address (or the files in upstream.files) and serves /ready, "
-                    "/healthz, /config_dump, /clients and /metrics on admin.address. SIGTERM "
+                    "/healthz, /clients, /origins, /config_dump, /config (the running config, "
+                    "redacted), /logging (GET the log level, PUT ?level= to change it) and "
+                    "/metrics on admin.address. SIGTERM "
                     "drains (readiness off, client streams closed spread over "
                     "server.drain_period) and exits 0; SIGINT stops at once. With --workers N, "
                     "N processes serve the clients on that port, fed by this one, which "

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
+_log = logging.getLogger("relay")
+
 TEXT_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)s"
 #: Lines of one kind a :class:`RateLimitedLog` logs per interval, all client hosts together.
 LINES_PER_KIND = 10
@@ -67,6 +69,31 @@ def configure_logging(level: str, style: Literal["text", "json"] = "text",
     # gRPC's own logger is chatty about cancelled streams at INFO.
     logging.getLogger("grpc").setLevel(logging.WARNING)
     quiet_grpc_core()
+
+
+def log_level() -> str:
+    """The level the relay logs at now (``logging.level``, ``--log-level``, or
+    what :func:`set_log_level` made it since)."""
+    return logging.getLevelName(logging.getLogger().level).lower()
+
+
+def set_log_level(level: str) -> str:
+    """Log at ``level`` from now on (one of ``logging.level``'s values), as
+    ``--log-level`` would have; returns the level before. The change is
+    logged, at INFO while the more verbose of the two levels is in force (or
+    WARNING, when neither shows INFO), so that it shows either way."""
+    new = getattr(logging, level.upper())
+    root = logging.getLogger()
+    previous = logging.getLevelName(root.level).lower()
+    old = root.level
+    line = max(logging.INFO, min(old, new))
+    if new > old:  # less verbose: say so while the old level still shows it
+        _log.log(line, "log level %s (was %s)", level, previous)
+        root.setLevel(new)
+    else:
+        root.setLevel(new)
+        _log.log(line, "log level %s (was %s)", level, previous)
+    return previous
 
 
 def quiet_grpc_core() -> None:

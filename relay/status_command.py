@@ -17,9 +17,11 @@ import http.client
 import json
 import ssl
 import sys
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -69,6 +71,7 @@ class StatusError(RelayError):
     def __init__(self, message: str, code: int = UNREACHABLE) -> None:
         super().__init__(message)
         self.code = code
+        self.not_found = False  # the admin API answered 404: it has no such path
 
 
 # -- asking the relay ------------------------------------------------------------------
@@ -107,6 +110,41 @@ def fetch_clients(admin: str, token: str | None = None, ca_file: Path | None = N
     ``HTTP(S)_PROXY`` are not used.
     """
     url = admin + "/clients"
+    body = _get(admin, "/clients", token, ca_file, timeout)
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or not isinstance(answer.get("clients"), list):
+        raise StatusError(f"{url} did not answer with the relay's client list: is {admin} "
+                          "a relay's admin address?")
+    return answer
+
+
+def fetch_origins(admin: str, token: str | None = None, ca_file: Path | None = None,
+                  timeout: float = 5.0) -> list[dict[str, Any]] | None:
+    """The relay's ``/origins`` answer: each origin's state (None: a relay
+    older than ``/origins``, or one whose answer is not a list of them).
+    Raises :class:`StatusError` as :func:`fetch_clients` does."""
+    try:
+        body = _get(admin, "/origins", token, ca_file, timeout)
+    except StatusError as error:
+        if error.not_found:
+            return None
+        raise
+    try:
+        origins = json.loads(body).get("origins")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(origins, list):
+        return None
+    return [origin for origin in origins if isinstance(origin, dict)]
+
+
+def _get(admin: str, path: str, token: str | None, ca_file: Path | None,
+         timeout: float) -> bytes:
+    """The body of the admin API's answer to GET ``path``; :class:`StatusError` if none."""
+    url = admin + path
     headers = {"Accept": "application/json"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
@@ -125,7 +163,7 @@ def fetch_clients(admin: str, token: str | None = None, ca_file: Path | None = N
     try:
         with opener.open(urllib.request.Request(url, headers=headers),
                          timeout=timeout) as reply:
-            body = reply.read()
+            return bytes(reply.read())
     except urllib.error.HTTPError as error:
         raise _http_error(error, url, token is not None) from None
     except urllib.error.URLError as error:
@@ -139,14 +177,6 @@ def fetch_clients(admin: str, token: str | None = None, ca_file: Path | None = N
         raise StatusError(f"{admin} closed the connection without answering{hint}") from None
     except (OSError, ValueError) as error:  # a reset connection, a malformed header
         raise StatusError(f"asking {url} failed: {error}") from None
-    try:
-        answer = json.loads(body)
-    except ValueError:
-        answer = None
-    if not isinstance(answer, dict) or not isinstance(answer.get("clients"), list):
-        raise StatusError(f"{url} did not answer with the relay's client list: is {admin} "
-                          "a relay's admin address?")
-    return answer
 
 
 def _http_error(error: urllib.error.HTTPError, url: str, sent_token: bool) -> StatusError:
@@ -161,7 +191,9 @@ def _http_error(error: urllib.error.HTTPError, url: str, sent_token: bool) -> St
     except OSError:
         detail = []
     said = f": {_printable(detail[0])}" if detail else ""
-    return StatusError(f"{url}: HTTP {error.code}{said}")
+    failed = StatusError(f"{url}: HTTP {error.code}{said}")
+    failed.not_found = error.code == 404
+    return failed
 
 
 def _reason(reason: object) -> str:
@@ -223,6 +255,44 @@ def protocol_of(client: Mapping[str, Any]) -> str:
     return protocol if service is None else f"{protocol}/{service}"
 
 
+def origin_lines(origins: Sequence[Mapping[str, Any]], now: float) -> list[str]:
+    """One line per origin after a header: its name, the server in use (and
+    whether that is a fallback), connected or not and since when (UTC, and
+    how long ago from ``now``), whether synced, and its reconnects."""
+    rows = [["ORIGIN", "SERVER", "STATE", "SYNCED", "RECONNECTS"]]
+    for origin in origins:
+        server = _printable(str(origin.get("server", "")))
+        if origin.get("fallback"):
+            server += " (fallback)"
+        connected = bool(origin.get("connected"))
+        since = origin.get("connected_since" if connected else "disconnected_since")
+        state = "CONNECTED" if connected else "DISCONNECTED"
+        if isinstance(since, int | float):
+            state += f" since {_when(since, now)}"
+        rows.append([_printable(str(origin.get("origin", ""))), server, state,
+                     "yes" if origin.get("synced") else "no",
+                     str(origin.get("reconnects", _NOTHING))])
+    return _table(rows)
+
+
+def _when(stamp: float, now: float) -> str:
+    """A Unix time as UTC, with how long before ``now`` it was."""
+    at = datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{at} ({_age(now - stamp)} ago)"
+
+
+def _age(seconds: float) -> str:
+    """``45s``, ``3m20s``, ``2h05m``, ``3d04h``."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
 def summary_lines(clients: Sequence[Mapping[str, Any]]) -> list[str]:
     """One line per stream after a header: node, peer, protocol, (worker), one
     column per type (its sync state and the version the client holds) and the
@@ -247,10 +317,14 @@ def summary_lines(clients: Sequence[Mapping[str, Any]]) -> list[str]:
     return _table(rows)
 
 
-def detail_lines(clients: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every stream of one node in full: per type its sync state, subscription,
-    ACKed version (SotW) or nonce (delta), response in flight, last NACK with
-    its whole message, and each resource's status, held and cached versions."""
+def detail_lines(clients: Sequence[Mapping[str, Any]], now: float | None = None
+                 ) -> list[str]:
+    """Every stream of one node in full: when it connected and last ACKed and
+    NACKed (with ``now``, how long ago), per type its sync state,
+    subscription, ACKed version (SotW) or nonce (delta), response in flight,
+    last NACK with its whole message, and each resource's status, held and
+    cached versions."""
+    now = time.time() if now is None else now
     lines: list[str] = []
     for client in clients:
         if lines:
@@ -261,6 +335,12 @@ def detail_lines(clients: Sequence[Mapping[str, Any]]) -> list[str]:
         if "worker" in client:
             head += f"  worker {client['worker']}"
         lines.append(head)
+        times = [f"{what} {_when(client[key], now)}" for key, what in (
+            ("connected_since", "connected" if client.get("protocol") != "rest"
+             else "first poll"), ("acked_at", "last ACK"), ("nacked_at", "last NACK"))
+            if isinstance(client.get(key), int | float)]
+        if times:
+            lines.append(f"  {'; '.join(times)}")
         types = _types(client)
         if not types:
             lines.append("  (no type subscribed yet)")
@@ -381,14 +461,19 @@ def latest_nack(client: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | No
     """The type URL and ``last_nack`` of a stream's latest NACK (None: it
     NACKed nothing): of a type still nacked if any, the one with the highest
     nonce (the relay's nonces count up). The console shows the same."""
-    nacks = [(state.get("sync") == NACKED, _nonce_order(state["last_nack"].get("nonce")),
-              type_url, state["last_nack"])
+    nacks = [(state.get("sync") == NACKED, _stamp(state.get("nacked_at")),
+              _nonce_order(state["last_nack"].get("nonce")), type_url, state["last_nack"])
              for type_url, state in _types(client).items()
              if isinstance(state.get("last_nack"), dict)]
     if not nacks:
         return None
-    *_, type_url, nack = max(nacks, key=lambda n: n[:3])
+    *_, type_url, nack = max(nacks, key=lambda n: n[:4])
     return type_url, nack
+
+
+def _stamp(value: object) -> float:
+    """A Unix time from /clients (when the relay says it), for ordering."""
+    return float(value) if isinstance(value, int | float) else -1.0
 
 
 def _last_nack_cell(types: Mapping[str, Mapping[str, Any]]) -> str:
@@ -431,7 +516,8 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
 def run_status(admin: str = DEFAULT_ADMIN, *, node: str | None = None,
                token_file: Path | None = None, ca_file: Path | None = None,
                timeout: float = 5.0, output: str = "text", check: bool = False,
-               out: TextIO | None = None, err: TextIO | None = None) -> int:
+               out: TextIO | None = None, err: TextIO | None = None,
+               now: Callable[[], float] = time.time) -> int:
     """``xds-relay status``: ask, print, and return the exit code (see :data:`EXIT_CODES`)."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
@@ -439,6 +525,7 @@ def run_status(admin: str = DEFAULT_ADMIN, *, node: str | None = None,
         url = admin_url(admin)
         token = read_token(token_file) if token_file is not None else None
         answer = fetch_clients(url, token, ca_file, timeout)
+        origins = fetch_origins(url, token, ca_file, timeout) if node is None else None
     except StatusError as error:
         print(f"xds-relay status: {error}", file=err)
         return error.code
@@ -456,10 +543,14 @@ def run_status(admin: str = DEFAULT_ADMIN, *, node: str | None = None,
         shown: dict[str, Any] = {"clients": clients}
         if "workers" in answer:
             shown["workers"] = answer["workers"]
+        if origins is not None:
+            shown["origins"] = origins
         print(json.dumps(shown, indent=2), file=out)
+    elif node is not None:
+        print("\n".join(detail_lines(clients, now())), file=out)
     else:
-        lines = detail_lines(clients) if node is not None else summary_lines(clients)
-        print("\n".join(lines), file=out)
+        lines = [*origin_lines(origins, now()), ""] if origins else []
+        print("\n".join([*lines, *summary_lines(clients)]), file=out)
     if not check:
         return OK
     if silent:

@@ -61,9 +61,10 @@ def test_unknown_path_and_method() -> None:
 
 
 def test_unknown_path_names_the_known_ones() -> None:
-    reply = admin()[0].route("GET", "/config")
+    reply = admin()[0].route("GET", "/stats")
     assert (reply.status, reply.body) == (
-        404, b"not found; the paths are /healthz /ready /clients /config_dump /metrics\n")
+        404, b"not found; the paths are /healthz /ready /clients /origins /config_dump /config "
+             b"/logging /metrics\n")
 
 
 def test_other_methods_are_refused_with_allow() -> None:

@@ -279,7 +279,8 @@ async def test_http_errors_have_exact_statuses_and_bodies() -> None:
         assert (status, headers["Allow"], body) == (
             405, "GET, HEAD", b"DELETE is not allowed; use GET or HEAD\n")
         assert (await get(f"{base}/stats"))[::2] == (
-            404, b"not found; the paths are /healthz /ready /clients /config_dump /metrics\n")
+            404, b"not found; the paths are /healthz /ready /clients /origins /config_dump "
+                 b"/config /logging /metrics\n")
         status, _, body = await get(f"{base}/config_dump?type=Clusters")
         assert status == 400
         assert body == (b"unknown type 'Clusters'; known types: Cluster, ClusterLoadAssignment, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import io
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from relay.status_command import (
     admin_url,
     check_code,
     detail_lines,
+    origin_lines,
     protocol_of,
     read_token,
     run_status,
@@ -338,3 +340,83 @@ def test_https_to_a_plain_http_admin_says_there_is_no_tls(
 def test_protocol_names_a_per_type_service(service: str | None, shown: str) -> None:
     client = {"protocol": "sotw", **({"service": service} if service else {})}
     assert protocol_of(client) == shown
+
+
+# -- origins and times ----------------------------------------------------------------
+
+NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+
+
+def origin(name: str = "default", **more: Any) -> dict[str, Any]:
+    return {"origin": name, "server": "cp:18000", "fallback": False, "connected": True,
+            "connected_since": NOW - 125, "synced": True, "reconnects": 0,
+            "last_response": {CLUSTER: NOW - 3}, **more}
+
+
+def test_origins_say_where_each_is_connected_since_when_and_whether_synced() -> None:
+    assert origin_lines([
+        origin(),
+        origin("edge", server="backup:18000", fallback=True, connected=False,
+               connected_since=None, disconnected_since=NOW - 7300, synced=False,
+               reconnects=4),
+        origin("idle", connected=False, connected_since=None, synced=False),
+    ], NOW) == [
+        "ORIGIN   SERVER                   STATE                                                "
+        "SYNCED  RECONNECTS",
+        "default  cp:18000                 CONNECTED since 2023-11-14T22:11:15Z (2m05s ago)     "
+        "yes     0",
+        "edge     backup:18000 (fallback)  DISCONNECTED since 2023-11-14T20:11:40Z (2h01m ago)  "
+        "no      4",
+        "idle     cp:18000                 DISCONNECTED                                         "
+        "no      0",
+    ]
+
+
+def test_the_summary_starts_with_the_origins_when_the_relay_lists_them(
+        web: tuple[str, dict[str, tuple[int, bytes]]]) -> None:
+    url, answers = web
+    answers["/clients"] = (200, json.dumps({"clients": [
+        client("a", {CLUSTER: state()})]}).encode())
+    answers["/origins"] = (200, json.dumps({"origins": [origin()]}).encode())
+    code, out, err = command(url, now=lambda: NOW)
+    assert (code, err) == (OK, "")
+    assert out.splitlines() == [
+        "ORIGIN   SERVER    STATE                                             SYNCED  RECONNECTS",
+        "default  cp:18000  CONNECTED since 2023-11-14T22:11:15Z (2m05s ago)  yes     0",
+        "",
+        "NODE  PEER                PROTOCOL  Cluster  LAST NACK",
+        "a     ipv4:10.0.0.1:5000  delta     SYNCED   -",
+    ]
+    code, out, _ = command(url, output="json")
+    assert json.loads(out) == {"clients": [client("a", {CLUSTER: state()})],
+                               "origins": [origin()]}
+
+
+def test_a_relay_without_origins_gets_the_clients_alone(
+        web: tuple[str, dict[str, tuple[int, bytes]]]) -> None:
+    url, answers = web
+    answers["/clients"] = (200, b'{"clients": []}')  # /origins: 404, an older relay
+    assert command(url) == (OK, "no clients are connected\n", "")
+    answers["/origins"] = (200, b'{"origins": []}')  # a relay of no origin (files)
+    assert command(url) == (OK, "no clients are connected\n", "")
+
+
+def test_detail_says_when_the_stream_connected_and_was_last_answered() -> None:
+    lines = detail_lines([client("a", {}, connected_since=NOW - 3600, acked_at=NOW - 45,
+                                 nacked_at=None)], NOW)
+    assert lines[:2] == [
+        "node a  peer ipv4:10.0.0.1:5000  protocol delta",
+        "  connected 2023-11-14T21:13:20Z (1h00m ago); last ACK 2023-11-14T22:12:35Z (45s ago)"]
+    poller = detail_lines([client("p", {}, protocol="rest", connected_since=NOW - 86400 * 2,
+                                  nacked_at=NOW)], NOW)
+    assert poller[1] == ("  first poll 2023-11-12T22:13:20Z (2d00h ago); "
+                         "last NACK 2023-11-14T22:13:20Z (0s ago)")
+
+
+def test_the_latest_nack_is_the_latest_in_time_when_the_relay_says_when() -> None:
+    # REST pollers' NACKs carry no nonce: when they came decides
+    lines = summary_lines([client("p", {
+        CLUSTER: state("synced", last_nack=nack("old", nonce=""), nacked_at=NOW - 60),
+        ENDPOINT: state("synced", last_nack=nack("new", nonce=""), nacked_at=NOW - 5)},
+        protocol="rest")])
+    assert lines[1].endswith("ClusterLoadAssignment: new")
