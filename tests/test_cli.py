@@ -151,6 +151,23 @@ async def test_a_relay_failing_to_start_stops_what_did_start(tmp_path: Path) -> 
         assert ports_in_use(config) == [PortInUse("admin.address", config.admin.address)]
 
 
+def test_the_shipped_configs_and_the_demo_listen_on_loopback_by_default() -> None:
+    from relay.config import load_config, parse_config
+    from relay.demo import _origin_config, _relay_config
+
+    configs = {name: load_config(REPO / "config" / name) for name in ("relay.yaml",
+                                                                      "origin.yaml")}
+    configs["demo relay"] = parse_config(_relay_config(18000, 19000, 18001))
+    configs["demo origin"] = parse_config(_origin_config(REPO / "config/resources", 18001))
+    configs["defaults"] = parse_config("node: {id: a}\nupstream: {address: 'o:1'}\n")
+    for name, config in configs.items():
+        assert (config.server.address.host, config.admin.address.host) == (
+            "127.0.0.1", "127.0.0.1"), name
+    # and they say what to change for a zone's other hosts
+    for name in ("relay.yaml", "origin.yaml"):
+        assert "0.0.0.0:" in (REPO / "config" / name).read_text(), name
+
+
 def test_run_refuses_a_bad_config_without_starting(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     result = xds_relay("run", "--config", str(missing))
