@@ -26,7 +26,7 @@ import hmac
 from collections.abc import Mapping
 
 __all__ = ["COOKIE", "SECURE_COOKIE", "SESSION_SECONDS", "cookie_name", "session_cookie",
-           "signed_in", "token_matches"]
+           "signed_in", "signed_out_cookie", "token_matches"]
 
 #: How long a sign-in lasts, in seconds.
 SESSION_SECONDS = 12 * 3600

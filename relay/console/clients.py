@@ -211,9 +211,12 @@ class Page:
 class ClientTable:
     """Every stream's row, built once from the ``/clients`` records; answers queries."""
 
-    def __init__(self, records: Iterable[Mapping[str, Any]], worker: int | None = None) -> None:
+    def __init__(self, records: Iterable[Mapping[str, Any]], worker: int | None = None,
+                 rows: list[Row] | None = None) -> None:
         self.records = list(records)
-        self.rows = [Row.of(record, worker) for record in self.records]
+        # rows: already made, one per record (a build that let the loop run between chunks)
+        self.rows = rows if rows is not None else \
+            [Row.of(record, worker) for record in self.records]
         self.states = dict.fromkeys(STATES, 0)
         types: dict[str, Counter[str]] = {}
         for row in self.rows:

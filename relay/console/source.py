@@ -2,13 +2,16 @@
 (:class:`LocalSource`), or the workers of ``--workers`` (:class:`WorkersSource`).
 
 Building the client list means comparing every stream's state with the
-cache (what ``/clients`` does): about 40 microseconds a stream, so 0.4 s
-of the event loop at 10,000 streams. A :class:`LocalSource` therefore
-builds it on demand only (no console open, no cost), shares it between
-every console asking, and builds it again no sooner than
-:data:`MIN_AGE` and no more often than keeps that work within
-:data:`DUTY` of the loop's time: at most 1 s behind up to a few thousand
-streams, further behind, rather than slower for the clients, beyond.
+cache (what ``/clients`` does): some 30 to 40 microseconds a stream, a
+third of a second at 10,000 streams. A :class:`LocalSource` therefore
+builds it on demand only (no console open, no cost), :data:`CHUNK` streams
+at a time with the loop's other work in between (a client waits for one
+chunk, a few milliseconds, not for the list), shares each build between
+every console asking, and builds again no sooner than :data:`MIN_AGE`
+and no more often than keeps that work within :data:`DUTY` of the loop's
+time. So the list is at most about 1 s old up to some 2,000 streams (the
+console polls once a second), and further behind beyond: 3 to 4 s at
+10,000, rather than the clients paying for it (``benchmarks.console``).
 
 With ``--workers``, each worker builds its own list, in its own process,
 and answers the hub's questions (:func:`worker_answer`): a page through
@@ -17,23 +20,35 @@ the query's end, a client's records, a reading. The hub merges them.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from relay.console.clients import BadQuery, ClientTable, Page, Query, merge_pages, with_worker
+from relay.console.clients import (
+    BadQuery,
+    ClientTable,
+    Page,
+    Query,
+    Row,
+    merge_pages,
+    with_worker,
+)
 from relay.console.history import Reading, process_rss, relay_reading, tally
 from relay.server.serving import ServingContext
 from relay.telemetry import Metrics
 
-__all__ = ["DUTY", "MIN_AGE", "QUESTIONS", "Clients", "ConsoleSource", "LocalSource",
-           "WorkersSource", "local_source", "worker_answer"]
+__all__ = ["CHUNK", "DUTY", "MIN_AGE", "QUESTIONS", "Clients", "ConsoleSource", "LocalSource",
+           "WorkersSource", "hub_reading", "local_source", "worker_answer"]
 
 #: Seconds a client list is reused at least (the console asks once a second).
 MIN_AGE = 0.5
 #: The share of the loop's time that building client lists may take.
 DUTY = 0.1
+#: Records built between two turns of the loop's other work.
+CHUNK = 200
 #: What the hub asks a worker for the console (see :func:`worker_answer`).
 QUESTIONS = ("console_clients", "console_client", "console_reading")
 
@@ -76,35 +91,74 @@ class ConsoleSource(Protocol):
 class LocalSource:
     """This process's clients and reading.
 
-    ``records`` gives every stream's ``/clients`` record; ``reading`` this
-    process's :class:`Reading`; ``snapshot`` what the console shows of the
-    snapshot store. ``clock`` (monotonic) and ``wall`` (Unix) are injectable.
+    ``records`` gives every stream's ``/clients`` record, each built as it
+    is taken (:meth:`relay.server.serving.ServingContext.iter_client_statuses`):
+    the list is built :data:`CHUNK` records at a time, letting the loop run
+    between, so that no client waits for more than one chunk. ``reading``
+    gives this process's :class:`Reading`; ``snapshot`` what the console
+    shows of the snapshot stores. ``clock`` (monotonic) and ``wall`` (Unix)
+    are injectable.
     """
 
-    def __init__(self, records: Callable[[], list[dict[str, Any]]],
+    def __init__(self, records: Callable[[], Iterable[dict[str, Any]]],
                  reading: Callable[[], Reading],
                  snapshot: Callable[[], Sequence[Mapping[str, Any]] | None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, chunk: int = CHUNK) -> None:
         self._records = records
         self._reading = reading
         self._snapshot = snapshot
         self._clock = clock
         self._wall = wall
+        self._chunk = chunk
         self._table: ClientTable | None = None
-        self._built = 0.0       # clock time of the table's build
-        self._built_at = 0.0    # its Unix time
-        self._cost = 0.0        # seconds the last build took
+        self._built = 0.0       # clock time the table's build started
+        self._built_at = 0.0    # the same, Unix time
+        self._cost = 0.0        # seconds of the loop the last build took (its chunks)
+        self._building: asyncio.Future[None] | None = None
 
-    def table(self) -> tuple[ClientTable, float]:
+    @property
+    def build_cost(self) -> float:
+        """Seconds of the loop the last build of the list took."""
+        return self._cost
+
+    def age(self) -> float:
+        """Seconds since the list was built."""
+        return self._clock() - self._built
+
+    async def table(self) -> tuple[ClientTable, float]:
         """The client list (built again if old enough: see the module) and
-        the Unix time it was built."""
-        now = self._clock()
-        if self._table is None or now - self._built >= max(MIN_AGE, self._cost / DUTY):
-            self._table = ClientTable(self._records())
-            done = self._clock()
-            self._built, self._built_at, self._cost = done, self._wall(), done - now
+        the Unix time its build started. Callers at once share one build."""
+        if self._table is None or self.age() >= max(MIN_AGE, self._cost / DUTY):
+            if self._building is None:
+                self._building = asyncio.ensure_future(self._build())
+                self._building.add_done_callback(self._built_now)
+            await asyncio.shield(self._building)
+        assert self._table is not None
         return self._table, self._built_at
+
+    def _built_now(self, building: asyncio.Future[None]) -> None:
+        self._building = None
+
+    async def _build(self) -> None:
+        started, started_at = self._clock(), self._wall()
+        records: list[dict[str, Any]] = []
+        rows: list[Row] = []
+        busy = 0.0
+        taken = iter(self._records())
+        while True:
+            begun = self._clock()
+            chunk = list(itertools.islice(taken, self._chunk))
+            records += chunk
+            rows += [Row.of(record) for record in chunk]
+            busy += self._clock() - begun
+            if len(chunk) < self._chunk:
+                break
+            await asyncio.sleep(0)  # the clients' turn
+        begun = self._clock()
+        self._table = ClientTable(records, rows=rows)
+        self._cost = busy + self._clock() - begun
+        self._built, self._built_at = started, started_at
 
     def reading(self) -> Reading:
         """This process's reading now."""
@@ -114,12 +168,12 @@ class LocalSource:
         return {"relay": self._reading()}
 
     async def clients(self, query: Query) -> Clients:
-        table, built_at = self.table()
+        table, built_at = await self.table()
         return Clients(table.page(query), built_at)
 
     async def client(self, node_id: str, peer: str,
                      worker: int | None) -> list[Mapping[str, Any]]:
-        return self.table()[0].records_of(node_id, peer)
+        return (await self.table())[0].records_of(node_id, peer)
 
     def snapshot(self) -> Sequence[Mapping[str, Any]] | None:
         return self._snapshot()
@@ -132,16 +186,17 @@ def local_source(serving: ServingContext,
     their count and its instruments (``serving``'s); ``snapshot`` (see
     :func:`relay.console.data.snapshot_views`)."""
     metrics = serving.metrics
-    return LocalSource(serving.client_statuses, lambda: relay_reading(
+    return LocalSource(serving.iter_client_statuses, lambda: relay_reading(
         lambda: len(serving.streams), metrics.downstream_pushes, metrics.downstream_nacks,
         metrics.push_latency, metrics.loop_lag), snapshot)
 
 
-def worker_answer(source: LocalSource, question: str, details: Mapping[str, Any]) -> object:
+async def worker_answer(source: LocalSource, question: str, details: Mapping[str, Any]
+                        ) -> object:
     """A worker's answer to one of the hub's :data:`QUESTIONS` (JSON)."""
     if question == "console_reading":
         return source.reading().to_json()
-    table, built_at = source.table()
+    table, built_at = await source.table()
     if question == "console_clients":
         try:
             query = Query.from_params(details.get("query", {}))

@@ -20,7 +20,7 @@ import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,6 +32,8 @@ from relay.admin import READ_METHODS, AdminServer, Reply
 from relay.app import build_relay, signal_queue
 from relay.cache import ResourceCache
 from relay.config import Address, RelayConfig
+from relay.console.data import snapshot_views
+from relay.console.source import ConsoleSource, WorkersSource, hub_reading
 from relay.runtime import tune_gc
 from relay.upstream.backoff import Backoff
 from relay.workers.link import Link
@@ -138,9 +140,10 @@ class WorkerProcess:
         if self.running and self.pid is not None:
             os.kill(self.pid, signum)
 
-    async def ask(self, question: str) -> Any:
-        """The worker's answer to ``question`` ("clients", "metrics"); None if it
-        is not ready or does not answer within ``ASK_TIMEOUT``."""
+    async def ask(self, question: str, details: Mapping[str, Any] | None = None) -> Any:
+        """The worker's answer to ``question`` ("clients", "metrics", the
+        console's, with its ``details``); None if it is not ready or does not
+        answer within ``ASK_TIMEOUT``."""
         link = self._link
         if link is None or not self.ready:
             return None
@@ -148,7 +151,7 @@ class WorkerProcess:
         ask_id = self._asked
         reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._replies[ask_id] = reply
-        link.send({"ask": question, "id": ask_id})
+        link.send({"ask": question, "id": ask_id, "details": dict(details or {})})
         try:
             return await asyncio.wait_for(reply, ASK_TIMEOUT)
         except TimeoutError:
@@ -188,8 +191,10 @@ class HubAdmin(AdminServer):
     def __init__(self, cache: ResourceCache, not_ready_reason: Callable[[], str | None],
                  clients: Callable[[], Awaitable[dict[str, Any]]],
                  metrics: Callable[[], Awaitable[bytes]],
-                 ready_detail: Callable[[], str] | None = None) -> None:
-        super().__init__(cache, None, not_ready_reason, ready_detail=ready_detail)
+                 ready_detail: Callable[[], str] | None = None,
+                 console: ConsoleSource | None = None) -> None:
+        super().__init__(cache, None, not_ready_reason, ready_detail=ready_detail,
+                         console=console)
         self._gather_clients = clients
         self._gather_metrics = metrics
 
@@ -217,8 +222,12 @@ class Hub:
                                  readiness=self.not_ready_reason)
         self.relay.metrics.worker_restarts.add(0)  # a series from the start, for increase()
         self.workers = [WorkerProcess(i) for i in range(1, config.server.workers + 1)]
+        # the console's clients and history: the workers', merged (relay.console)
+        console = WorkersSource(self.ask_workers, lambda: hub_reading(self.relay.metrics),
+                                lambda: snapshot_views(self.relay.snapshot_writers,
+                                                       self.relay.restored_of))
         self.admin = HubAdmin(self.relay.cache, self.not_ready_reason, self.clients,
-                              self.metrics, self.relay.ready_detail)
+                              self.metrics, self.relay.ready_detail, console)
         self.draining = False
         self.port = 0  # where the workers serve clients
         self.admin_port = 0
@@ -269,6 +278,14 @@ class Hub:
                             "restarts": worker.restarts, "answered": answer is not None})
             clients += [{"worker": worker.index, **client} for client in answer or []]
         return {"clients": clients, "workers": workers}
+
+    async def ask_workers(self, question: str, details: Mapping[str, Any]
+                          ) -> list[tuple[int, Any]]:
+        """Every worker's answer to ``question`` (None: none), by worker index."""
+        answers = await asyncio.gather(*(worker.ask(question, details)
+                                         for worker in self.workers))
+        return [(worker.index, answer) for worker, answer in zip(self.workers, answers,
+                                                                 strict=True)]
 
     async def metrics(self) -> bytes:
         """``/metrics``: see :func:`relay.workers.metrics.merge_metrics`."""

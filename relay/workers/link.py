@@ -9,7 +9,9 @@ Messages, one JSON object per line:
 
 * worker to hub: ``{"ready": PID}`` once it serves clients and is synced
   with the hub; ``{"reply": ID, "data": ...}`` answering a question;
-* hub to worker: ``{"ask": "clients" | "metrics", "id": ID}``.
+* hub to worker: ``{"ask": QUESTION, "id": ID, "details": {...}}``, the
+  question being ``"clients"``, ``"metrics"`` or one of the console's
+  (:data:`relay.console.source.QUESTIONS`, whose details say what to answer).
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from prometheus_client import generate_latest
 
 from relay.app import Relay, build_relay, serve_until_signalled, signal_queue
 from relay.config import Address, BackoffConfig, MetricsConfig, RelayConfig
+from relay.console.source import QUESTIONS as CONSOLE_QUESTIONS
+from relay.console.source import local_source, worker_answer
 from relay.logs import configure_logging
 from relay.runtime import tune_gc
 from relay.upstream.dial import Dialer
@@ -126,12 +128,15 @@ async def _report_ready(relay: Relay, link: Link) -> None:
 
 async def _answer(relay: Relay, link: Link, signals: asyncio.Queue[signal.Signals]) -> None:
     """Answer the hub's questions until it is gone; then stop (as SIGINT would)."""
+    console = local_source(relay.serving)  # what the hub's console asks of this worker
     while (message := await link.receive()) is not None:
         data: object = None
         if message.get("ask") == "clients":
             data = relay.serving.client_statuses()
         elif message.get("ask") == "metrics":
             data = generate_latest(relay.registry).decode()
+        elif message.get("ask") in CONSOLE_QUESTIONS:
+            data = await worker_answer(console, message["ask"], message.get("details", {}))
         link.send({"reply": message.get("id"), "data": data})
     log.warning("the hub is gone; stopping")
     signals.put_nowait(signal.SIGINT)

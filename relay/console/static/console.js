@@ -2,7 +2,7 @@
 //
 // Every string that comes from the relay (node ids, peers, NACK messages,
 // resource names, versions) reaches the page as text: through el()'s text
-// nodes or textContent, never innerHTML. The page's Content-Security-Policy
+// nodes or textContent, never parsed as markup. The page's Content-Security-Policy
 // runs this file and nothing else.
 "use strict";
 
@@ -31,7 +31,7 @@
       else if (key.startsWith("on")) element.addEventListener(key.slice(2), value);
       else element.setAttribute(key, value === true ? "" : String(value));
     }
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === undefined || child === null || child === false) continue;
       element.append(child instanceof Node ? child : document.createTextNode(String(child)));
     }
@@ -247,8 +247,8 @@
     { title: "Clients", series: [["clients", 1]], unit: "" },
     { title: "Pushes / s", series: [["pushes_per_s", 1]], unit: "/s" },
     { title: "NACKs / s", series: [["nacks_per_s", 1]], unit: "/s" },
-    { title: "Push latency (mean, p99 bound)", series: [["latency_mean", 1000], ["latency_p99", 1000]], unit: " ms" },
-    { title: "Event loop lag (mean, max bound)", series: [["lag_mean", 1000], ["lag_max", 1000]], unit: " ms" },
+    { title: "Push latency: mean, p99 \u2264", series: [["latency_mean", 1000], ["latency_p99", 1000]], unit: " ms" },
+    { title: "Loop lag: mean, max \u2264", series: [["lag_mean", 1000], ["lag_max", 1000]], unit: " ms" },
     { title: "Resident memory", series: [["rss", 1 / 1048576]], unit: " MiB" },
   ];
 
@@ -403,23 +403,32 @@
     box.replaceChildren(...body.streams.map((stream) => renderStream(stream, body.now)));
   }
 
+  // Timestamps /clients may carry, as the page names them.
+  const MOMENTS = { connected_since: "Connected", acked_at: "Last ACK", nacked_at: "Last NACK" };
+
+  function moments(record, now) {
+    const facts = [];
+    for (const [key, value] of Object.entries(record)) {
+      if ((key.endsWith("_since") || key.endsWith("_at")) && typeof value === "number") {
+        facts.push([MOMENTS[key] || key.replace(/_/g, " "), ago(now - value)]);
+      }
+    }
+    return facts;
+  }
+
   function renderStream(stream, now) {
     const facts = [["Peer", stream.peer], ["Protocol", stream.protocol],
       ["Service", stream.service]];
     if (stream.worker !== undefined) facts.push(["Worker", stream.worker]);
-    for (const [key, value] of Object.entries(stream)) {
-      if (key.endsWith("_since") || key.endsWith("_at")) {
-        if (typeof value === "number") facts.push([key.replace(/_/g, " "), ago(now - value)]);
-      }
-    }
+    facts.push(...moments(stream, now));
     return el("article", { class: "stream" },
       el("h2", { class: "node" }, stream.node_id || "(no node id)"),
       el("dl", null, facts.map(([k, v]) => [el("dt", null, k), el("dd", null, v)])),
-      stream.types.length ? stream.types.map(renderType)
+      stream.types.length ? stream.types.map((type) => renderType(type, now))
         : el("p", { class: "muted" }, "No type subscribed yet."));
   }
 
-  function renderType(type) {
+  function renderType(type, now) {
     const subscribed = [];
     if (type.wildcard) subscribed.push("* (wildcard)");
     if (type.subscribed_count) {
@@ -448,6 +457,7 @@
       el("div", null, "Subscribed: " + (subscribed.join(" + ") || "nothing")),
       el("div", null, "ACKed: " + (type.acked === null || type.acked === undefined ? "nothing yet" : type.acked)),
       el("div", null, "In flight: " + (type.in_flight || "-")),
+      moments(type, now).map(([name, when]) => el("div", null, name + ": " + when)),
       nackBlock,
       rows.length ? table(["Resource", "Status", "Held", "Cached", "", ""], rows, { class: "resources" }) : null,
       type.resource_count > type.resources.length
