@@ -10,13 +10,17 @@ STAMP     := $(VENV)/.installed
 # skipped (and its test with it) where npm is missing.
 NODE_DIR   := tests/interop/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
+# Debian's chromium, the browser of the console's tests (tests/console, driven
+# by Playwright, never a downloaded browser); installed where apt-get may be
+# run (as root, or with sudo -n), else those tests skip, saying so.
+CHROMIUM   := /usr/bin/chromium
 
 .PHONY: run test lint bench clean
 
 run: $(RUN_STAMP)
 	$(BIN)/xds-relay demo
 
-test: $(STAMP) $(NODE_STAMP)
+test: $(STAMP) $(NODE_STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -37,6 +41,20 @@ $(RUN_STAMP): pyproject.toml
 $(STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+$(CHROMIUM):
+	@if ! command -v apt-get >/dev/null 2>&1; then \
+		echo "no apt-get: the console's browser tests will be skipped"; \
+	elif [ "$$(id -u)" != 0 ] && ! sudo -n true 2>/dev/null; then \
+		echo "not root and no sudo: the console's browser tests will be skipped"; \
+	else \
+		sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+		echo "installing chromium (Debian) for the console's browser tests"; \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1; \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends chromium >/dev/null 2>&1 || \
+			echo "could not install chromium: the console's browser tests will be skipped"; \
+	fi
 
 $(NODE_STAMP): $(NODE_DIR)/package-lock.json
 	@if command -v npm >/dev/null 2>&1; then \
