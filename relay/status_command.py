@@ -353,12 +353,13 @@ def detail_lines(clients: Sequence[Mapping[str, Any]], now: float | None = None
 def _type_detail(type_url: str, state: Mapping[str, Any], delta: bool) -> list[str]:
     lines = [f"  {short_name(type_url)}: {_sync_label(state)}  ({type_url})"]
     subscribed = [str(n) for n in state.get("subscribed", [])]
+    total = state.get("subscribed_count", len(subscribed))  # a REST poller's: all it polls
     what = []
     if state.get("wildcard"):
         what.append("* (wildcard)")
     if subscribed:
-        count = f"{len(subscribed)} name{'s' if len(subscribed) != 1 else ''}"
-        if len(subscribed) <= _NAMES_LISTED:
+        count = f"{total} name{'s' if total != 1 else ''}"
+        if total <= _NAMES_LISTED:
             count += ": " + ", ".join(_printable(n) for n in subscribed)
         what.append(count)
     lines.append(f"    subscribed: {' + '.join(what) if what else 'nothing'}")

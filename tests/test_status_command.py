@@ -420,3 +420,10 @@ def test_the_latest_nack_is_the_latest_in_time_when_the_relay_says_when() -> Non
         ENDPOINT: state("synced", last_nack=nack("new", nonce=""), nacked_at=NOW - 5)},
         protocol="rest")])
     assert lines[1].endswith("ClusterLoadAssignment: new")
+
+
+def test_detail_counts_every_name_a_rest_poller_polls_for() -> None:
+    lines = detail_lines([client("p", {CLUSTER: state(subscribed=["a", "b"],
+                                                       subscribed_count=250)},
+                                 protocol="rest")], NOW)
+    assert "    subscribed: 250 names" in lines

@@ -6,7 +6,10 @@ by node id and client host, and per type: what it subscribes to, the version
 it holds (the poll's ``version_info``), how it was answered, and its last
 NACK (a poll carrying ``error_detail``: the version it sent was rejected). A
 poller is forgotten ``rest.lease`` after its last poll, as its lease is, and
-at most ``limit`` are kept (the least recently polled go first).
+at most ``limit`` are kept, ``per_host`` of one client host (the least
+recently polled go first). Of the names a type is polled for, the first
+:data:`NAMES_LISTED` are kept (and how many there are): the lease keeps the
+names; this is only what ``/clients`` shows.
 
 No I/O: the clocks are injected. Wall time (Unix seconds) is what
 ``/clients`` shows; the monotonic one decides when a poller is forgotten.
@@ -15,24 +18,27 @@ No I/O: the clocks are injected. Wall time (Unix seconds) is what
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from relay.server.status import NACKED, NOT_SENT, STALE, SYNCED
 
-__all__ = ["REST_SERVICE", "PollerBook"]
+__all__ = ["NAMES_LISTED", "REST_SERVICE", "PollerBook"]
 
 #: The ``service`` of a REST poller in ``/clients``.
 REST_SERVICE = "REST"
+#: Names of a polled type listed in ``/clients`` at most (``subscribed_count``: all).
+NAMES_LISTED = 100
 
 
 @dataclass(slots=True)
 class _PolledType:
     """What the polls of one type from one poller said last."""
 
-    subscribed: tuple[str, ...]
+    subscribed: tuple[str, ...]   # the first NAMES_LISTED
+    count: int                    # of all the names polled for
     wildcard: bool
     version: str                  # the version_info of its latest poll: what it holds
     status: int                   # the HTTP status of the latest answer
@@ -53,7 +59,9 @@ class _PolledType:
             sync = STALE            # sent a version: the next poll says if it took it
         else:
             sync = NOT_SENT         # nothing to answer with yet (503), or refused
-        return {"subscribed": list(self.subscribed), "wildcard": self.wildcard,
+        listed = {} if self.count == len(self.subscribed) else \
+            {"subscribed_count": self.count}
+        return {"subscribed": list(self.subscribed), **listed, "wildcard": self.wildcard,
                 "versions": {}, "acked": self.version or None,
                 "in_flight": self.sent if sync == STALE else None,
                 "last_nack": self.last_nack, "sync": sync, "unsynced": {},
@@ -73,18 +81,20 @@ class _Poller:
 class PollerBook:
     """The REST pollers seen lately (see the module)."""
 
-    def __init__(self, limit: int, now: Callable[[], float] = time.monotonic,
+    def __init__(self, limit: int, per_host: int, now: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
         self.limit = limit
+        self.per_host = per_host
         self._now = now
         self._wall = wall
         # by (node id, host), the least recently polled first
         self._pollers: OrderedDict[tuple[str, str], _Poller] = OrderedDict()
+        self._per_host: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._pollers)
 
-    def polled(self, node_id: str, host: str, type_url: str, names: tuple[str, ...],
+    def polled(self, node_id: str, host: str, type_url: str, names: Sequence[str],
                version: str, status: int, *, lease: float, sent: str | None = None,
                nack: str | None = None) -> None:
         """One poll of ``type_url`` for ``names`` (none: a wildcard) from
@@ -96,14 +106,18 @@ class PollerBook:
         key = (node_id, host)
         poller = self._pollers.get(key)
         if poller is None:
-            if len(self._pollers) >= self.limit:
-                self._pollers.popitem(last=False)
+            if self._per_host[host] >= self.per_host:
+                self._forget(next(k for k, p in self._pollers.items() if p.host == host))
+            elif len(self._pollers) >= self.limit:
+                self._forget(next(iter(self._pollers)))
             poller = self._pollers[key] = _Poller(node_id, host, wall, wall, now + lease)
+            self._per_host[host] += 1
         else:
             poller.last_poll, poller.expires = wall, now + lease
             self._pollers.move_to_end(key)
         previous = poller.types.get(type_url)
-        polled = _PolledType(names, not names, version, status, sent if status == 200 else None)
+        polled = _PolledType(tuple(names[:NAMES_LISTED]), len(names), not names, version,
+                             status, sent if status == 200 else None)
         if previous is not None:
             polled.acked_at, polled.nacked_at = previous.acked_at, previous.nacked_at
             polled.last_nack = previous.last_nack
@@ -132,7 +146,15 @@ class PollerBook:
     def _expire(self) -> None:
         now = self._now()
         while self._pollers:
-            first = next(iter(self._pollers.values()))
+            key, first = next(iter(self._pollers.items()))
             if first.expires > now:
                 return
-            self._pollers.popitem(last=False)
+            self._forget(key)
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        host = self._pollers.pop(key).host
+        left = self._per_host[host] - 1
+        if left > 0:
+            self._per_host[host] = left
+        else:
+            del self._per_host[host]

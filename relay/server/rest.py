@@ -395,7 +395,7 @@ class RestServer:
         host = client_host(peer)
         if host is not None and isinstance(outcome, Served | Unavailable):
             serving.pollers.polled(
-                shown(request.node.id), host, type_url, tuple(request.resource_names),
+                shown(request.node.id), host, type_url, request.resource_names,
                 request.version_info, status, lease=self._fetcher.lease,
                 sent=outcome.plan.version_info if isinstance(outcome, Served) else None,
                 nack=None if nack is None else shown(nack, MAX_NACK_MESSAGE))

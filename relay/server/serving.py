@@ -117,8 +117,10 @@ class ServingContext:
         self._batch_timer: asyncio.TimerHandle | None = None
         # streams that left, still being forgotten by the interest index
         self._forgetting: set[asyncio.Task[None]] = set()
-        # REST pollers seen lately, for /clients (as many as streams may be open)
-        self.pollers: Final = PollerBook(self.settings.limits.streams)
+        # REST pollers seen lately, for /clients (as many as streams may be open,
+        # and as leases one host may keep)
+        limits = self.settings.limits
+        self.pollers: Final = PollerBook(limits.streams, limits.leases_per_host)
 
     @classmethod
     def create(cls, cache: ResourceCache, index: InterestIndex, metrics: Metrics,

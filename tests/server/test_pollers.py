@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relay.server.pollers import PollerBook
+from relay.server.pollers import NAMES_LISTED, PollerBook
 from relay.xds_types import CLUSTER, ENDPOINT
 
 LEASE = 60.0
@@ -26,9 +26,9 @@ class Clock:
         self.seconds += seconds
 
 
-def book(limit: int = 10) -> tuple[PollerBook, Clock]:
+def book(limit: int = 10, per_host: int = 10) -> tuple[PollerBook, Clock]:
     clock = Clock()
-    return PollerBook(limit, clock.now, clock.wall), clock
+    return PollerBook(limit, per_host, clock.now, clock.wall), clock
 
 
 def only(pollers: PollerBook) -> dict[str, Any]:
@@ -99,3 +99,23 @@ def test_past_the_limit_the_least_recently_polled_is_forgotten() -> None:
     pollers.polled("n3", "h", CLUSTER, (), "", 200, lease=LEASE, sent="v1")
     assert [p["node_id"] for p in pollers.summaries()] == ["n1", "n3"]
     assert len(pollers) == 2
+
+
+def test_one_host_keeps_at_most_per_host_pollers_and_others_are_kept() -> None:
+    pollers, clock = book(limit=10, per_host=2)
+    for node_id, host in (("n1", "h"), ("n2", "h"), ("other", "g"), ("n3", "h")):
+        pollers.polled(node_id, host, CLUSTER, (), "", 200, lease=LEASE, sent="v1")
+        clock.advance(1)
+    assert [(p["node_id"], p["peer"]) for p in pollers.summaries()] == [
+        ("n2", "h"), ("n3", "h"), ("other", "g")]
+
+
+def test_a_type_polled_for_many_names_lists_the_first_and_counts_them_all() -> None:
+    pollers, _ = book()
+    names = [f"name-{i:04d}" for i in range(NAMES_LISTED + 5)]
+    pollers.polled("n1", "h", CLUSTER, names, "", 200, lease=LEASE, sent="v1")
+    polled = only(pollers)["types"][CLUSTER]
+    assert (polled["subscribed"], polled["subscribed_count"]) == (
+        names[:NAMES_LISTED], NAMES_LISTED + 5)
+    pollers.polled("n1", "h", CLUSTER, names[:3], "", 200, lease=LEASE, sent="v1")
+    assert "subscribed_count" not in only(pollers)["types"][CLUSTER]
