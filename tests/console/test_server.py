@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,14 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.admin import AdminServer
 from relay.cache import ResourceCache, Update
 from relay.config import AdminConfig
-from relay.console.auth import COOKIE
+from relay.console.auth import COOKIE, SECURE_COOKIE
 from relay.console.history import Reading
 from relay.console.server import Console
 from relay.console.source import LocalSource
 from relay.resource import CachedResource
 from relay.xds_types import CLUSTER, SECRET
 from tests.builders import cluster, pack
+from tests.certs import Authority
 
 TOKEN = "console-test-token"
 PRIVATE_KEY = "-----BEGIN PRIVATE KEY-----never shown-----END PRIVATE KEY-----"
@@ -56,11 +58,12 @@ def filled_cache() -> ResourceCache:
 
 @contextlib.asynccontextmanager
 async def console(tmp_path: Path, token: bool = False,
-                  origins: Callable[[], list[dict[str, Any]]] | None = None
+                  origins: Callable[[], list[dict[str, Any]]] | None = None,
+                  tls: Authority | None = None
                   ) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
-    """An admin server with a console whose clients are two fixed records;
-    its base URL and a client session (with a cookie jar that keeps the
-    cookies of an IP address)."""
+    """An admin server with a console whose clients are two fixed records
+    (over TLS with a certificate of ``tls``); its base URL and a client
+    session (with a cookie jar that keeps the cookies of an IP address)."""
     records = [client_record("envoy-1", "ipv4:10.0.0.1:5"),
                client_record("envoy-2", "ipv4:10.0.0.2:5", "nacked")]
     source = LocalSource(lambda: records, lambda: Reading(len(records), 0))
@@ -68,14 +71,22 @@ async def console(tmp_path: Path, token: bool = False,
                         lambda: "synced with the origin", console=source)
     if origins is not None:
         admin.origins = origins  # type: ignore[attr-defined]
-    config = AdminConfig(address="127.0.0.1:0")
+    options: dict[str, Any] = {"address": "127.0.0.1:0"}
     if token:
         (tmp_path / "token").write_text(TOKEN + "\n")
-        config = AdminConfig(address="127.0.0.1:0", token_file=tmp_path / "token")
-    port = await admin.start(config)
+        options["token_file"] = tmp_path / "token"
+    connector = None
+    if tls is not None:
+        leaf = tls.relay_leaf()
+        options["tls"] = {"cert_file": leaf.cert_file, "key_file": leaf.key_file}
+        connector = aiohttp.TCPConnector(
+            ssl=ssl.create_default_context(cafile=str(tls.cert_file)))
+    port = await admin.start(AdminConfig(**options))
+    scheme = "http" if tls is None else "https"
     try:
-        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
-            yield f"http://127.0.0.1:{port}", session
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True),
+                                         connector=connector) as session:
+            yield f"{scheme}://127.0.0.1:{port}", session
     finally:
         await admin.stop()
 
@@ -194,6 +205,16 @@ async def test_signing_in_with_the_token_gives_a_cookie_that_reads_the_data(tmp_
             assert response.status == 200
         status, _, _ = await get(session, base + "/console/data")
         assert status == 401
+
+
+async def test_over_admin_tls_the_cookie_is_secure_and_host_only(tmp_path: Path) -> None:
+    async with console(tmp_path, token=True, tls=Authority(tmp_path)) as (base, session):
+        async with session.post(base + "/console/login", data={"token": TOKEN}) as response:
+            set_cookie = response.headers["Set-Cookie"]
+        assert set_cookie.startswith(f"{SECURE_COOKIE}=") and set_cookie.endswith("; Secure")
+        assert "Domain=" not in set_cookie
+        status, _, _ = await get(session, base + "/console/data")
+        assert status == 200
 
 
 async def test_a_wrong_token_signs_nobody_in(tmp_path: Path) -> None:
