@@ -261,6 +261,12 @@ async def test_clients_endpoint_shows_each_client_subscriptions_acks_and_nacks()
         clients = json.loads(await asyncio.get_running_loop().run_in_executor(None, fetch))
     for client in clients["clients"]:
         assert client.pop("peer").startswith("ipv4:127.0.0.1:")
+        # when it connected and was answered (Unix seconds; see tests/server/test_client_times)
+        since, acked_at, nacked_at = (client.pop(key) for key in (
+            "connected_since", "acked_at", "nacked_at"))
+        assert since <= acked_at
+        for state in client["types"].values():  # one type each: the stream's latest
+            assert (state.pop("acked_at"), state.pop("nacked_at")) == (acked_at, nacked_at)
     assert clients == {"clients": [
         {"node_id": "delta-1", "protocol": "delta", "service": ADS_SERVICE, "types": {ENDPOINT: {
             "subscribed": ["a"], "wildcard": False, "versions": {"a": "v1"},
