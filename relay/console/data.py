@@ -20,7 +20,7 @@ from relay.cache import ResourceCache
 from relay.console.history import POINT_FIELDS, History
 from relay.persistence.restore import Restored
 from relay.persistence.writer import SnapshotWriter
-from relay.xds_types import push_rank, short_name
+from relay.xds_types import PUSH_ORDER, push_rank, short_name
 
 __all__ = ["NAMES_SHOWN", "cache_view", "client_view", "history_view", "origins_view",
            "readiness_view", "snapshot_views"]
@@ -43,13 +43,14 @@ def readiness_view(not_ready_reason: Callable[[], str | None],
 
 
 def origins_view(origins: Callable[[], list[dict[str, Any]]] | None) -> list[dict[str, Any]] | None:
-    """Each origin as the admin server reports it (None: it reports none).
+    """Each origin as ``/origins`` reports it (None: the admin server reports none).
 
-    The records' keys: ``origin`` (its name), ``server`` (the address in
-    use), ``fallback`` (whether that is a fallback server), ``connected``,
-    ``connected_since`` (Unix time), ``synced``, ``reconnects`` and
-    ``last_response`` (type URL: Unix time), listed here in push order.
-    Keys the console does not know are passed on as they are.
+    Its records' keys (see :class:`relay.upstream.client.OriginStatus`):
+    ``origin`` (its name), ``server`` (the address in use), ``servers``,
+    ``fallback`` (the index of the server in use: 0 is the primary),
+    ``connected``, ``since`` (Unix time: connected since, or disconnected
+    since), ``reconnects`` and ``last_response`` (type: Unix time), listed
+    here in push order. Keys the console does not know are passed on.
     """
     if origins is None:
         return None
@@ -58,10 +59,18 @@ def origins_view(origins: Callable[[], list[dict[str, Any]]] | None) -> list[dic
         entry = dict(record)
         last = record.get("last_response")
         if isinstance(last, dict):
-            entry["last_response"] = [{"type": short_name(t), "type_url": t, "at": last[t]}
-                                      for t in _by_push_order(list(last))]
+            entry["last_response"] = [{"type": short_name(t), "at": last[t]}
+                                      for t in sorted(last, key=_type_order)]
         shown.append(entry)
     return shown
+
+
+# a type by its short name or its URL, in push order
+_SHORT_RANKS = {short_name(type_url): push_rank(type_url) for type_url in PUSH_ORDER}
+
+
+def _type_order(name: str) -> tuple[int, str]:
+    return (_SHORT_RANKS.get(name, push_rank(name)), name)
 
 
 def cache_view(cache: ResourceCache) -> list[dict[str, Any]]:

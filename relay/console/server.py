@@ -84,6 +84,7 @@ class AdminView(Protocol):
     cache: ResourceCache
     not_ready_reason: Callable[[], str | None]
     ready_detail: Callable[[], str] | None
+    origins: Callable[[], list[dict[str, Any]]] | None
 
     def config_dump(self, type_filter: str | None = None,
                     name_filter: str | None = None) -> dict[str, Any]: ...
@@ -217,11 +218,10 @@ class Console:
             return _json(400, {"error": str(error)})
         admin = self._admin
         clients = await self._source.clients(query)
-        origins = getattr(admin, "origins", None)
         return _json(200, {
             "now": self._wall(),
             "ready": readiness_view(admin.not_ready_reason, admin.ready_detail),
-            "origins": origins_view(origins if callable(origins) else None),
+            "origins": origins_view(admin.origins),
             "cache": cache_view(admin.cache),
             "snapshot": self._source.snapshot(),
             "clients": clients.to_json(),

@@ -144,8 +144,8 @@ class LocalSource:
         started, started_at = self._clock(), self._wall()
         records: list[dict[str, Any]] = []
         rows: list[Row] = []
-        busy = 0.0
         taken = iter(self._records())
+        busy = self._clock() - started
         while True:
             begun = self._clock()
             chunk = list(itertools.islice(taken, self._chunk))

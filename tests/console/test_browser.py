@@ -141,3 +141,23 @@ async def test_signing_in_sets_a_strict_http_only_cookie_not_the_token(tmp_path:
         assert await opened.context.cookies() == []
         # the one wrong-token answer (401) is the only console error
         assert len(opened.errors) == 1 and "401" in opened.errors[0]
+
+
+async def test_each_origin_shows_its_server_connection_and_last_responses() -> None:
+    async with zone() as relay, browser() as opened:
+        admin = relay.relay.admin
+        assert admin is not None
+        now = time.time()
+        # what /origins reports (relay.upstream.client.OriginStatus.to_json)
+        admin.origins = lambda: [{
+            "origin": "default", "server": "cp-b:18000", "fallback": 1,
+            "servers": ["cp-a:18000", "cp-b:18000"], "connected": True, "since": now - 125,
+            "reconnects": 3, "last_response": {"Listener": now - 2, "Cluster": now - 7}}]
+        page = opened.page
+        await page.goto(relay.console)
+        row = page.locator("#origins tbody tr")
+        await row.wait_for()
+        cells = await row.locator("td").all_text_contents()
+        assert cells[:4] == ["default", "cp-b:18000fallback", "CONNECTED 2m 5s", "3"]
+        assert cells[4] == "Cluster: 7s agoListener: 2s ago"
+        assert opened.errors == []

@@ -18,7 +18,7 @@ from relay.console.data import (
 )
 from relay.persistence.restore import Restored
 from relay.resource import CachedResource
-from relay.xds_types import CLUSTER, ENDPOINT, LISTENER
+from relay.xds_types import CLUSTER
 
 
 def test_readiness_says_why() -> None:
@@ -29,10 +29,11 @@ def test_readiness_says_why() -> None:
 
 def test_origins_list_their_last_responses_in_push_order() -> None:
     origins = [{"origin": "default", "server": "cp:1", "last_response": {
-        LISTENER: 3.0, ENDPOINT: 2.0, CLUSTER: 1.0}, "extra": "kept"}]
+        "Listener": 3.0, "ClusterLoadAssignment": 2.0, "Cluster": 1.0}, "extra": "kept"}]
     [shown] = origins_view(lambda: origins) or []
-    assert [r["type"] for r in shown["last_response"]] == \
-        ["Cluster", "ClusterLoadAssignment", "Listener"]
+    assert shown["last_response"] == [{"type": "Cluster", "at": 1.0},
+                                      {"type": "ClusterLoadAssignment", "at": 2.0},
+                                      {"type": "Listener", "at": 3.0}]
     assert shown["extra"] == "kept"
     assert origins_view(None) is None
 

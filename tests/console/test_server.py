@@ -68,9 +68,7 @@ async def console(tmp_path: Path, token: bool = False,
                client_record("envoy-2", "ipv4:10.0.0.2:5", "nacked")]
     source = LocalSource(lambda: records, lambda: Reading(len(records), 0))
     admin = AdminServer(filled_cache(), None, lambda: None, lambda: records,
-                        lambda: "synced with the origin", console=source)
-    if origins is not None:
-        admin.origins = origins  # type: ignore[attr-defined]
+                        lambda: "synced with the origin", console=source, origins=origins)
     options: dict[str, Any] = {"address": "127.0.0.1:0"}
     if token:
         (tmp_path / "token").write_text(TOKEN + "\n")
@@ -148,10 +146,9 @@ async def test_without_a_token_file_the_data_is_open(tmp_path: Path) -> None:
 
 
 async def test_origins_are_shown_when_the_admin_reports_them(tmp_path: Path) -> None:
-    origins = [{"origin": "default", "server": "cp:18000", "fallback": False,
-                "connected": True, "connected_since": 1.0, "synced": True, "reconnects": 2,
-                "last_response": {CLUSTER: 5.0, "type.googleapis.com/envoy.config.listener."
-                                                 "v3.Listener": 4.0}}]
+    origins = [{"origin": "default", "server": "cp:18000", "servers": ["cp:18000"],
+                "fallback": 0, "connected": True, "since": 1.0, "reconnects": 2,
+                "last_response": {"Cluster": 5.0, "Listener": 4.0}}]
     async with console(tmp_path, origins=lambda: origins) as (base, session):
         [shown] = json.loads((await get(session, base + "/console/data"))[2])["origins"]
         assert shown["server"] == "cp:18000" and shown["reconnects"] == 2

@@ -198,19 +198,22 @@
       box.replaceChildren(el("p", { class: "muted" }, "No origin: the relay serves files."));
       return;
     }
-    const rows = origins.map((o) => el("tr", null,
-      el("td", null, o.origin || "-"),
-      el("td", null, o.server || "-", o.fallback ? el("span", { class: "tag" }, "fallback") : null),
-      el("td", null, o.connected
-        ? el("span", { class: "state state-synced" }, "CONNECTED")
-        : el("span", { class: "state state-nacked" }, "DISCONNECTED"),
-        o.connected_since ? " since " + ago(now - o.connected_since) : ""),
-      el("td", null, o.synced ? "yes" : "no"),
-      el("td", { class: "number" }, number(o.reconnects || 0)),
-      el("td", null, (o.last_response || []).map((r) =>
-        el("div", { class: "nowrap" }, r.type + ": " + ago(now - r.at))))));
+    const rows = origins.map((o) => {
+      const since = typeof o.since === "number" ? o.since : o.connected_since;
+      return el("tr", null,
+        el("td", null, o.origin || "-"),
+        el("td", { title: (o.servers || []).join(", ") }, o.server || "-",
+          o.fallback ? el("span", { class: "tag" }, "fallback") : null),
+        el("td", null, o.connected
+          ? el("span", { class: "state state-synced" }, "CONNECTED")
+          : el("span", { class: "state state-nacked" }, "DISCONNECTED"),
+          typeof since === "number" ? " " + ago(now - since).replace(" ago", "") : ""),
+        el("td", { class: "number" }, number(o.reconnects || 0)),
+        el("td", null, (o.last_response || []).map((r) =>
+          el("div", { class: "nowrap" }, r.type + ": " + ago(now - r.at)))));
+    });
     box.replaceChildren(table(
-      ["Origin", "Server", "Connection", "Synced", "Reconnects", "Last response"], rows));
+      ["Origin", "Server", "Connection", "Reconnects", "Last response"], rows));
   }
 
   function renderCache(cache, snapshot, now) {
