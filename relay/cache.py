@@ -42,6 +42,7 @@ from relay.constraints import (
     select_variant,
 )
 from relay.memory import oversized
+from relay.protocol.xdstp import PREFIX, collection_of, is_glob, xdstp_among
 from relay.resource import CachedResource
 
 
@@ -149,8 +150,38 @@ class _TypeEntry:
     aliases: dict[str, str] = field(default_factory=dict)
     # names whose record holds an error of the origin's
     erred: set[str] = field(default_factory=set)
+    # glob collection -> the names with variants that are its members; None
+    # until somebody asks (see ``indexed``): a type nobody subscribes a
+    # collection of, every classic one, pays nothing for it
+    collections: dict[str, set[str]] | None = None
     synced: bool = False
     complete: bool = False
+
+    def indexed(self) -> dict[str, set[str]]:
+        """The collections, indexed from the records the first time."""
+        if self.collections is None:
+            self.collections = {}
+            for name in xdstp_among(list(self.records)):
+                if self.records[name].variants:
+                    self.joined(name)
+        return self.collections
+
+    def joined(self, name: str) -> None:
+        """``name`` (an xdstp name) has a variant now: a member of its collection."""
+        glob = collection_of(name)
+        if glob is not None and self.collections is not None:
+            self.collections.setdefault(glob, set()).add(name)
+
+    def left(self, name: str) -> None:
+        """``name`` has no variant any more (or is forgotten): no member now."""
+        glob = collection_of(name)
+        if glob is None or self.collections is None:
+            return
+        members = self.collections.get(glob)
+        if members is not None:
+            members.discard(name)
+            if not members:
+                del self.collections[glob]
 
     def record(self, name: str) -> _Record:
         """The record of ``name`` to write to: a new one, or a copy of a shared one."""
@@ -254,6 +285,14 @@ class ResourceCache:
         entry = self._types.get(type_url)
         record = entry.records.get(locator.name) if entry is not None else None
         return record is not None and locator.params in record.answered
+
+    def members(self, type_url: str, glob: str) -> list[str]:
+        """The cached members of the glob collection ``glob`` (a canonical
+        name, see :mod:`relay.protocol.xdstp`): names with a variant."""
+        entry = self._types.get(type_url)
+        if entry is None:
+            return []
+        return list(entry.indexed().get(glob, ()))
 
     def names(self, type_url: str) -> list[str]:
         """Every name of a type that has a cached variant."""
@@ -390,6 +429,11 @@ class ResourceCache:
         if entry is None:
             return
         gone = set(names)
+        for name in gone:
+            # (Most calls forget one classic name: a '*' is looked for first.)
+            if "*" in name:
+                self._with_members(entry, gone, keep)
+                break
         for alias in [name for name in gone if name in entry.aliases]:
             canonical = entry.aliases.pop(alias)
             record = entry.records.get(canonical)
@@ -398,6 +442,7 @@ class ResourceCache:
                 if canonical not in keep and not record.aliases:
                     gone.add(canonical)
         dropped = 0
+        collections = entry.collections
         for name in gone:
             record = entry.records.pop(name, None)
             entry.erred.discard(name)
@@ -405,11 +450,19 @@ class ResourceCache:
                 dropped += 1
                 for alias in record.aliases:
                     entry.aliases.pop(alias, None)
+                if collections and record.variants:
+                    entry.left(name)
         if dropped:
             if oversized(entry.records):
                 entry.records = dict(entry.records)
             for listener in self._forget_listeners:
                 listener(dropped)
+
+    @staticmethod
+    def _with_members(entry: _TypeEntry, gone: set[str], keep: Container[str]) -> None:
+        """The glob collections among ``gone`` go with their members, but those kept."""
+        for glob in [name for name in gone if is_glob(name)]:
+            gone.update(m for m in entry.indexed().get(glob, ()) if m not in keep)
 
     def forget_variants(self, type_url: str, name: str, keep: Iterable[str],
                         unanswer: Iterable[Params]) -> None:
@@ -432,12 +485,14 @@ class ResourceCache:
         entry.compact(name)
 
     def end_wildcard(self, type_url: str, keep: Container[str]) -> None:
-        """A wildcard subscription ended: keep only the explicitly wanted names."""
+        """A wildcard subscription ended: keep only the explicitly wanted names
+        (and the members of wanted glob collections)."""
         entry = self._types.get(type_url)
         if entry is None:
             return
         entry.complete = False
-        self.forget(type_url, [name for name in entry.records if name not in keep], keep)
+        self.forget(type_url, [name for name in entry.records if name not in keep and not (
+            name.startswith(PREFIX) and _in_kept_collection(name, keep))], keep)
 
     # -- one write, piece by piece --------------------------------------------
 
@@ -476,6 +531,9 @@ class ResourceCache:
         # do-not-cache resource is news each time it is fetched: the
         # subscribers that asked for a fresh copy are waiting for it.
         if old is None or old.digest != resource.digest or resource.do_not_cache:
+            if entry.collections is not None and not record.variants and \
+                    name.startswith(PREFIX):
+                entry.joined(name)
             record.variants[key] = resource
             changed.add(name)
         elif ttl is not None:
@@ -501,6 +559,8 @@ class ResourceCache:
         record = entry.record(name)
         if record.variants or not record.absent:
             changed.add(name)
+        if record.variants and entry.collections:
+            entry.left(name)
         record.variants.clear()
         record.expires.clear()
         record.absent = True
@@ -518,6 +578,8 @@ class ResourceCache:
             return
         changed.add(name)
         if not record.variants:
+            if entry.collections:
+                entry.left(name)
             record.absent = True
             _drop_aliases(entry, name, record, changed)
 
@@ -544,6 +606,11 @@ class ResourceCache:
     def _notify(self, change: CacheChange) -> None:
         for listener in self._listeners:
             listener(change)
+
+
+def _in_kept_collection(name: str, keep: Container[str]) -> bool:
+    glob = collection_of(name)
+    return glob is not None and glob in keep
 
 
 def _drop_aliases(entry: _TypeEntry, name: str, record: _Record, changed: set[str]) -> None:

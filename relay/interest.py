@@ -6,6 +6,11 @@ Two jobs, both driven by the same bookkeeping:
   the changed names (and the wildcard subscribers of the type);
 * keep the union of all subscriptions per type, for the upstream to read.
 
+A glob collection (``xdstp://AUTHORITY/TYPE/PATH/*``, see
+:mod:`relay.protocol.xdstp`) is held as a name, so that the union carries it
+once, literally, for all its subscribers; a change to one of its members
+reaches the subscribers of the collection as well as those of the member.
+
 Data flows down (origin, upstream, cache, this index, streams). The one way
 back up is :class:`Upward`, wired once (see :mod:`relay.core`): the index
 tells it when the union for a type changed, and which names clients need a
@@ -24,6 +29,7 @@ from relay.cache import CacheChange
 from relay.constraints import EMPTY_PARAMS, Params
 from relay.demand import DemandLedger
 from relay.memory import oversized
+from relay.protocol.xdstp import collection_of, is_glob, xdstp_among
 
 
 class Subscriber(Hashable, Protocol):
@@ -65,13 +71,16 @@ class InterestChange:
     ``added`` are names it now subscribes to, with their parameters;
     ``removed`` names it no longer subscribes to, with the parameters they
     had. A name whose parameters changed is in both. ``wildcard`` is its new
-    wildcard state, None when unchanged. The size of a change is what the
-    request touched, never the whole subscription.
+    wildcard state, None when unchanged. ``globs`` are the glob collections
+    among ``added`` (the subscriber took the names apart already: the index
+    need not look at every name). The size of a change is what the request
+    touched, never the whole subscription.
     """
 
     added: Mapping[str, Params] = field(default_factory=dict)
     removed: Mapping[str, Params] = field(default_factory=dict)
     wildcard: bool | None = None
+    globs: frozenset[str] = frozenset()
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed or self.wildcard is not None)
@@ -135,6 +144,8 @@ class InterestIndex:
         # type URL -> name -> who holds it (one subscriber, or several)
         self._holders: dict[str, dict[str, Subscriber | _Shared]] = defaultdict(dict)
         self._wildcard: dict[str, set[Subscriber]] = defaultdict(set)
+        # type URL -> the glob collections held (none: no type has any)
+        self._globs: dict[str, set[str]] = {}
         self._union_names = 0  # names held, all types: the union's size
         self._per_subscriber: dict[Subscriber, dict[str, _Subscription]] = {}
         self._upward: Upward | None = None
@@ -207,20 +218,29 @@ class InterestIndex:
                     ledger.hold(holder, type_url, name)
             else:  # other parameters (said to be removed or not): they are
                 self._reparameterize(holders, name, had, params, touched)
+        if change.globs or type_url in self._globs:
+            self._note_globs(type_url, holders, change.globs, touched)
         if change.removed:
             self._compact(type_url, holders, mine)
-        wildcard_changed = False
-        if change.wildcard is not None and change.wildcard != mine.wildcard:
-            mine.wildcard = change.wildcard
-            wildcard = self._wildcard[type_url]
-            before = bool(wildcard)
-            if change.wildcard:
-                wildcard.add(subscriber)
-            else:
-                wildcard.discard(subscriber)
-            wildcard_changed = before != bool(wildcard)
+        wildcard_changed = change.wildcard is not None and \
+            self._set_wildcard(subscriber, type_url, mine, change.wildcard)
         if (touched or wildcard_changed) and self._upward is not None:
             self._upward.interest_changed(type_url, touched)
+
+    def _set_wildcard(self, subscriber: Subscriber, type_url: str, mine: _Subscription,
+                      wildcard: bool) -> bool:
+        """``subscriber`` wants (or no longer wants) every resource of the type:
+        whether the union's wildcard changed."""
+        if wildcard == mine.wildcard:
+            return False
+        mine.wildcard = wildcard
+        holding = self._wildcard[type_url]
+        before = bool(holding)
+        if wildcard:
+            holding.add(subscriber)
+        else:
+            holding.discard(subscriber)
+        return before != bool(holding)
 
     def _check_demand(self, demand: DemandLedger, subscriber: Subscriber,
                       mine: _Subscription | None, host: str | None, type_url: str,
@@ -261,10 +281,10 @@ class InterestIndex:
         """
         mine = self._per_subscriber.get(subscriber, {}).get(type_url, _Subscription())
         new = interest.by_name()
+        added = {n: p for n, p in new.items() if mine.names.get(n) != p}
         self.apply(subscriber, type_url, InterestChange(
-            {n: p for n, p in new.items() if mine.names.get(n) != p},
-            {n: p for n, p in mine.names.items() if new.get(n) != p},
-            interest.wildcard))
+            added, {n: p for n, p in mine.names.items() if new.get(n) != p},
+            interest.wildcard, frozenset(filter(is_glob, xdstp_among(added)))))
 
     def names_held(self, subscriber: Subscriber) -> int:
         """How many names ``subscriber`` holds, all types together."""
@@ -287,6 +307,21 @@ class InterestIndex:
                 limit -= count
         self._per_subscriber.pop(subscriber, None)
         return True
+
+    def _note_globs(self, type_url: str, holders: dict[str, Subscriber | _Shared],
+                    added: frozenset[str], touched: list[str]) -> None:
+        """Keep the glob collections held of the type: ``added`` ones held now,
+        and those of ``touched`` (whose holding changed) no longer held."""
+        globs = self._globs.get(type_url)
+        if added:
+            if globs is None:
+                globs = self._globs[type_url] = set()
+            globs.update(glob for glob in added if glob in holders)
+        if globs:
+            globs.difference_update([name for name in touched
+                                     if name in globs and name not in holders])
+        if not globs:
+            self._globs.pop(type_url, None)
 
     def _compact(self, type_url: str, holders: dict[str, Subscriber | _Shared],
                  mine: _Subscription) -> None:
@@ -439,7 +474,8 @@ class InterestIndex:
             return ()
         holders = self._holders.get(type_url, {})
         wildcard = self._wildcard.get(type_url, set())
-        if len(names) == 1:
+        globs = type_url in self._globs
+        if len(names) == 1 and not globs:
             # The common case (one resource changed): every subscriber hears
             # of the same set.
             [name] = names
@@ -449,5 +485,10 @@ class InterestIndex:
             for subscriber in self._subscribers(holders.get(name)):
                 if subscriber not in wildcard:
                     affected.setdefault(subscriber, set()).add(name)
+            if globs and (glob := collection_of(name)) is not None:
+                # a member: the subscribers of its collection hear of it too
+                for subscriber in self._subscribers(holders.get(glob)):
+                    if subscriber not in wildcard:
+                        affected.setdefault(subscriber, set()).add(name)
         return [*((s, frozenset(n)) for s, n in affected.items()),
                 *((s, names) for s in wildcard)]

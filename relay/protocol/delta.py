@@ -6,10 +6,15 @@ with what to send, or ``None``. It keeps at most one response in flight: while
 one is un-ACKed, changes pile up as a set of names (latest state wins, bounded
 by the subscription) and go out together once the client answers. What does
 not fit in one response (``max_size`` bytes) goes in the next, after the ACK.
+
+A subscription to a glob collection (``xdstp://AUTHORITY/TYPE/PATH/*``)
+covers the members the cache has of it, as they come and go; an xdstp name
+goes back to the client as it spelled it (see :mod:`relay.protocol.spelling`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -23,8 +28,10 @@ from relay.protocol.outcome import RequestOutcome
 from relay.protocol.requests import DeltaRequest
 from relay.protocol.sizing import ResponseBudget
 from relay.protocol.snapshot import ResourceStatus
+from relay.protocol.spelling import respelled
 from relay.protocol.subscription import SubscriptionState
 from relay.protocol.view import NonceSource, ResourceView
+from relay.protocol.xdstp import collection_of, in_request, is_glob
 from relay.resource import CachedResource
 from relay.xds_types import LEGACY_WILDCARD_TYPES, WILDCARD
 
@@ -97,6 +104,8 @@ class DeltaSubscription(SubscriptionState):
 
     __slots__ = ("_resend", "_unanswered")
 
+    _serves_globs = True
+
     def __init__(self, type_url: str) -> None:
         super().__init__(type_url)
         # subscribed names not yet answered with a resource or a removal
@@ -108,10 +117,12 @@ class DeltaSubscription(SubscriptionState):
 
     # -- input -----------------------------------------------------------
 
-    def on_request(self, request: DeltaRequest) -> RequestOutcome:
+    def on_request(self, request: DeltaRequest,
+                   subscribing: Sequence[str] | None = None) -> RequestOutcome:
         """Apply one request: ACK/NACK bookkeeping and subscription changes.
 
         Costs what the request names, never the whole subscription.
+        ``subscribing``: its ``resource_names_subscribe`` read out already.
         """
         outcome = RequestOutcome()
         first = self._cycle.start()
@@ -122,19 +133,24 @@ class DeltaSubscription(SubscriptionState):
                 request.resource_names_unsubscribe or
                 request.resource_locators_unsubscribe or first):
             return outcome  # a plain ACK: the bulk of all traffic
-        self._subscribe_from(request, first)
+        self._subscribe_from(request, first, subscribing)
         self._unsubscribe_from(request)
         return outcome
 
-    def _subscribe_from(self, request: DeltaRequest, first: bool) -> None:
+    def _subscribe_from(self, request: DeltaRequest, first: bool,
+                        listed: Sequence[str] | None) -> None:
         """What ``request`` subscribes (and, the first, declares it holds)."""
-        subscribe = set(request.resource_names_subscribe)
+        if listed is None:
+            listed = list(request.resource_names_subscribe)
+        subscribe = set(listed)
         params = {loc.name: params_of(loc.dynamic_parameters)
                   for loc in request.resource_locators_subscribe}
         subscribe.update(params)
+        xdstp = self._canonical(subscribe, params, spell=True, listed=listed) \
+            if subscribe else []
+        globs = {name for name in xdstp if is_glob(name)} if xdstp else None
         if first:
-            self._held = {name: Declared(version)
-                          for name, version in request.initial_resource_versions.items()}
+            self._held = self._declared(request)
             if not subscribe and self._type_url in LEGACY_WILDCARD_TYPES:
                 self._start_wildcard()
             # Whatever the client says it holds must be checked against the cache.
@@ -150,22 +166,46 @@ class DeltaSubscription(SubscriptionState):
                 # subscribed name. (What it held is kept, so that a removal
                 # can name the variant.)
                 again = subscribe & self._held.keys()
+                if globs:  # and what the client holds of a collection
+                    again.update(n for n in self._held if collection_of(n) in globs)
                 if again:
                     self._resend = again | (self._resend or set())
             self._subscribe_names(subscribe, params)
+            if globs:
+                self._globs = globs | (self._globs or set())
+                # (a collection is never answered by its own name)
+                subscribe = subscribe - globs
             self._unanswered = subscribe | (self._unanswered or set())
+
+    def _declared(self, request: DeltaRequest) -> dict[str, Held]:
+        """What the first request says the client holds, xdstp names canonical."""
+        held: dict[str, Held] = {name: Declared(version)
+                                 for name, version in request.initial_resource_versions.items()}
+        if held:
+            for name, canon in in_request(held.keys(), self._type_url, True).items():
+                if canon != name:
+                    held[canon] = held.pop(name)
+                    self._spell(canon, name)
+        return held
 
     def _unsubscribe_from(self, request: DeltaRequest) -> None:
         """What ``request`` unsubscribes."""
         unsubscribe = set(request.resource_names_unsubscribe)
         unsubscribe.update(loc.name for loc in request.resource_locators_unsubscribe)
+        if unsubscribe:
+            self._canonical(unsubscribe)
         if WILDCARD in unsubscribe:
             unsubscribe.discard(WILDCARD)
             self._wildcard = False
             self._recheck_all = False
-            for held_name in [n for n in self._held if n not in self._names]:
+            for held_name in [n for n in self._held if not self._covers(n)]:
                 del self._held[held_name]
+        collections = self._globs & unsubscribe if self._globs else None
         gone = self._unsubscribe_names(unsubscribe)
+        if collections:
+            # The client drops what it holds of a collection with it.
+            gone |= {n for n in self._held if collection_of(n) in collections and
+                     n not in self._names}
         if gone:
             if self._unanswered:
                 self._unanswered -= gone
@@ -176,6 +216,8 @@ class DeltaSubscription(SubscriptionState):
             if self._wildcard:
                 # The client dropped them, but wildcard still covers them: send
                 # them again, or report them removed if they are gone.
+                if collections:
+                    gone -= collections
                 self._unanswered = gone | (self._unanswered or set())
                 self._pending |= gone
 
@@ -241,10 +283,20 @@ class DeltaSubscription(SubscriptionState):
         if not (resources or removed or removed_names or errors or heartbeats or
                 self._cycle.phase is OWED):
             return None
+        return self._emit(nonces, resources, list(removed), list(removed_names.values()),
+                          errors, heartbeats)
+
+    def _emit(self, nonces: NonceSource, resources: list[CachedResource], removed: list[str],
+              removed_names: list[discovery_pb2.ResourceName],
+              errors: list[discovery_pb2.ResourceError],
+              heartbeats: list[CachedResource]) -> DeltaResponsePlan:
+        """The response, under a new nonce, with every name as the client
+        asked for it (see :mod:`relay.protocol.spelling`)."""
         nonce = nonces.next()
         self._cycle.sent(nonce, "", tuple((r.name, r.version) for r in resources))
-        return DeltaResponsePlan(self._type_url, nonce, resources, list(removed),
-                                 list(removed_names.values()), errors, heartbeats)
+        plan = DeltaResponsePlan(self._type_url, nonce, resources, removed, removed_names,
+                                 errors, heartbeats)
+        return plan if self._spelled is None else respelled(plan, self._spelled)
 
     @staticmethod
     def _removal(name: str, held: Held | None, budget: ResponseBudget,

@@ -17,14 +17,16 @@ What the session decides on its own, beyond each type's protocol:
   nothing still points at a cluster when it disappears;
 * warming: after a SotW cluster push, the next endpoint request is answered
   even if it looks like a plain ACK (Envoy waits for it);
-* names the relay could not forward to its origin are refused;
+* names the relay could not forward to its origin are refused, and so are
+  malformed ``xdstp://`` names, ones of another type than the request's, and
+  glob collections over SotW (see :mod:`relay.protocol.xdstp`);
 * how large a response may be (``max_response_size``): what does not fit
   goes in the next response of its type, after the client's ACK.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
@@ -40,6 +42,7 @@ from relay.protocol.requests import DeltaRequest, Request, ResourceLocator
 from relay.protocol.snapshot import SessionSnapshot
 from relay.protocol.sotw import SotwResponsePlan, SotwSubscription
 from relay.protocol.view import NonceSource, ResourceView
+from relay.protocol.xdstp import in_request
 from relay.xds_types import CLUSTER, ENDPOINT, push_rank
 
 if TYPE_CHECKING:
@@ -141,6 +144,7 @@ class Session:
         names, locators, count = self._subscribing(request)
         self._check_locator_sizes(names, locators, node_params.get(type_url, EMPTY_PARAMS))
         self._check_names(names, locators, count)
+        self._check_xdstp(type_url, request, names)
 
     def receive(self, request: Request) -> Received:
         """Apply one request; raises :class:`ProtocolError` for one that breaks the
@@ -163,10 +167,10 @@ class Session:
         # The stream's protocol chose both the state and the request's type.
         if self._is_delta(request):
             assert isinstance(state, DeltaSubscription)
-            outcome = state.on_request(request)
+            outcome = state.on_request(request, names)
         else:
             assert isinstance(state, SotwSubscription)
-            outcome = state.on_request(request)
+            outcome = state.on_request(request, names)
         # A new node may change every type's parameters; a request, its own type.
         touched = self._states.items() if node_changed else [(type_url, state)]
         interest = [(t, change) for t, s in touched
@@ -187,15 +191,20 @@ class Session:
     def _subscribing(self, request: Request
                      ) -> tuple[Sequence[str], Sequence[ResourceLocator], int]:
         """The plain names and the locators ``request`` subscribes, and how many
-        names it carries in all (unsubscribed ones too)."""
+        names it carries in all (unsubscribed ones too).
+
+        The names are read out of the message once, into a list: each read of
+        a repeated string field makes every string anew, and they are looked
+        at more than once (a SotW ACK carries the whole subscription).
+        """
         if self._is_delta(request):
             names, locators = request.resource_names_subscribe, \
                 request.resource_locators_subscribe
-            return names, locators, len(names) + len(locators) + \
+            return list(names) if names else (), locators, len(names) + len(locators) + \
                 len(request.resource_names_unsubscribe) + \
                 len(request.resource_locators_unsubscribe)
         names, locators = request.resource_names, request.resource_locators
-        return names, locators, len(names) + len(locators)
+        return list(names) if names else (), locators, len(names) + len(locators)
 
     def _new_state(self, type_url: str) -> State:
         state: State
@@ -266,6 +275,26 @@ class Session:
         if longest > limits.name_length:
             raise LimitExceeded("name_length", f"a resource name has {longest} characters; "
                                 f"at most {limits.name_length} (limits.name_length)")
+
+    def _check_xdstp(self, type_url: str, request: Request, names: Sequence[str]) -> None:
+        """Refuse the xdstp names a state would refuse (malformed, of another
+        type, a glob collection over SotW), for a request checked whole;
+        ``names`` are the plain names it subscribes.
+
+        (A request applied as it comes is checked by its state, which puts
+        its names in canonical form: see :mod:`relay.protocol.xdstp`.)
+        """
+        lists: tuple[Collection[str], ...]
+        if self._is_delta(request):
+            lists = (names, request.resource_names_unsubscribe,
+                     [loc.name for loc in request.resource_locators_subscribe],
+                     [loc.name for loc in request.resource_locators_unsubscribe],
+                     request.initial_resource_versions)
+        else:
+            lists = (names, [loc.name for loc in request.resource_locators])
+        for each in lists:
+            if each:
+                in_request(each, type_url, globs=self.protocol == "delta")
 
     def _check_names_held(self) -> None:
         """The stream's subscriptions, all types together."""

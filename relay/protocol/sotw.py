@@ -13,7 +13,7 @@ the same origin state report the same version.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -121,14 +121,17 @@ class SotwSubscription(SubscriptionState):
 
     # -- input -----------------------------------------------------------
 
-    def on_request(self, request: SotwRequest) -> RequestOutcome:
+    def on_request(self, request: SotwRequest,
+                   requesting: Sequence[str] | None = None) -> RequestOutcome:
         """Apply one request. A request answering an older response is ignored.
 
         A SotW request names the whole subscription, so it costs that much;
-        what changed is found with set operations.
+        what changed is found with set operations. ``requesting``: its
+        ``resource_names`` read out already.
         """
         outcome = RequestOutcome()
-        requested = set(request.resource_names)
+        listed = list(request.resource_names) if requesting is None else requesting
+        requested = set(listed)
         locators = {loc.name: params_of(loc.dynamic_parameters)
                     for loc in request.resource_locators}
         requested.update(locators)
@@ -136,6 +139,8 @@ class SotwSubscription(SubscriptionState):
         if cycle.start():
             # The first request of a type on a stream is initial, whatever nonce
             # it carries; the client's state is unknown, so everything is sent.
+            if requested:
+                self._canonical(requested, locators, listed=listed)
             self._legacy_wildcard = not requested and self._type_url in LEGACY_WILDCARD_TYPES
             self._set_names(requested, locators, first=True)
             self._recheck_all = True
@@ -146,13 +151,19 @@ class SotwSubscription(SubscriptionState):
         nonce = request.response_nonce
         if cycle.last_nonce is not None and nonce != cycle.last_nonce:
             return outcome  # stale: the client has not seen our latest response yet
+        same = requested == self._names
+        if not same:
+            # (xdstp names canonical: a client spelling one otherwise asks for
+            # the same names again; checked only when they are not the same)
+            self._canonical(requested, locators, listed=listed)
+            same = requested == self._names
         if cycle.awaits(nonce):
             self._take_reply(request, outcome)
         if cycle.take_expected(nonce):
             for name in requested & self._held.keys():
                 self._unhold(name)
             self._pending |= requested
-        if requested == self._names and not (self._wildcard or locators or self._locator_params):
+        if same and not (self._wildcard or locators or self._locator_params):
             return outcome  # the same plain names again (an ACK, most often)
         self._set_names(requested, locators, first=False)
         return outcome

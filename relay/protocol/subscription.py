@@ -14,13 +14,20 @@ The request/response/ACK cycle both follow is a
 :class:`~relay.protocol.cycle.Cycle`, one per state; whether a response may
 be due (:meth:`SubscriptionState.has_work`) is decided here, once.
 
+Names of the ``xdstp://`` form (see :mod:`relay.protocol.xdstp`) are kept in
+canonical form, so that two spellings of one name are one subscription; the
+spelling each client used is kept beside, where it differs, for what is sent
+back to it (delta). A delta subscription to a glob collection covers every
+member of it that the view has (:meth:`ResourceView.members
+<relay.protocol.view.ResourceView.members>`); a SotW one is refused.
+
 Their bookkeeping is private; the stream sees requests in, responses out,
 and a :class:`~relay.protocol.snapshot.TypeSnapshot`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -36,6 +43,7 @@ from relay.protocol.requests import Request
 from relay.protocol.sizing import ResponseBudget, cut_heartbeats
 from relay.protocol.snapshot import ResourceState, ResourceStatus, TypeSnapshot
 from relay.protocol.view import ResourceView
+from relay.protocol.xdstp import collection_of, in_request, is_glob
 from relay.resource import CachedResource, arrival_clock
 
 # The most names one response looks at: a client subscribing to more gets
@@ -50,10 +58,13 @@ class SubscriptionState:
 
     # (slots: one state per type per stream, thousands of streams; a slot
     # costs a pointer where an instance dict costs a few hundred bytes)
-    __slots__ = ("_backlog", "_changed", "_cycle", "_errors_sent", "_held", "_locator_params",
-                 "_names", "_node_params", "_pending", "_pending_heartbeats", "_recheck_all",
-                 "_refetch", "_since", "_touched", "_type_url", "_wildcard", "_wildcard_since",
-                 "_wildcard_told")
+    __slots__ = ("_backlog", "_changed", "_cycle", "_errors_sent", "_globs", "_held",
+                 "_locator_params", "_names", "_node_params", "_pending", "_pending_heartbeats",
+                 "_recheck_all", "_refetch", "_since", "_spelled", "_touched", "_type_url",
+                 "_wildcard", "_wildcard_since", "_wildcard_told")
+
+    #: Whether a glob collection may be subscribed (TP1: delta only).
+    _serves_globs = False
 
     def __init__(self, type_url: str) -> None:
         self._type_url = type_url
@@ -90,6 +101,11 @@ class SubscriptionState:
         # was last told, with the parameters it was told (None: not subscribed)
         self._touched: dict[str, Params | None] = {}
         self._wildcard_told = False
+        # xdstp names: canonical -> as the client spelled it, where that
+        # differs (None while none does, as for every classic client)
+        self._spelled: dict[str, str] | None = None
+        # the glob collections subscribed, canonical (a subset of ``_names``)
+        self._globs: set[str] | None = None
 
     # -- what others may read ---------------------------------------------------
 
@@ -124,7 +140,9 @@ class SubscriptionState:
         self._wildcard_told = self._wildcard
         if not (added or removed or wildcard is not None):
             return None
-        return InterestChange(added, removed, wildcard)
+        globs = self._globs
+        return InterestChange(added, removed, wildcard, frozenset(
+            globs.intersection(added) if globs is not None else ()))
 
     def name_count(self) -> int:
         """How many names the stream subscribes to (a wildcard counts none)."""
@@ -188,6 +206,63 @@ class SubscriptionState:
 
     # -- rules both protocols follow ---------------------------------------------
 
+    def _canonical(self, names: set[str], params: dict[str, Params] | None = None,
+                   spell: bool = False, listed: Sequence[str] | None = None) -> list[str]:
+        """Put the xdstp names among ``names`` (and the keys of ``params``) in
+        canonical form, in place; returns them (canonical). ``spell``: they
+        are subscribed now, as the client spelled them. ``listed``: the plain
+        names of ``names`` as a list, which is read faster than the set.
+
+        Raises :class:`~relay.protocol.outcome.ProtocolError` for a
+        malformed one, one of another type, or a glob collection the
+        protocol does not serve. Costs one pass in C over classic names.
+        """
+        type_url, globs = self._type_url, self._serves_globs
+        if listed is None:
+            found = in_request(names, type_url, globs)
+        else:
+            found = in_request(listed, type_url, globs) if listed else {}
+            if params:
+                found.update(in_request(params.keys(), type_url, globs))
+        if not found:
+            return []
+        for name, canon in found.items():
+            if spell and (canon != name or self._spelled):
+                self._spell(canon, name)
+            if canon == name:
+                continue
+            names.discard(name)
+            names.add(canon)
+            if params is not None and name in params:
+                params[canon] = params.pop(name)
+        return list(set(found.values()))
+
+    def _spell(self, canon: str, spelled: str) -> None:
+        """Remember how the client spells ``canon`` (not at all: as it is)."""
+        if canon == spelled or is_glob(canon):
+            # (what a collection holds goes out under the origin's names)
+            if self._spelled is not None:
+                self._spelled.pop(canon, None)
+                if not self._spelled:
+                    self._spelled = None
+            return
+        if self._spelled is None:
+            self._spelled = {}
+        self._spelled[canon] = spelled
+
+    def _covers(self, name: str) -> bool:
+        """Whether the subscription covers ``name``: the wildcard, the name
+        itself, or a glob collection it is a member of."""
+        return self._wildcard or name in self._names or (
+            self._globs is not None and collection_of(name) in self._globs)
+
+    def _covered_params(self, name: str) -> Params:
+        """The parameters ``name`` is looked up with: its own, else those of the
+        glob collection that covers it, else the node's."""
+        if name in self._names or self._globs is None:
+            return self._locator_params.get(name, self._node_params)
+        return self._locator_params.get(collection_of(name) or name, self._node_params)
+
     def _take_reply(self, request: Request, outcome: RequestOutcome) -> None:
         """``request`` is the ACK or NACK of the response in flight: note which."""
         outcome.ack_nonce = request.response_nonce
@@ -233,6 +308,13 @@ class SubscriptionState:
             del self._locator_params[name]
         for name in gone:
             self._since.pop(name, None)
+        if self._globs is not None:
+            self._globs -= gone
+            self._globs = self._globs or None
+        if self._spelled is not None:
+            for name in gone & self._spelled.keys():
+                del self._spelled[name]
+            self._spelled = self._spelled or None
         return gone
 
     def _start_wildcard(self) -> None:
@@ -281,15 +363,21 @@ class SubscriptionState:
         they fit or not (they are marked as passed on already)."""
         type_url, wildcard, names = self._type_url, self._wildcard, self._names
         locator_params, node_params = self._locator_params, self._node_params
+        globs = self._globs
         # Errors are rare: look them up only in a type that has any, or for
         # names whose error this client was told (to forget it once gone).
         any_errors = view.has_errors(type_url)
         errors_sent = self._errors_sent
         lookup = view.lookup
         for name in candidates:
-            if not (wildcard or name in names):
-                continue
-            params = locator_params.get(name, node_params)
+            if globs is None:
+                if not (wildcard or name in names):
+                    continue
+                params = locator_params.get(name, node_params)
+            else:  # (a delta client of glob collections)
+                if not self._covers(name):
+                    continue
+                params = self._covered_params(name)
             if any_errors or name in errors_sent:
                 forwarded = self._forward_error(name, view.error(type_url, name, params))
                 if forwarded is not None:
@@ -305,9 +393,9 @@ class SubscriptionState:
         out = []
         being_sent = {r.name for r in sending}
         for name in sorted(self._pending_heartbeats - being_sent):
-            if not (self._wildcard or name in self._names):
+            if not self._covers(name):
                 continue
-            found = view.lookup(self._type_url, name, self.params_for(name))
+            found = view.lookup(self._type_url, name, self._covered_params(name))
             current = self._held.get(name)
             if isinstance(found, CachedResource) and current is not None and \
                     current.is_current(found):
@@ -344,6 +432,13 @@ class SubscriptionState:
             backlog = None  # every name is a candidate again
         else:
             candidates = self._pending
+        globs = self._globs
+        if globs is not None and not globs.isdisjoint(candidates):
+            # A collection is looked at as its members, never by its own name.
+            collections = globs.intersection(candidates)
+            candidates = candidates - globs
+            for glob in collections:
+                candidates.update(view.members(self._type_url, glob))
         ordered = sorted(candidates)
         self._looked_at_everything()
         if len(ordered) > MAX_NAMES_PER_RESPONSE:
@@ -382,14 +477,15 @@ class SubscriptionState:
         resources = []
         last_nack = self._cycle.last_nack
         for name, held in self._held.items():
-            if not (self._wildcard or name in self._names):
+            if not self._covers(name):
                 continue  # declared in initial_resource_versions, never subscribed
             status = self._held_status(name, held)
             message = last_nack.message if status is ResourceStatus.NACKED and \
                 last_nack is not None else ""
             resources.append(ResourceState(held.name or name, status, held.version,
                                            held.variant_key, name, message))
-        for name in sorted(self._names - self._held.keys()):
+        # (a glob collection is its members: none is a resource of its own)
+        for name in sorted(self._names - self._held.keys() - (self._globs or set())):
             error = self._errors_sent.get(name)
             if error is not None:
                 resources.append(ResourceState(name, ResourceStatus.RECEIVED_ERROR,

@@ -15,6 +15,7 @@ from relay.authorization import SecretScope
 from relay.cache import ABSENT, UNKNOWN, Missing, ResourceCache
 from relay.constraints import UNCONSTRAINED, Locator, Params, select_variant
 from relay.interest import InterestChange
+from relay.protocol.xdstp import PREFIX, collection_of
 from relay.resource import CachedResource
 
 log = logging.getLogger("relay.variants")
@@ -34,6 +35,9 @@ class ResourceView(Protocol):
 
     def names(self, type_url: str) -> Iterable[str]:
         """Every name of the type that exists."""
+
+    def members(self, type_url: str, glob: str) -> Iterable[str]:
+        """The names that exist in the glob collection ``glob`` (canonical)."""
 
     def has_errors(self, type_url: str) -> bool:
         """Whether the origin reports an error for any resource of the type."""
@@ -87,6 +91,11 @@ class CacheView:
                 # (the ones it had may have gone with their last subscriber).
                 # Plain names keep waiting for the origin to say "removed".
                 return ABSENT
+            if found is UNKNOWN and name.startswith(PREFIX):
+                # The origin answered the collection, and this was not in it.
+                glob = collection_of(name)
+                if glob is not None and self._cache.is_answered(type_url, Locator(glob, params)):
+                    return ABSENT
             return found
         if len(found) == 1:
             [only] = found.values()
@@ -106,6 +115,9 @@ class CacheView:
 
     def names(self, type_url: str) -> Iterable[str]:
         return self._cache.names(type_url)
+
+    def members(self, type_url: str, glob: str) -> Iterable[str]:
+        return self._cache.members(type_url, glob)
 
     def has_errors(self, type_url: str) -> bool:
         return self._cache.has_errors(type_url)
@@ -173,6 +185,12 @@ class ScopedView:
             return names
         return [name for name in names if self._scope.may_read(name)]
 
+    def members(self, type_url: str, glob: str) -> Iterable[str]:
+        members = self._view.members(type_url, glob)
+        if type_url != self._type_url:
+            return members
+        return [name for name in members if self._scope.may_read(name)]
+
     def has_errors(self, type_url: str) -> bool:
         return self._view.has_errors(type_url)
 
@@ -190,7 +208,8 @@ class ScopedView:
             {name: params for name, params in change.added.items() if may_read(name)},
             {name: params for name, params in change.removed.items() if may_read(name)},
             # No Secret at all: a wildcard would only make the origin send them.
-            None if self._scope.is_empty else change.wildcard)
+            None if self._scope.is_empty else change.wildcard,
+            frozenset(filter(may_read, change.globs)))
 
     def scope_of(self, type_url: str) -> Hashable:
         return self._scope if type_url == self._type_url else None

@@ -38,14 +38,16 @@ which nothing here touches.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import lru_cache
 
 from relay.protocol.limits import shown
 from relay.protocol.outcome import ProtocolError
 
-__all__ = ["GLOB", "PREFIX", "XdstpError", "XdstpName", "authority_of", "canonical",
-           "collection_of", "is_glob", "is_xdstp", "parse", "type_in_request"]
+__all__ = ["GLOB", "PREFIX", "GlobRefused", "XdstpError", "XdstpName", "authority_of",
+           "canonical", "collection_of", "in_request", "is_glob", "is_xdstp", "parse",
+           "type_in_request", "xdstp_among"]
 
 #: What every xdstp name starts with (and no classic name may).
 PREFIX = "xdstp:"
@@ -81,6 +83,15 @@ class XdstpError(ProtocolError):
         super().__init__(f"resource name {shown(name, 200)!r} is not a valid xdstp name: "
                          f"{part}: {problem}")
         self.part = part
+
+
+class GlobRefused(ProtocolError):
+    """A glob collection asked for over state of the world (TP1: delta only)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"resource name {shown(name, 200)!r} is a glob collection: xDS "
+                         "serves glob collections over the incremental (delta) protocol "
+                         "only (TP1), not state of the world")
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,12 +224,20 @@ def _encode(text: str, kept: frozenset[str]) -> str:
 
 
 @lru_cache(maxsize=65_536)
+def _parsed(name: str) -> tuple[XdstpName, str]:
+    """``name`` taken apart, and its canonical form: remembered for the most
+    recent names, as the same names come back (each change of a member of a
+    collection somebody subscribes, each request naming it)."""
+    parsed = parse(name)
+    return parsed, parsed.format()
+
+
 def canonical(name: str) -> str:
     """The canonical form of ``name`` (a classic name is its own); raises
     :class:`XdstpError` for a malformed xdstp name."""
     if not name.startswith(PREFIX):
         return name
-    return parse(name).format()
+    return _parsed(name)[1]
 
 
 def authority_of(name: str) -> str | None:
@@ -255,7 +274,7 @@ def collection_of(name: str) -> str | None:
     if not name.startswith(PREFIX):
         return None
     try:
-        parsed = parse(name)
+        parsed = _parsed(name)[0]
     except XdstpError:
         return None
     return None if parsed.is_glob else parsed.collection().format()
@@ -266,7 +285,7 @@ def is_glob(name: str) -> bool:
     if not name.startswith(PREFIX):
         return False
     try:
-        return parse(name).is_glob
+        return _parsed(name)[0].is_glob
     except XdstpError:
         return False
 
@@ -275,9 +294,36 @@ def type_in_request(name: str, type_url: str) -> str:
     """The canonical form of ``name`` as a request for ``type_url`` may carry
     it: well formed, and naming that type (the type URL's last part).
     Raises :class:`XdstpError` otherwise."""
-    parsed = parse(name)
+    parsed, canon = _parsed(name)
     wanted = type_url.rsplit("/", 1)[-1]
     if parsed.resource_type != wanted:
         raise XdstpError(name, "type", f"the name is of type {shown(parsed.resource_type, 100)}, "
                          f"the request is for {shown(wanted, 100)}")
-    return parsed.format()
+    return canon
+
+
+def xdstp_among(names: Collection[str]) -> list[str]:
+    """The xdstp names among ``names``, in their order.
+
+    Costs one pass in C when there are none (the names of a classic client,
+    checked on every subscription): they are joined and searched at once.
+    A few names are looked at one by one, which costs less than a join.
+    """
+    if len(names) > 4 and PREFIX not in "\n".join(names):
+        return []
+    return [name for name in names if name.startswith(PREFIX)]
+
+
+def in_request(names: Collection[str], type_url: str, globs: bool) -> dict[str, str]:
+    """Each xdstp name among ``names`` (of a request for ``type_url``) with
+    its canonical form, or the :class:`~relay.protocol.outcome.ProtocolError`
+    that refuses the request: a malformed name (:class:`XdstpError`), one of
+    another type, or a glob collection where ``globs`` are not served
+    (:class:`GlobRefused`). Empty for classic names only, at the cost of
+    :func:`xdstp_among`."""
+    found = {}
+    for name in xdstp_among(names):
+        canon = found[name] = type_in_request(name, type_url)
+        if not globs and is_glob(canon):
+            raise GlobRefused(name)
+    return found

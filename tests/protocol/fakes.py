@@ -8,6 +8,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN, Missing
 from relay.constraints import Params
+from relay.protocol.xdstp import collection_of
 from relay.resource import CachedResource
 
 
@@ -58,3 +59,6 @@ class FakeView:
 
     def names(self, type_url: str) -> Iterable[str]:
         return list(self._resources)
+
+    def members(self, type_url: str, glob: str) -> Iterable[str]:
+        return [name for name in self._resources if collection_of(name) == glob]
