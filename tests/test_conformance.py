@@ -51,6 +51,10 @@ INVARIANTS: dict[int, str] = {
     32: "connections retired after max_connection_age; a declared reconnect costs nothing",
     33: "new streams past the admission rate wait, then UNAVAILABLE; open ones untouched",
     34: "no response over server.max_response_size unless one resource is larger",
+    # federation
+    35: "xdstp names compared in canonical form; each response names them as the client did",
+    36: "delta globs get every member with their context, and removals; upstream once; "
+        "SotW refused",
 }
 
 
