@@ -33,3 +33,8 @@ class Backoff:
 
     def reset(self) -> None:
         self._attempt = 0
+
+    def fresh(self) -> Backoff:
+        """A backoff with the same steps and jitter, starting over: a second
+        schedule (the primary's probes, while a fallback is in use)."""
+        return Backoff(self.initial, self.maximum, self._rand)

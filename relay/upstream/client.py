@@ -18,13 +18,23 @@ resources, and the client reconnects:
 
 Every attempt dials a fresh channel (see :mod:`relay.upstream.dial`), so the
 relay's backoff is the only one between the origin's return and the clients.
+
+An origin may have fallback servers (``upstream.fallback``). The client
+follows one server at a time and moves by gRFC A71's rule (see
+:mod:`relay.upstream.fallback`): to the next server when the one in use is
+unreachable and clients want something the cache lacks; back to the primary,
+closing the fallback's stream, as soon as the primary answers a probe. Every
+metric it records carries its ``origin``; ``xds_relay_upstream_server`` says
+which server is in use, and :meth:`UpstreamClient.status` tells the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -35,9 +45,17 @@ from relay.protocol.limits import shown
 from relay.telemetry import Metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.dial import Dialer, DialError
+from relay.upstream.fallback import Failover, probe_requests, watches_uncached
 from relay.upstream.requests import Request
 from relay.upstream.responses import Checked, ParsedResponse, parse_steps
-from relay.upstream.state import Acked, Demand, Nacked, ResponseOutcome, UpstreamState
+from relay.upstream.state import (
+    DEFAULT_MAX_REQUEST_SIZE,
+    Acked,
+    Demand,
+    Nacked,
+    ResponseOutcome,
+    UpstreamState,
+)
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.upstream")
@@ -50,6 +68,44 @@ _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 # The most names whose interest changed the upstream acts on in one turn.
 MAX_NAMES_PER_TURN = 2_000
+
+
+@dataclass(frozen=True)
+class UpstreamStatus:
+    """What one origin's client is doing, as of when it was asked (for
+    ``/ready``, ``/clients``, ``xds-relay status`` and the console). Times are
+    wall-clock Unix seconds."""
+
+    origin: str
+    # every server of the origin, primary first (addresses)
+    servers: tuple[str, ...]
+    # the one in use: 0 the primary, n the n-th of its fallback servers
+    in_use: int
+    # whether the stream to the server in use is connected
+    connected: bool
+    # when it connected, if it is; else when the last stream was lost (None: never connected)
+    since: float | None
+    # streams opened after the first (to any of its servers)
+    reconnects: int
+    # per type URL: when the origin last sent a response of it
+    last_response: Mapping[str, float]
+
+    @property
+    def server(self) -> str:
+        """The address of the server in use."""
+        return self.servers[self.in_use]
+
+    @property
+    def on_fallback(self) -> bool:
+        return self.in_use > 0
+
+    def to_json(self) -> dict[str, object]:
+        """The status as JSON values (type URLs as short names)."""
+        return {"origin": self.origin, "server": self.server, "fallback": self.in_use,
+                "servers": list(self.servers), "connected": self.connected,
+                "since": self.since, "reconnects": self.reconnects,
+                "last_response": {short_name(type_url): at
+                                  for type_url, at in sorted(self.last_response.items())}}
 
 
 class UpstreamClient:
@@ -71,16 +127,24 @@ class UpstreamClient:
     :meth:`_timer`), not with the window.
     """
 
-    def __init__(self, dialer: Dialer, state: UpstreamState, demand: Demand, backoff: Backoff,
-                 metrics: Metrics, clock: Clock | None = None,
-                 batch_window: float = 0.0) -> None:
-        self.dialer = dialer
+    def __init__(self, dialers: Dialer | Sequence[Dialer], state: UpstreamState, demand: Demand,
+                 backoff: Backoff, metrics: Metrics, clock: Clock | None = None,
+                 batch_window: float = 0.0, *, origin: str = "default",
+                 wall: Callable[[], float] = time.time) -> None:
+        # the origin's servers, primary first (one Dialer: no fallback)
+        self.dialers: tuple[Dialer, ...] = \
+            (dialers,) if isinstance(dialers, Dialer) else tuple(dialers)
         self.state = state
         self.demand = demand
         self.backoff = backoff
         self.metrics = metrics
         self.clock: Clock = clock or MonotonicClock()
         self.batch_window = batch_window
+        # the origin's name: the ``origin`` label of every metric recorded here
+        self.origin = origin
+        self._wall = wall
+        self._labels = {"origin": origin}
+        self._failover = Failover(len(self.dialers))
         self.streams_opened = 0
         self._outbox: asyncio.Queue[Request] | None = None
         self._timer_changed = asyncio.Event()
@@ -99,10 +163,38 @@ class UpstreamClient:
         # an act in the next turn of the event loop is due (no window, or
         # the rest of a batch too large for one turn)
         self._scheduled = False
+        # the primary's probes, while a fallback is in use
+        self._probe: asyncio.Task[None] | None = None
+        # set when the server in use changes outside the loop (the primary
+        # answered a probe), or, while it waits after an unreachable server
+        # with everything cached, when clients want something uncached
+        self._interrupt = asyncio.Event()
+        self._watching_demand = False
+        # for status(): when the stream connected or was lost (wall clock),
+        # and the last response of each type
+        self._since: float | None = None
+        self._last_response: dict[str, float] = {}
+        # Series start at 0, so that alerts see the first change as one.
+        metrics.upstream_connected.add(0, self._labels)
+        metrics.upstream_reconnects.add(0, self._labels)
+        for index in range(len(self.dialers)):
+            metrics.upstream_server.add(int(index == 0), self._server_labels(index))
+
+    @property
+    def dialer(self) -> Dialer:
+        """How to reach the server in use (the primary, or a fallback)."""
+        return self.dialers[self._failover.in_use]
 
     @property
     def target(self) -> str:
+        """The address of the server in use."""
         return self.dialer.target
+
+    def status(self) -> UpstreamStatus:
+        """What the client is doing now: a snapshot."""
+        return UpstreamStatus(self.origin, tuple(d.target for d in self.dialers),
+                              self._failover.in_use, self.connected_event.is_set(), self._since,
+                              max(0, self.streams_opened - 1), dict(self._last_response))
 
     def interest_changed(self, type_url: str, names: Iterable[str]) -> None:
         """The union of what clients want of ``type_url`` changed (see Upward)."""
@@ -144,6 +236,9 @@ class UpstreamClient:
         self._scheduled = False
         changed = self._take_changed()
         refetches, self._refetches = self._refetches, {}
+        if self._watching_demand and changed and \
+                watches_uncached(self.state.cache, self.demand, changed):
+            self._interrupt.set()  # time to fall back: see _pause
         now = self.clock.now()
         for type_url, names in sorted(changed.items()):
             self._send(self.state.on_interest_changed(type_url, self.demand, now, names))
@@ -177,38 +272,74 @@ class UpstreamClient:
                 self._outbox.put_nowait(request)
 
     async def run(self) -> None:
-        """Connect, serve, reconnect; until cancelled."""
+        """Connect, serve, reconnect (or move to another server); until cancelled."""
         timer = asyncio.create_task(self._timer())
         self._stopped = False
+        if self._failover.on_fallback and self._probe is None:  # run again
+            self._probe = asyncio.create_task(self._probe_primary(), name="upstream-probe")
         try:
             while True:
-                started = self.clock.now()
-                responded = await self._one_stream()
-                if responded and self.clock.now() - started >= self.backoff.initial:
-                    log.info("reconnecting to origin %s now", self.target)
-                    delay = 0.0
-                else:
-                    delay = self.backoff.next_delay()
-                    log.info("reconnecting to origin %s in %.2fs", self.target, delay)
-                await self.clock.sleep(delay)
+                await self._attempt()
         finally:
             self._stopped = True
             timer.cancel()
+            self._stop_probe()
             if self._window is not None:
                 # Nothing to send it to: a new stream subscribes what is
                 # wanted then (on_connect reads the demand whole).
                 self._window.cancel()
 
-    async def _one_stream(self) -> bool:
-        """One attempt: dial, subscribe, serve until the stream ends.
+    async def _attempt(self) -> None:
+        """One stream on the server in use; then the wait before the next
+        attempt, and the move to another server if A71's rule says so."""
+        self._interrupt.clear()
+        server = self._failover.in_use
+        started = self.clock.now()
+        answered = await self._one_stream(server)
+        if self._failover.in_use != server:
+            return  # the primary answered a probe: to it at once
+        uncached = not answered and len(self.dialers) > 1 and \
+            watches_uncached(self.state.cache, self.demand)
+        step = self._failover.after_attempt(answered, uncached)
+        if step.server != server:
+            self._moved(server, "it is unreachable and clients want resources not cached")
+            if not step.wait:
+                return
+        elif answered and self.clock.now() - started >= self.backoff.initial:
+            log.info("reconnecting to origin %s now", self.target)
+            return
+        delay = self.backoff.next_delay()
+        log.info("reconnecting to origin %s in %.2fs", self.target, delay)
+        await self._pause(delay, may_fall_back=step.server == server and not answered and
+                          len(self.dialers) > 1)
 
-        Returns whether the origin responded on it (it was serving).
-        """
+    async def _pause(self, delay: float, may_fall_back: bool) -> None:
+        """Wait ``delay`` before the next attempt, or less: until the primary
+        answers a probe, or (``may_fall_back``: the server in use was
+        unreachable with everything cached) until clients want something the
+        cache lacks, which moves to the next server at once (A71)."""
+        server = self._failover.in_use
+        self._watching_demand = may_fall_back
         try:
-            channel = self.dialer.channel()
-            metadata = self.dialer.metadata()
+            woken = await wait_until(self.clock, self._interrupt, self.clock.now() + delay)
+        finally:
+            self._watching_demand = False
+        if woken and may_fall_back and self._failover.in_use == server:
+            self._failover.after_attempt(answered=False, uncached=True)
+            self._moved(server, "it is unreachable and clients now want a resource not cached")
+
+    async def _one_stream(self, server: int) -> bool:
+        """One attempt on ``server``: dial, subscribe, serve until the stream
+        ends (or the primary answers a probe, when ``server`` is a fallback).
+
+        Returns whether the server responded on it (it was reachable).
+        """
+        dialer = self.dialers[server]
+        try:
+            channel = dialer.channel()
+            metadata = dialer.metadata()
         except DialError as error:
-            log.error("cannot connect to origin %s: %s", self.target, error)
+            log.error("cannot connect to origin %s: %s", dialer.target, error)
             return False
         async with channel:
             call = channel.stream_stream(
@@ -218,48 +349,57 @@ class UpstreamClient:
             )(metadata=metadata, wait_for_ready=False)
             self.streams_opened += 1
             if self.streams_opened > 1:
-                self.metrics.upstream_reconnects.add(1)
+                self.metrics.upstream_reconnects.add(1, self._labels)
             outbox: asyncio.Queue[Request] = asyncio.Queue()
             self._outbox = outbox
             for request in self.state.on_connect(self.demand, self.clock.now()):
                 outbox.put_nowait(request)
             writer = asyncio.create_task(self._write(call, outbox))
-            session = asyncio.create_task(self._read(call, outbox))
-            connected = asyncio.create_task(self._mark_connected(channel))
+            session = asyncio.create_task(self._read(call, outbox, dialer))
+            connected = asyncio.create_task(self._mark_connected(channel, dialer.target))
+            interrupted = asyncio.create_task(self._interrupt.wait())
             try:
-                done, _ = await asyncio.wait({session, connected},
-                                             timeout=self.dialer.connect_timeout,
+                done, _ = await asyncio.wait({session, connected, interrupted},
+                                             timeout=dialer.connect_timeout,
                                              return_when=asyncio.FIRST_COMPLETED)
                 if not done:
-                    log.warning("origin %s: not connected after %.1fs (upstream.connect_timeout)",
-                                self.target, self.dialer.connect_timeout)
+                    log.warning("origin %s: not connected after %.1fs (%s.connect_timeout)",
+                                dialer.target, dialer.connect_timeout, dialer.key)
                     return False
-                return await session
+                if not (session.done() or interrupted.done()):
+                    await asyncio.wait({session, interrupted},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                if session.done():
+                    return session.result()
+                log.info("closing the stream to %s: the primary answered", dialer.target)
+                return True
             finally:
                 self._outbox = None
                 self.state.on_disconnect()
-                for task in (writer, session, connected):
+                for task in (writer, session, connected, interrupted):
                     task.cancel()
                 call.cancel()
                 if self.connected_event.is_set():
                     self.connected_event.clear()
-                    self.metrics.upstream_connected.add(-1)
-                    log.info("disconnected from origin %s", self.target)
+                    self._since = self._wall()
+                    self.metrics.upstream_connected.add(-1, self._labels)
+                    log.info("disconnected from origin %s", dialer.target)
 
     async def _read(self, call: grpc.aio.StreamStreamCall,
-                    outbox: asyncio.Queue[Request]) -> bool:
+                    outbox: asyncio.Queue[Request], dialer: Dialer) -> bool:
         """Hand responses to the state until the stream ends; whether any came."""
         responded = False
         try:
             while True:
                 response = await call.read()
                 if response is grpc.aio.EOF:
-                    log.info("origin %s ended the stream", self.target)
+                    log.info("origin %s ended the stream", dialer.target)
                     return responded
                 if not responded:
                     # Only a response proves the origin serves us: reset backoff now.
                     responded = True
                     self.backoff.reset()
+                self._last_response[response.type_url] = self._wall()
                 checked = await self._parse(response)
                 if isinstance(checked, ParsedResponse):
                     outcome: ResponseOutcome = self.state.on_response(
@@ -271,9 +411,9 @@ class UpstreamClient:
             if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 self._refused(error.details() or "")
             level = logging.ERROR if error.code() in _REFUSED else logging.WARNING
-            hint = " (check upstream.token_file and upstream.tls)" \
+            hint = f" (check {dialer.key}.token_file and {dialer.key}.tls)" \
                 if error.code() in _REFUSED else ""
-            log.log(level, "origin stream to %s failed: %s %s%s", self.target,
+            log.log(level, "origin stream to %s failed: %s %s%s", dialer.target,
                     error.code().name, error.details(), hint)
             return responded
 
@@ -286,7 +426,8 @@ class UpstreamClient:
                 label = "ack"
             case Nacked():
                 label = "nack"
-        self.metrics.upstream_responses.add(1, {"type": short_name(type_url), "outcome": label})
+        self.metrics.upstream_responses.add(
+            1, {**self._labels, "type": short_name(type_url), "outcome": label})
         for request in outcome.requests:
             outbox.put_nowait(request)
         self._timer_changed.set()  # the response may have set a deadline
@@ -321,17 +462,110 @@ class UpstreamClient:
                 return checked
             await asyncio.sleep(0)
 
-    async def _mark_connected(self, channel: grpc.aio.Channel) -> None:
+    async def _mark_connected(self, channel: grpc.aio.Channel, target: str) -> None:
         await channel.channel_ready()
         self.connected_event.set()
-        self.metrics.upstream_connected.add(1)
-        log.info("connected to origin %s", self.target)
+        self._since = self._wall()
+        self.metrics.upstream_connected.add(1, self._labels)
+        log.info("connected to origin %s", target)
         # With nothing subscribed the origin has nothing to answer: it has
         # accepted the relay once the stream outlives a refusal (an origin
         # refusing credentials ends it at once). This task ends with the stream.
         await self.clock.sleep(self.state.answer_grace)
         if not self.state.has_subscriptions():
             self.synced_event.set()
+
+    # -- fallback -------------------------------------------------------------
+
+    def _server_labels(self, index: int) -> dict[str, str]:
+        return {**self._labels, "server": self.dialers[index].target}
+
+    def _describe(self, index: int) -> str:
+        role = "primary" if index == 0 else f"fallback {index}"
+        return f"{self.dialers[index].target} ({role})"
+
+    def _moved(self, left: int, why: str) -> None:
+        """The server in use changed from ``left`` (``why``): the metric says
+        which is in use; the primary is probed while it is not."""
+        now = self._failover.in_use
+        self.metrics.upstream_server.add(-1, self._server_labels(left))
+        self.metrics.upstream_server.add(1, self._server_labels(now))
+        log.log(logging.INFO if now == 0 else logging.WARNING, "origin %s: leaving %s for %s: %s",
+                self.origin, self._describe(left), self._describe(now), why)
+        if now == 0:
+            self._stop_probe()
+        elif self._probe is None:
+            self._probe = asyncio.create_task(self._probe_primary(), name="upstream-probe")
+
+    def _stop_probe(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
+
+    async def _probe_primary(self) -> None:
+        """While a fallback is in use: probe the primary after each step of a
+        backoff of its own; once it answers, go back to it (the stream to the
+        fallback is closed, see :meth:`_one_stream`)."""
+        backoff = self.backoff.fresh()
+        while not await self._primary_answers(backoff.next_delay()):
+            pass
+        left = self._failover.in_use
+        self._probe = None  # this task: it ends here
+        if self._failover.primary_answered():
+            self._moved(left, "the primary answers again")
+            self._interrupt.set()
+
+    async def _primary_answers(self, delay: float) -> bool:
+        """After ``delay``: one probe of the primary, on a stream of its own.
+        Whether it sent a response to what :func:`probe_requests` asks (with
+        nothing to ask: whether it kept the stream open ``answer_grace``)."""
+        await self.clock.sleep(delay)
+        dialer = self.dialers[0]
+        try:
+            channel = dialer.channel()
+            metadata = dialer.metadata()
+        except DialError as error:
+            log.warning("cannot probe the primary %s: %s", dialer.target, error)
+            return False
+        async with channel:
+            call = channel.stream_stream(
+                DELTA_ADS_METHOD,
+                request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+                response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
+            )(metadata=metadata, wait_for_ready=False)
+            answer = asyncio.create_task(self._probe_answer(call))
+            connected = asyncio.create_task(channel.channel_ready())
+            try:
+                done, _ = await asyncio.wait({answer, connected}, timeout=dialer.connect_timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                return bool(done) and await answer
+            finally:
+                answer.cancel()
+                connected.cancel()
+                call.cancel()
+
+    async def _probe_answer(self, call: grpc.aio.StreamStreamCall) -> bool:
+        """Ask, and wait for the first response: a primary that keeps the probe
+        open without answering is waited for on it, as a stream would be."""
+        requests = probe_requests(self.state.node, self.state.cache, self.demand,
+                                  DEFAULT_MAX_REQUEST_SIZE)
+        try:
+            for request in requests:
+                await call.write(request)
+            read = asyncio.ensure_future(call.read())
+            if not requests:
+                grace = asyncio.ensure_future(self.clock.sleep(self.state.answer_grace))
+                await asyncio.wait({read, grace}, return_when=asyncio.FIRST_COMPLETED)
+                grace.cancel()
+                if not read.done():
+                    read.cancel()
+                    return True
+            response = await read
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as error:
+            log.info("the primary %s did not answer a probe: %s", self.dialers[0].target,
+                     error.code().name if isinstance(error, grpc.aio.AioRpcError) else error)
+            return False
+        return response is not grpc.aio.EOF
 
     @staticmethod
     async def _write(call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[Request]) -> None:

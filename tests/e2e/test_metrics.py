@@ -102,7 +102,7 @@ async def test_metrics_count_known_traffic_exactly() -> None:
 
         samples = await scrape(stack.relay.admin_port)
 
-    assert series(samples, "xds_relay_upstream_connected") == {labels(): 1}
+    assert series(samples, "xds_relay_upstream_connected") == {labels(origin="default"): 1}
     assert series(samples, "xds_relay_upstream_subscriptions") == {
         labels(origin="default", type="Cluster"): 1,
         labels(origin="default", type="ClusterLoadAssignment"): 1}
@@ -134,8 +134,10 @@ async def test_metrics_count_known_traffic_exactly() -> None:
     assert series(samples, "xds_relay_downstream_coalesced_updates_total") == {
         labels(protocol="delta", type="Cluster"): 1, labels(protocol="sotw", type="Cluster"): 2}
     assert series(samples, "xds_relay_upstream_responses_total") == {
-        labels(type="Cluster", outcome="ack"): 5,
-        labels(type="ClusterLoadAssignment", outcome="ack"): 1}
+        labels(origin="default", type="Cluster", outcome="ack"): 5,
+        labels(origin="default", type="ClusterLoadAssignment", outcome="ack"): 1}
+    assert series(samples, "xds_relay_upstream_server") == {
+        labels(origin="default", server=f"127.0.0.1:{stack.origin.port}"): 1}
     # Push latency counts responses carrying a resource received after the
     # client last changed its subscription: every delta Cluster response (its
     # first fetch waited for the origin; v5 waited for the ACK, and counts),
@@ -207,8 +209,9 @@ async def test_series_alerts_take_increase_of_start_at_zero() -> None:
     finally:
         await relay.stop(0)
 
-    assert series(samples, "xds_relay_upstream_connected") == {labels(): 0}
-    assert series(samples, "xds_relay_upstream_reconnects_total") == {labels(): 0}
+    assert series(samples, "xds_relay_upstream_connected") == {labels(origin="default"): 0}
+    assert series(samples, "xds_relay_upstream_reconnects_total") == {
+        labels(origin="default"): 0}
     assert series(samples, "xds_relay_downstream_limited_streams_total") == {
         labels(limit=limit): 0 for limit in (
             "streams", "streams_per_connection", "streams_per_host", "connections_per_host",
