@@ -155,8 +155,8 @@ class Metrics:
             "xds_relay_upstream_responses", description="Origin responses by outcome")
         self.upstream_server = meter.create_up_down_counter(
             "xds_relay_upstream_server",
-            description="1 for the server each origin is followed at (by address: its primary "
-                        "or a fallback), 0 for its others")
+            description="1 for the server each origin is followed at, 0 for its others (by "
+                        "address, and fallback: 0 the primary, n the n-th fallback server)")
         self.variant_conflicts = meter.create_counter(
             "xds_relay_variant_conflicts",
             description="Lookups where several variants matched one client (an origin error)")

@@ -478,7 +478,8 @@ class UpstreamClient:
     # -- fallback -------------------------------------------------------------
 
     def _server_labels(self, index: int) -> dict[str, str]:
-        return {**self._labels, "server": self.dialers[index].target}
+        """``server`` its address, ``fallback`` its place (0: the primary)."""
+        return {**self._labels, "server": self.dialers[index].target, "fallback": str(index)}
 
     def _describe(self, index: int) -> str:
         role = "primary" if index == 0 else f"fallback {index}"

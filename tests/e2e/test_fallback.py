@@ -128,8 +128,9 @@ async def test_primary_down_at_start_the_fallback_serves_until_the_primary_answe
 
     assert (status.in_use, status.on_fallback, status.connected) == (0, False, True)
     assert status.reconnects >= 2  # the primary's failed attempts, the fallback, the primary
-    primary_server = labels(origin="default", server=f"127.0.0.1:{primary_port}")
-    fallback_server = labels(origin="default", server=f"127.0.0.1:{fallback.port}")
+    primary_server = labels(origin="default", server=f"127.0.0.1:{primary_port}", fallback="0")
+    fallback_server = labels(origin="default", server=f"127.0.0.1:{fallback.port}",
+                             fallback="1")
     assert series(on_fallback, "xds_relay_upstream_server") == {
         primary_server: 0, fallback_server: 1}
     assert series(on_primary, "xds_relay_upstream_server") == {

@@ -137,7 +137,7 @@ async def test_metrics_count_known_traffic_exactly() -> None:
         labels(origin="default", type="Cluster", outcome="ack"): 5,
         labels(origin="default", type="ClusterLoadAssignment", outcome="ack"): 1}
     assert series(samples, "xds_relay_upstream_server") == {
-        labels(origin="default", server=f"127.0.0.1:{stack.origin.port}"): 1}
+        labels(origin="default", server=f"127.0.0.1:{stack.origin.port}", fallback="0"): 1}
     # Push latency counts responses carrying a resource received after the
     # client last changed its subscription: every delta Cluster response (its
     # first fetch waited for the origin; v5 waited for the ACK, and counts),
