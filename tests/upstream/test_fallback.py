@@ -1,4 +1,5 @@
-"""gRFC A71's rule, without I/O: which server next, what counts as cached, what a probe asks."""
+"""gRFC A71's rule, without I/O: which server next, what counts as cached, what a
+probe asks; and what a client with fallback servers says of itself before it runs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from relay.cache import ResourceCache, Update
 from relay.constraints import EMPTY_PARAMS, Locator, compile_constraints, params_of
 from relay.interest import Interest, InterestIndex
 from relay.resource import CachedResource
+from relay.telemetry import new_metrics, prometheus_provider
 from relay.upstream.backoff import Backoff
+from relay.upstream.client import UpstreamClient, UpstreamStatus
+from relay.upstream.dial import Dialer
 from relay.upstream.fallback import (
     Failover,
     Next,
@@ -18,7 +22,7 @@ from relay.upstream.fallback import (
     probe_requests,
     watches_uncached,
 )
-from relay.upstream.state import DEFAULT_MAX_REQUEST_SIZE
+from relay.upstream.state import DEFAULT_MAX_REQUEST_SIZE, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER
 from tests.builders import cluster, pack
 from tests.upstream.test_upstream_state import Sub
@@ -190,3 +194,42 @@ def test_a_probe_asks_a_name_with_the_parameters_a_client_wants_it_with() -> Non
 
 def test_nothing_watched_is_nothing_to_probe_with() -> None:
     assert probe_requests(NODE, ResourceCache(), InterestIndex(), DEFAULT_MAX_REQUEST_SIZE) == []
+
+
+# -- the client's status and series, before it runs ----------------------------------
+
+
+def test_a_client_states_its_servers_and_starts_its_series_at_the_primary() -> None:
+    provider, registry = prometheus_provider()
+    cache, index = ResourceCache(), InterestIndex()
+    client = UpstreamClient(
+        [Dialer("primary:18000"), Dialer("backup:18000", key="upstream.fallback[0]")],
+        UpstreamState(NODE, cache), index, Backoff(), new_metrics(provider, registry),
+        origin="east.example.com", wall=lambda: 1_700_000_000.0)
+    status = client.status()
+    assert (status.server, status.on_fallback, status.connected, status.since) == (
+        "primary:18000", False, False, None)
+    assert client.target == "primary:18000" and client.dialer.key == "upstream"
+    assert status.to_json() == {
+        "origin": "east.example.com", "server": "primary:18000", "fallback": 0,
+        "servers": ["primary:18000", "backup:18000"], "connected": False, "since": None,
+        "reconnects": 0, "last_response": {}}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in registry.collect() for s in family.samples
+               if s.name.startswith("xds_relay_upstream")}
+    origin = ("origin", "east.example.com")
+    assert samples == {
+        ("xds_relay_upstream_connected", (origin,)): 0,
+        ("xds_relay_upstream_reconnects_total", (origin,)): 0,
+        ("xds_relay_upstream_server", (("fallback", "0"), origin,
+                                       ("server", "primary:18000"))): 1,
+        ("xds_relay_upstream_server", (("fallback", "1"), origin,
+                                       ("server", "backup:18000"))): 0}
+
+
+def test_a_status_says_which_fallback_is_in_use_and_when_each_type_last_came() -> None:
+    status = UpstreamStatus("default", ("primary:18000", "backup:18000"), 1, True,
+                            1_700_000_000.0, 3, {ENDPOINT: 1_700_000_001.0, CLUSTER: 5.0})
+    assert (status.server, status.on_fallback) == ("backup:18000", True)
+    assert status.to_json()["last_response"] == {
+        "Cluster": 5.0, "ClusterLoadAssignment": 1_700_000_001.0}
