@@ -258,3 +258,30 @@ async def test_invariant_35_names_compared_canonical_go_back_as_each_client_spel
         origin.send_raw(members(removed=(NAME,)))
         assert list((await spelled.recv()).removed_resources) == [SPELLED]
         assert list((await plain.recv()).removed_resources) == [NAME]
+
+
+async def test_invariant_36_after_a_reconnect_members_are_kept_and_reconciled() -> None:
+    origin = ScriptedOrigin(auto=False)
+    async with running_stack(origin) as stack:
+        client = stack.client()
+        await client.send(node=node("1"), type_url=ENDPOINT, resource_names_subscribe=[GLOB])
+        await eventually(lambda: subscribed(origin, GLOB))
+        origin.send_raw(members((M1, "1"), (M2, "1")))
+        await client.ack(await client.recv())
+        port = origin.port
+        await origin.stop()
+        revived = ScriptedOrigin(auto=False)
+        await revived.start(port)
+        stack.origin = revived
+        await eventually(lambda: revived.streams and revived.stream.log, timeout=10)
+        assert list(revived.stream.log[0].resource_names_subscribe) == [GLOB]
+        # M2 went while the origin was away: it answers with what the collection holds.
+        revived.send_raw(members((M1, "1")))
+        response = await client.recv()  # after the reconcile (upstream.answer_grace)
+        assert (list(response.removed_resources), list(response.resources)) == ([M2], [])
+        await client.ack(response)
+        # M1 stayed in the cache (the collection covers it): a newcomer gets it there.
+        newcomer = stack.client()
+        await newcomer.send(node=node("2"), type_url=ENDPOINT, resource_names_subscribe=[GLOB])
+        assert held(await newcomer.recv()) == [(M1, "1")]
+        await revived.stop()
