@@ -183,10 +183,10 @@ class Console:
                                         "nothing to sign in to"})
         if not _same_origin(request):
             return _json(403, {"error": "a sign-in from another site's page is refused"})
-        if (request.content_length or 0) > LOGIN_BODY_LIMIT:
-            return _json(413, {"error": f"the form is over {LOGIN_BODY_LIMIT} bytes"})
-        body = await request.content.read(LOGIN_BODY_LIMIT + 1)
-        if len(body) > LOGIN_BODY_LIMIT:
+        body = None
+        if (request.content_length or 0) <= LOGIN_BODY_LIMIT:
+            body = await _body(request, LOGIN_BODY_LIMIT)
+        if body is None:
             return _json(413, {"error": f"the form is over {LOGIN_BODY_LIMIT} bytes"})
         given = parse_qs(body.decode("latin-1"), encoding="latin-1").get("token", [""])[-1]
         token = self._token()
@@ -269,6 +269,18 @@ def _package_file(name: str) -> tuple[bytes, str]:
     """A static file's bytes (package data) and its ETag."""
     body = importlib.resources.files("relay.console").joinpath("static", name).read_bytes()
     return body, '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+async def _body(request: web.BaseRequest, limit: int) -> bytes | None:
+    """The request's body, or None when it is longer than ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(limit + 1 - size):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return None
+    return b"".join(chunks)
 
 
 def _since(text: str | None) -> float | None:

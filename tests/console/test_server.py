@@ -295,3 +295,9 @@ async def test_head_is_answered_like_get(tmp_path: Path, path: str) -> None:
 
 def test_the_console_is_a_class_of_its_own_module() -> None:
     assert Console.__module__ == "relay.console.server"
+
+
+async def test_a_login_form_over_the_limit_is_413(tmp_path: Path) -> None:
+    async with console(tmp_path, token=True) as (base, session), \
+            session.post(base + "/console/login", data={"token": "x" * 70_000}) as response:
+        assert response.status == 413 and "Set-Cookie" not in response.headers

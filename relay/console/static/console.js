@@ -407,12 +407,14 @@
   }
 
   // Timestamps /clients may carry, as the page names them.
-  const MOMENTS = { connected_since: "Connected", acked_at: "Last ACK", nacked_at: "Last NACK" };
+  const MOMENTS = { connected_since: "Connected", acked_at: "Last ACK", nacked_at: "Last NACK",
+    last_poll: "Last poll" };
 
   function moments(record, now) {
     const facts = [];
     for (const [key, value] of Object.entries(record)) {
-      if ((key.endsWith("_since") || key.endsWith("_at")) && typeof value === "number") {
+      if ((key in MOMENTS || key.endsWith("_since") || key.endsWith("_at")) &&
+          typeof value === "number") {
         facts.push([MOMENTS[key] || key.replace(/_/g, " "), ago(now - value)]);
       }
     }
