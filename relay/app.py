@@ -26,7 +26,7 @@ from relay.cache import ResourceCache
 from relay.certificates import WatchedKeyPair
 from relay.clock import Clock, MonotonicClock
 from relay.config import RelayConfig, node_proto
-from relay.config.models import UpstreamConfig
+from relay.config.models import FallbackServerConfig, UpstreamConfig
 from relay.console.data import snapshot_views
 from relay.console.source import local_source
 from relay.core import Core
@@ -125,9 +125,9 @@ def connection_age_options(age: float, grace: float) -> list[tuple[str, int]]:
             ("grpc.max_connection_age_grace_ms", max(1, round(grace * 1000)))]
 
 
-def dialer(upstream: UpstreamConfig, key: str = "upstream") -> Dialer:
-    """How to reach the origin ``upstream`` describes (one with an ``address``;
-    ``key`` is where it is configured, for the log)."""
+def dialer(upstream: UpstreamConfig | FallbackServerConfig, key: str = "upstream") -> Dialer:
+    """How to reach the server ``upstream`` describes (one with an ``address``;
+    ``key`` is where it is configured, for logs and errors)."""
     assert upstream.address is not None
     tls = upstream.tls
     if upstream.token_file is not None and tls is None:
@@ -141,7 +141,13 @@ def dialer(upstream: UpstreamConfig, key: str = "upstream") -> Dialer:
         initial_metadata=tuple(upstream.initial_metadata.items()),
         keepalive_time=upstream.keepalive.time, keepalive_timeout=upstream.keepalive.timeout,
         max_response_size=upstream.max_response_size,
-        connect_timeout=upstream.connect_timeout)
+        connect_timeout=upstream.connect_timeout, key=key)
+
+
+def dialers(upstream: UpstreamConfig, key: str = "upstream") -> list[Dialer]:
+    """An origin's servers, primary first, then its ``fallback`` servers (gRFC A71)."""
+    return [dialer(upstream, key), *(dialer(server, f"{key}.fallback[{i}]")
+                                     for i, server in enumerate(upstream.fallback))]
 
 
 def routes(config: RelayConfig) -> Routes:
@@ -299,19 +305,20 @@ def _origins(config: RelayConfig, core: Core, hub: Dialer | None) -> Origins:
             demand: Demand = RoutedDemand(core.index, table, name)
         else:
             cache, demand = core.cache, core.index
-        clients[name] = _upstream_client(config, upstream, core, dialer(upstream, key), cache,
-                                         demand)
+        clients[name] = _upstream_client(config, upstream, core, dialers(upstream, key),
+                                         cache, demand, name)
     return core.follow_origins(table, clients)
 
 
-def _upstream_client(config: RelayConfig, upstream: UpstreamConfig, core: Core, origin: Dialer,
-                     cache: OriginCache, demand: Demand) -> UpstreamClient:
-    """The client of one origin stream, as ``upstream`` says."""
+def _upstream_client(config: RelayConfig, upstream: UpstreamConfig, core: Core,
+                     servers: Dialer | list[Dialer], cache: OriginCache, demand: Demand,
+                     origin: str = DEFAULT_ORIGIN) -> UpstreamClient:
+    """The client of the origin ``origin``'s stream, as ``upstream`` says."""
     state = UpstreamState(node_proto(config), cache, upstream.linger,
                           upstream.answer_grace, upstream.max_request_size,
                           upstream.initial_versions)
-    return core.client(origin, state, demand,
-                       Backoff(upstream.backoff.initial, upstream.backoff.max))
+    return core.client(servers, state, demand,
+                       Backoff(upstream.backoff.initial, upstream.backoff.max), origin)
 
 
 def _file_source(config: RelayConfig, core: Core) -> FileSource:
@@ -384,7 +391,8 @@ class Relay:
         self._health = Health()
         self.admin: Final = None if not admin else AdminServer(
             parts.core.cache, parts.registry, self._readiness,
-            parts.core.serving.client_statuses, self.ready_detail,
+            parts.core.serving.iter_client_statuses, self.ready_detail,
+            origins=self.origin_statuses, config=config,
             console=local_source(parts.core.serving, lambda: snapshot_views(
                 self.snapshot_writers, self.restored_of)))
         self._state = Lifecycle.BUILT
@@ -500,6 +508,23 @@ class Relay:
                 "When the certificate the xDS port serves expires (Unix time)", (),
                 lambda: {(): int(certificates.current.not_after.timestamp())})
 
+    def origin_statuses(self) -> list[dict[str, Any]]:
+        """Each origin's state, for ``/origins``, ``xds-relay status`` and the console:
+        the server in use (and whether it is a fallback), connected or not since
+        when (Unix seconds), synced, reconnects, the last response per type."""
+        if self.origins is None:
+            return []
+        statuses = []
+        for _, client in self.origins:
+            status = client.status()
+            statuses.append({
+                **status.to_json(), "fallback": status.on_fallback,
+                "fallback_index": status.in_use,
+                "connected_since": status.since if status.connected else None,
+                "disconnected_since": None if status.connected else status.since,
+                "synced": client.synced_event.is_set()})
+        return statuses
+
     def _upstream_subscription_counts(self) -> dict[tuple[str, str], int]:
         """Per (origin, type URL): locators subscribed on the origin's stream."""
         assert self.origins is not None
@@ -516,9 +541,6 @@ class Relay:
             metrics.downstream_limited.add(0, {"limit": limit})
         for reason in REFUSAL_REASONS:
             metrics.downstream_refused.add(0, {"reason": reason})
-        if self.upstream is not None:
-            metrics.upstream_connected.add(0)
-            metrics.upstream_reconnects.add(0)
         if self._parts.snapshots:
             for outcome in ("ok", "failed"):
                 metrics.snapshot_writes.add(0, {"outcome": outcome})
@@ -574,11 +596,15 @@ class Relay:
         client = self.origins.clients[origin]
         lone = len(self.origins.clients) == 1
         who = "the origin" if lone else f"origin {origin}"
-        connected = client.connected_event.is_set()
+        status = client.status()
+        server = status.server + (f" (fallback {status.in_use} of {len(status.servers) - 1})"
+                                  if status.on_fallback else "")
         if client.synced_event.is_set():
-            state = f"synced with {who}" if connected else \
-                f"{who} unreachable (serving what it sent)"
-            return f"{state} at {client.target}"
+            if status.connected:
+                return f"synced with {who} at {server}"
+            since = "" if status.since is None else \
+                time.strftime(" since %Y-%m-%dT%H:%M:%SZ", time.gmtime(status.since))
+            return f"{who} at {server} unreachable{since} (serving what it sent)"
         restored = self._restored.get(origin)
         if restored is not None and restored.types:
             age = "" if restored.written_at is None else \
@@ -696,7 +722,7 @@ class Relay:
                    ("grpc.so_reuseport", 1 if parts.reuse_port else 0)]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers(discovery_handlers(self.serving, parts.fetcher))
-        await add_ecosystem_services(server, self.serving, self._health)
+        await add_ecosystem_services(server, self.serving, self._health, self.origins)
         try:
             if parts.certificates is not None:
                 self._xds_port = server.add_secure_port(

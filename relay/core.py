@@ -14,7 +14,7 @@ where it lives, in ``docs/glossary.md``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from relay.cache import CacheChange, ResourceCache
@@ -25,7 +25,7 @@ from relay.telemetry import Metrics, new_metrics
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
 from relay.upstream.dial import Dialer
-from relay.upstream.origins import Origins, Routes
+from relay.upstream.origins import DEFAULT_ORIGIN, Origins, Routes
 from relay.upstream.state import UpstreamState
 from relay.upstream.targets import Demand
 
@@ -59,15 +59,16 @@ class Core:
         self.index.link(client)
         return client
 
-    def client(self, dialer: Dialer, state: UpstreamState, demand: Demand,
-               backoff: Backoff) -> UpstreamClient:
-        """The client of one origin stream, reading what clients want from ``demand``.
+    def client(self, servers: Dialer | Sequence[Dialer], state: UpstreamState, demand: Demand,
+               backoff: Backoff, origin: str = DEFAULT_ORIGIN) -> UpstreamClient:
+        """The client of the origin ``origin``'s stream (``servers``: primary first,
+        then its fallbacks), reading what clients want from ``demand``.
 
         It batches what clients ask of the origin over ``server.batch_window``,
         as pushes to clients are batched (see :class:`UpstreamClient`).
         """
-        return UpstreamClient(dialer, state, demand, backoff, self.serving.metrics,
-                              self.clock, self.serving.settings.batch_window)
+        return UpstreamClient(servers, state, demand, backoff, self.serving.metrics,
+                              self.clock, self.serving.settings.batch_window, origin=origin)
 
     def follow_origins(self, routes: Routes, clients: Mapping[str, UpstreamClient]) -> Origins:
         """``clients`` (one per origin, by name) linked, through :class:`Origins`, as

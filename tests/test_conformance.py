@@ -55,6 +55,10 @@ INVARIANTS: dict[int, str] = {
     35: "xdstp names compared in canonical form; each response names them as the client did",
     36: "delta globs get every member with their context, and removals; upstream once; "
         "SotW refused",
+    37: "each name to the origin of its authority; one stream per origin; an outage, NACK "
+        "or resync touches only its names",
+    38: "a fallback only when unreachable and something is not cached; back when the "
+        "primary answers; never two servers' resources",
 }
 
 

@@ -489,6 +489,7 @@ class UpstreamClient:
         """The server in use changed from ``left`` (``why``): the metric says
         which is in use; the primary is probed while it is not."""
         now = self._failover.in_use
+        self.state.on_server_changed()  # the next stream resyncs, declaring nothing
         self.metrics.upstream_server.add(-1, self._server_labels(left))
         self.metrics.upstream_server.add(1, self._server_labels(now))
         log.log(logging.INFO if now == 0 else logging.WARNING, "origin %s: leaving %s for %s: %s",

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 from relay.constraints import Params
+from relay.protocol.xdstp import authority_of
 
 if TYPE_CHECKING:
     from relay.upstream.client import UpstreamClient
@@ -31,17 +32,6 @@ if TYPE_CHECKING:
 
 #: The name of the origin of ``upstream:`` (the others are named by their authority).
 DEFAULT_ORIGIN: Final = "default"
-
-_SCHEME = "xdstp://"
-
-
-def authority_of(name: str) -> str | None:
-    """The authority of an ``xdstp://`` name (None: a classic name)."""
-    if not name.startswith(_SCHEME):
-        return None
-    end = name.find("/", len(_SCHEME))
-    return name[len(_SCHEME):] if end < 0 else name[len(_SCHEME):end]
-
 
 class Routes:
     """Which origin serves each name: by its authority, else the default.

@@ -71,6 +71,22 @@ class Resync:
         self._types: dict[str, TypeResync] = {}
         # types whose origin showed that it ignores initial_resource_versions
         self._ignores_declarations: set[str] = set()
+        # the next stream goes to another server of the origin (a fallback, or
+        # back to the primary): declare no versions to it (see server_changed)
+        self.declare_nothing = False
+
+    def server_changed(self) -> None:
+        """The origin is followed at another of its servers from the next stream.
+
+        What was learned of the last server's handling of declarations is
+        forgotten, and the next stream declares no versions: the same version
+        string may stand for other content on another server, and a resource
+        kept on such a match would mix two servers' config in what clients
+        hold. The new server resends what is subscribed; what it does not
+        send is reconciled away, and clients are sent only what differs.
+        """
+        self._ignores_declarations.clear()
+        self.declare_nothing = True
 
     def new_stream(self) -> None:
         """A stream opened or closed: what the last one was to confirm is moot."""
@@ -83,14 +99,14 @@ class Resync:
         one variant, with a wildcard of every cached name; and what is cached
         that it covers, the origin's to confirm (names a restored snapshot
         holds that nobody wants are not)."""
-        initial = {}
-        for name in subscribed:
+        initial: dict[str, str] = {}
+        for name in () if self.declare_nothing else subscribed:
             found = self.cache.variants(type_url, name)
             if isinstance(found, Mapping) and len(found) == 1:
                 initial[name] = next(iter(found.values())).version
         cached = [r for r in self.cache.resources(type_url)
                   if wildcard or subscribes(self.cache, type_url, r.name, subscribed)]
-        if wildcard:
+        if wildcard and not self.declare_nothing:
             initial.update({r.name: r.version for r in cached
                             if r.name not in initial and r.name not in subscribed})
         return initial, cached

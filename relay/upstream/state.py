@@ -166,7 +166,14 @@ class UpstreamState:
                 initial_versions=initial))
             requests.extend(split.requests)
             self._resync.begin(type_url, cached, split.declared, frozenset(sub.locators))
+        self._resync.declare_nothing = False
         return requests
+
+    def on_server_changed(self) -> None:
+        """The next stream goes to another server of the origin (see
+        :meth:`Resync.server_changed`): it is resynced as after a reconnect,
+        declaring nothing."""
+        self._resync.server_changed()
 
     def on_disconnect(self) -> None:
         self.connected = False

@@ -192,9 +192,11 @@ class HubAdmin(AdminServer):
                  clients: Callable[[], Awaitable[dict[str, Any]]],
                  metrics: Callable[[], Awaitable[bytes]],
                  ready_detail: Callable[[], str] | None = None,
-                 console: ConsoleSource | None = None) -> None:
+                 console: ConsoleSource | None = None,
+                 origins: Callable[[], list[dict[str, Any]]] | None = None,
+                 config: RelayConfig | None = None) -> None:
         super().__init__(cache, None, not_ready_reason, ready_detail=ready_detail,
-                         console=console)
+                         console=console, origins=origins, config=config)
         self._gather_clients = clients
         self._gather_metrics = metrics
 
@@ -227,7 +229,8 @@ class Hub:
                                 lambda: snapshot_views(self.relay.snapshot_writers,
                                                        self.relay.restored_of))
         self.admin = HubAdmin(self.relay.cache, self.not_ready_reason, self.clients,
-                              self.metrics, self.relay.ready_detail, console)
+                              self.metrics, self.relay.ready_detail, console,
+                              origins=self.relay.origin_statuses, config=config)
         self.draining = False
         self.port = 0  # where the workers serve clients
         self.admin_port = 0

@@ -233,3 +233,42 @@ def test_a_status_says_which_fallback_is_in_use_and_when_each_type_last_came() -
     assert (status.server, status.on_fallback) == ("backup:18000", True)
     assert status.to_json()["last_response"] == {
         "Cluster": 5.0, "ClusterLoadAssignment": 1_700_000_001.0}
+
+
+def test_invariant_38_a_new_server_is_declared_nothing_once_and_learned_afresh() -> None:
+    """After a switch of server the relay declares no versions (the same
+    version string may mean other content there), and forgets what it had
+    learned of the last server's handling of declarations; the stream after
+    declares again."""
+    from relay.upstream.responses import Unusable, parse_response
+    from relay.upstream.state import UpstreamState
+    from relay.xds_types import ENDPOINT
+    from tests.builders import endpoints, pack
+
+    cache, index = ResourceCache(), InterestIndex()
+    state = UpstreamState(base_pb2.Node(id="relay"), cache)
+
+    class Holder:
+        def resources_changed(self, type_url: str, names: frozenset[str],
+                              everything: bool) -> None:
+            pass
+
+    state.on_connect(index, 0)
+    index.update(Holder(), ENDPOINT, Interest(frozenset({"a"})))
+    state.on_interest_changed(ENDPOINT, index, 0)
+    # an origin resending what it was told is unchanged: taken as ignoring declarations
+    first = discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT, nonce="1")
+    first.resources.add(name="a", version="", resource=pack(endpoints("a", 1)))
+    checked = parse_response(first)
+    assert not isinstance(checked, Unusable)
+    state.on_response(checked, index, 0)
+    assert not state.trusts_declarations(ENDPOINT)
+    state.on_disconnect()
+    state.on_server_changed()
+    [request] = state.on_connect(index, 1)
+    assert list(request.resource_names_subscribe) == ["a"]
+    assert dict(request.initial_resource_versions) == {}
+    assert state.trusts_declarations(ENDPOINT)
+    state.on_disconnect()
+    [again] = state.on_connect(index, 2)
+    assert list(again.initial_resource_versions) == ["a"]
