@@ -90,7 +90,7 @@ def in_use(relay: Relay) -> str:
     return relay.upstream.status().server
 
 
-async def test_invariant_38_primary_down_at_start_the_fallback_serves_until_the_primary_answers() -> None:
+async def test_invariant_38_primary_down_at_start_fallback_serves_until_primary_answers() -> None:
     primary_port = free_port()  # nobody listens there yet
     fallback = await EndingOrigin().start()
     fallback.set(cluster("a"), version="v1")
@@ -137,7 +137,7 @@ async def test_invariant_38_primary_down_at_start_the_fallback_serves_until_the_
         primary_server: 1, fallback_server: 0}
 
 
-async def test_invariant_38_the_primary_down_with_everything_cached_is_not_left_until_a_client_needs_more(
+async def test_invariant_38_primary_down_all_cached_not_left_until_a_client_needs_more(
         ) -> None:
     primary = await EndingOrigin().start()
     primary.set(cluster("a"), cluster("b"), version="v1")
@@ -177,7 +177,7 @@ async def test_invariant_38_the_primary_down_with_everything_cached_is_not_left_
     await fallback.stop()
 
 
-async def test_invariant_38_while_on_the_fallback_the_primary_is_probed_once_per_backoff_step() -> None:
+async def test_invariant_38_on_the_fallback_the_primary_is_probed_once_per_backoff_step() -> None:
     clock = ManualClock()
     primary = await EndingOrigin().start()
     primary.drop_first_streams = 1_000  # it refuses every stream: unreachable
