@@ -20,7 +20,10 @@ an update, and a stream asking twice for the same names the same nonce
 It serves ``NAME`` (``endpoints(NAME, 1)``, as the benchmarks' scripted
 origin does) and, with ``--big K``, the names ``big_names(K)``, each a
 ClusterLoadAssignment of about ``--size`` bytes, so that it can also be the
-relay's origin. Controlled by lines on stdin, each answered by one line on
+relay's origin. With ``--glob K`` it also serves the glob collection
+``GLOB`` (delta only, as xDS TP1 has it): a subscription to ``GLOB`` is
+answered with its K members ``glob_members(K)``, each ``endpoints(member, 1)``.
+Controlled by lines on stdin, each answered by one line on
 stdout (it prints ``port P`` once listening, and exits at the end of stdin):
 
 * ``update NAME PORT``: ``NAME`` becomes ``endpoints(NAME, PORT)``, versioned
@@ -30,7 +33,7 @@ stdout (it prints ``port P`` once listening, and exits at the end of stdin):
   ``sent@T`` (T the ``time.monotonic()`` of the push, comparable across
   processes on one machine); answers ``ok``.
 
-Usage: ``python -m benchmarks.bare [--port 0] [--big K] [--size 1024]``; the
+Usage: ``python -m benchmarks.bare [--port 0] [--big K] [--size 1024] [--glob K]``; the
 benchmarks start it with :func:`bare_process`.
 """
 
@@ -60,11 +63,18 @@ from tests.builders import endpoints, version_of
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 # responses kept encoded per set of names asked for (the oldest dropped first)
 _KEPT_RESPONSES = 8
+# the glob collection of the federation benchmark (benchmarks.federation)
+GLOB = "xdstp://auth/envoy.config.endpoint.v3.ClusterLoadAssignment/pool/*"
 
 
 def big_names(count: int) -> list[str]:
     """The names of the big-client benchmark's resources, in the order subscribed."""
     return [f"big-{i}" for i in range(count)]
+
+
+def glob_members(count: int) -> list[str]:
+    """The names of ``GLOB``'s members."""
+    return [f"{GLOB[:-1]}m{i}" for i in range(count)]
 
 
 def padded_endpoints(names: Iterable[str], size: int) -> Iterator[tuple[str, bytes]]:
@@ -94,6 +104,8 @@ class Catalog:
 
     def __init__(self) -> None:
         self._entries: dict[str, bytes] = {}
+        # glob collection -> its members' names, which a subscription to it is answered with
+        self.collections: dict[str, tuple[str, ...]] = {}
         # names asked for -> (the same as a set, the response)
         self._responses: OrderedDict[tuple[str, ...], tuple[frozenset[str], bytes]] = \
             OrderedDict()
@@ -109,10 +121,13 @@ class Catalog:
             del self._responses[names]
 
     def response(self, names: tuple[str, ...]) -> bytes:
-        """The response for ``names`` (those it lacks in ``removed_resources``)."""
+        """The response for ``names`` (those it lacks in ``removed_resources``; a
+        collection stands for its members)."""
         kept = self._responses.get(names)
         if kept is not None:
             return kept[1]
+        asked = names
+        names = tuple(m for n in asked for m in self.collections.get(n, (n,)))
         self._nonce += 1
         entries = self._entries
         head = discovery_pb2.DeltaDiscoveryResponse(
@@ -120,7 +135,7 @@ class Catalog:
             removed_resources=[n for n in names if n not in entries])
         response: bytes = head.SerializeToString() + b"".join(
             entries[n] for n in names if n in entries)
-        self._responses[names] = (frozenset(names), response)
+        self._responses[asked] = (frozenset(names), response)
         if len(self._responses) > _KEPT_RESPONSES:
             self._responses.popitem(last=False)
         return response
@@ -224,7 +239,7 @@ async def _control(server: BareServer) -> None:
         task.cancel()
 
 
-async def serve(port: int, big: int, size: int) -> None:
+async def serve(port: int, big: int, size: int, glob: int = 0) -> None:
     catalog = Catalog()
     small = endpoints(NAME, 1)
     catalog.set(NAME, version_of(small), small.SerializeToString())
@@ -232,6 +247,11 @@ async def serve(port: int, big: int, size: int) -> None:
         catalog.set(name, hashlib.sha256(body).hexdigest()[:12], body)
     if big:
         catalog.response(tuple(big_names(big)))  # encoded before the first client asks
+    if glob:
+        for member in glob_members(glob):
+            message = endpoints(member, 1)
+            catalog.set(member, version_of(message), message.SerializeToString())
+        catalog.collections[GLOB] = tuple(glob_members(glob))
     server = BareServer(catalog)
     print(f"port {await server.start(port)}", flush=True)
     try:
@@ -267,11 +287,13 @@ class BareProcess:
 
 
 @contextlib.asynccontextmanager
-async def bare_process(big: int = 0, size: int = 1024) -> AsyncIterator[BareProcess]:
+async def bare_process(big: int = 0, size: int = 1024, glob: int = 0
+                       ) -> AsyncIterator[BareProcess]:
     """``python -m benchmarks.bare`` on a free port, once listening; ended on
     the way out (end of stdin, then SIGKILL after 10 s)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "benchmarks.bare", "--big", str(big), "--size", str(size),
+        "--glob", str(glob),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     assert process.stdin is not None and process.stdout is not None
     try:
@@ -298,8 +320,10 @@ def main() -> None:
                         help="also serve the names big-0 .. big-(K-1)")
     parser.add_argument("--size", type=int, default=1024,
                         help="bytes of each big-N ClusterLoadAssignment (about)")
+    parser.add_argument("--glob", type=int, default=0,
+                        help="also serve the collection GLOB of K members")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.big, args.size))
+    asyncio.run(serve(args.port, args.big, args.size, args.glob))
 
 
 if __name__ == "__main__":
