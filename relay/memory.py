@@ -13,7 +13,7 @@ So after something large was let go (a stream holding many names forgotten,
 names the cache forgot, a large request refused), the relay collects and
 asks glibc to trim, at most once per :data:`RETURN_INTERVAL`: a burst of
 departures costs one return at its end, not one each. Measured with
-``python -m benchmarks.memory`` (see README, Performance).
+``python -m benchmarks.memory`` (see docs/performance.md#memory).
 
 :class:`ReturnPolicy` decides when, without I/O, against an injected clock;
 :class:`MemoryReturn` does it on the event loop.
