@@ -35,7 +35,8 @@ and the bare server, with relay / bare (see :mod:`benchmarks.report`).
 
 The clients share the machine with the servers: on a machine with few cores
 they compete with the workers for them, and the figures say more about the
-machine than about the relay (see the README, "Beyond one core").
+machine than about the relay (see docs/running.md, "Beyond one core", and
+docs/performance.md#workers).
 
 Usage: ``python -m benchmarks.workers [--workers 1,2,N] [--streams 1000] [--runs 3]
 [--rounds 5] [--clients 2]`` (N: the number of CPUs). Writes tables to stdout and

@@ -8,7 +8,7 @@ client subscribing to thousands of names, spend a large share of its time
 walking that heap again and again. Almost nothing the relay allocates forms
 reference cycles; reference counting frees it. So the process collects
 young objects rarely and keeps what exists at start-up out of the walks.
-Measured with ``python -m benchmarks.fanout`` (see README, Performance).
+Measured with ``python -m benchmarks.fanout`` (see docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """End to end: clients that misbehave get a clear status, and nobody else
 notices. Dead peers are freed; garbage, oversized, unknown-type and
-over-the-limit requests are refused with the status the README states;
+over-the-limit requests are refused with the status docs/limits.md states;
 what clients say is kept bounded."""
 
 from __future__ import annotations
