@@ -26,10 +26,10 @@ mean of updates). Reported as min and median over runs, two / one.
 (``xdstp://auth/envoy.config.endpoint.v3.ClusterLoadAssignment/pool/*``) of M
 small members. S delta streams subscribe to the glob at once, on a fresh
 server (``cold``: for the relay, the first subscription makes it ask the
-origin); once all have all M members, S more do so while the first stay
+origin); once that phase is over, S more do so while the first stay
 (``warm``: the relay answers from its cache). Per phase: until the last
-(``all``) and the median subscriber had every member, and the server's CPU
-meanwhile. A subscriber that has not every member within ``--wait`` seconds
+(``all``) and the median subscriber (a stalled one counting as never) had
+every member, and the server's CPU meanwhile. A subscriber that has not every member within ``--wait`` seconds
 is not waited for: the phase's ``all`` time and CPU are left out of that run
 and ``<phase>_stalled`` counts such subscribers (``<phase>_stalled_at``: how
 many members they had). The same clients against the bare server of
