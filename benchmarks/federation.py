@@ -26,16 +26,16 @@ mean of updates). Reported as min and median over runs, two / one.
 (``xdstp://auth/envoy.config.endpoint.v3.ClusterLoadAssignment/pool/*``) of M
 small members. S delta streams subscribe to the glob at once, on a fresh
 server (``cold``: for the relay, the first subscription makes it ask the
-origin); once that phase is over, S more do so while the first stay
-(``warm``: the relay answers from its cache). Per phase: until the last
-(``all``) and the median subscriber (a stalled one counting as never) had
-every member, and the server's CPU meanwhile. A subscriber that has not every member within ``--wait`` seconds
-is not waited for: the phase's ``all`` time and CPU are left out of that run
-and ``<phase>_stalled`` counts such subscribers (``<phase>_stalled_at``: how
-many members they had). The same clients against the bare server of
-:mod:`benchmarks.bare` (``--glob M``: the same members, pre-encoded), relay
-/ bare. ``glob_origin_requests``: how often the relay's origin was asked for
-the glob (1 is right).
+origin); once that phase is over, S more do so while the first stay (``warm``:
+the relay answers from its cache). Per phase: until the last (``all``) and the
+median subscriber (a stalled one counting as never) had every member, and the
+server's CPU meanwhile. A subscriber that has not every member within
+``--wait`` seconds is not waited for: the phase's ``all`` time and CPU are
+left out of that run and ``<phase>_stalled`` counts such subscribers
+(``<phase>_stalled_at``: how many members they had). The same clients against
+the bare server of :mod:`benchmarks.bare` (``--glob M``: the same members,
+pre-encoded), relay / bare. ``glob_origin_requests``: how often the relay's
+origin was asked for the glob (1 is right).
 
 The client workers share the machine with the server under test (and, for
 the relay, its origins, in this process): on a small machine the times are
