@@ -232,6 +232,11 @@ class DeltaSubscription(SubscriptionState):
         """The response to send now, if any (none while one is in flight), of
         at most ``max_size`` bytes unless one resource alone is larger: what
         does not fit waits for the next response."""
+        return self._paged(lambda: self._next_page(view, nonces, max_size))
+
+    def _next_page(self, view: ResourceView, nonces: NonceSource,
+                   max_size: int | None) -> DeltaResponsePlan | None:
+        """:meth:`next_response` from the next page of names (none: nothing in it to send)."""
         if not self.has_work() or not view.is_synced(self._type_url):
             return None
         candidates = self._take_candidates(

@@ -222,7 +222,7 @@ class SotwSubscription(SubscriptionState):
             return None
         if self._full_state:
             return self._full_state_response(view, nonces)
-        return self._changes_response(view, nonces, max_size)
+        return self._paged(lambda: self._changes_response(view, nonces, max_size))
 
     def _subscribed(self, view: ResourceView) -> set[str]:
         names = set(self._names)

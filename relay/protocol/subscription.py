@@ -27,7 +27,9 @@ and a :class:`~relay.protocol.snapshot.TypeSnapshot`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -51,6 +53,8 @@ from relay.resource import CachedResource, arrival_clock
 # one never holds the event loop for long. Full-state SotW types (listeners,
 # clusters) cannot be split: each response is the whole set.
 MAX_NAMES_PER_RESPONSE = 2_500
+
+T = TypeVar("T")
 
 
 class SubscriptionState:
@@ -442,7 +446,12 @@ class SubscriptionState:
         ordered = sorted(candidates)
         self._looked_at_everything()
         if len(ordered) > MAX_NAMES_PER_RESPONSE:
-            backlog = ordered[MAX_NAMES_PER_RESPONSE:] + (backlog or [])
+            later = ordered[MAX_NAMES_PER_RESPONSE:]
+            if backlog:
+                # A name marked again while it waited waits once, not twice.
+                waiting = set(later)
+                later += [name for name in backlog if name not in waiting]
+            backlog = later
             del ordered[MAX_NAMES_PER_RESPONSE:]
         elif backlog:
             # Names left over from a big response come next, in their order
@@ -453,6 +462,26 @@ class SubscriptionState:
             del backlog[:room]
         self._backlog = backlog or None
         return ordered
+
+    def _paged(self, page: Callable[[], T | None]) -> T | None:
+        """The first of ``page()``'s responses that holds something, taking the
+        waiting names a page at a time.
+
+        A page of the backlog may hold nothing to send (names marked again that
+        the client already holds as they are): the next page is looked at at
+        once, rather than leaving the stream idle with names still waiting.
+        """
+        while True:
+            waiting = self._waiting_names()
+            response = page()
+            if response is not None or not self._backlog or self._waiting_names() >= waiting:
+                return response  # sent, all looked at, or no page taken (in flight, say)
+
+    def _waiting_names(self) -> float:
+        """How many names wait to be looked at (all of them: infinitely many)."""
+        if self._recheck_all:
+            return math.inf
+        return len(self._pending) + len(self._backlog or ())
 
     def _leave_for_next(self, candidates: list[str], full_at: str) -> None:
         """A response had no room for ``full_at`` and the candidates after it:
