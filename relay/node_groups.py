@@ -35,9 +35,10 @@ from relay.protocol.limits import LimitExceeded, shown
 from relay.protocol.outcome import ProtocolError
 
 if TYPE_CHECKING:
+    from relay.cache import ResourceCache
     from relay.clock import Clock
     from relay.interest import InterestIndex
-    from relay.protocol.view import ResourceView
+    from relay.protocol.view import CacheView
 
 log = logging.getLogger("relay.groups")
 
@@ -198,10 +199,13 @@ class GroupCore(Protocol):
     interest index and origin clients."""
 
     @property
+    def cache(self) -> ResourceCache: ...
+
+    @property
     def index(self) -> InterestIndex: ...
 
     @property
-    def view(self) -> ResourceView: ...
+    def view(self) -> CacheView: ...
 
     async def run(self) -> None:
         """Follow the group's origins until cancelled."""

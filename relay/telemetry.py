@@ -32,6 +32,8 @@ LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 # batch over a slow link.
 SNAPSHOT_WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                           2.5, 5.0, 10.0)
+# Streams per node group: one client to a zone's whole fleet.
+GROUP_CLIENT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 # How often the loop's lag is sampled.
 LOOP_LAG_INTERVAL = 0.1
 #: ``metrics.otlp.interval`` when not configured: seconds between OTLP pushes.
@@ -97,6 +99,30 @@ class HotHistogram:
                 total += count
                 buckets.append((bound, float(total)))
             family.add_metric(list(labels), buckets, self._sums[labels])
+        yield family
+
+
+class SizesHistogram:
+    """A histogram of sizes read at scrape time (one observation per thing
+    counted, e.g. the streams of each node group): a distribution over things
+    whose number is unbounded, without a label per thing."""
+
+    def __init__(self, name: str, description: str, bounds: tuple[float, ...],
+                 sizes: Callable[[], Iterable[int]]) -> None:
+        self.name, self.description, self.bounds, self._sizes = name, description, bounds, sizes
+
+    def collect(self) -> Iterable[HistogramMetricFamily]:
+        counts = [0] * (len(self.bounds) + 1)
+        total = 0
+        for size in self._sizes():
+            counts[bisect.bisect_left(self.bounds, size)] += 1
+            total += size
+        buckets, running = [], 0
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), counts, strict=True):
+            running += count
+            buckets.append((bound, float(running)))
+        family = HistogramMetricFamily(self.name, self.description)
+        family.add_metric([], buckets, float(total))
         yield family
 
 
@@ -227,6 +253,19 @@ class Metrics:
                          "counts one)", ("origin", "type"),
                          lambda: {(origin, short_name(type_url)): n
                                   for (origin, type_url), n in upstream_counts().items()})
+
+    def observe_node_groups(self, sizes: Callable[[], list[int]],
+                            registry: CollectorRegistry | None) -> None:
+        """The node groups open (``sizes``: the streams each serves): how many, and
+        how many streams each serves as a histogram (never a label per group)."""
+        self.observe("xds_relay_node_groups",
+                     "Node groups open (upstream.node_groups), each with its own origin streams",
+                     (), lambda: {(): len(sizes())})
+        if registry is not None:
+            registry.register(SizesHistogram(
+                "xds_relay_node_group_clients",
+                "Streams served per open node group, one observation per group, at scrape "
+                "time", GROUP_CLIENT_BUCKETS, sizes))
 
     def observe(self, name: str, description: str, label_names: tuple[str, ...],
                 read: Callable[[], Mapping[tuple[str, ...], int]]) -> None:

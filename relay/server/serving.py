@@ -37,6 +37,7 @@ from relay.telemetry import Metrics
 from relay.xds_types import short_name
 
 if TYPE_CHECKING:
+    from relay.node_groups import NodeGroups
     from relay.server.streams import DownstreamStream
 
 # Lines about clients (refusals, NACKs) go to the downstream log, as the
@@ -81,6 +82,9 @@ class ServingSettings:
     # gives memory back once big streams left or large requests were refused
     # (see relay.memory; None: never asks)
     memory: MemoryReturn | None = None
+    # the node groups streams join at their first request (upstream.node_groups;
+    # None: every stream is served from the relay's own cache and index)
+    groups: NodeGroups | None = None
 
 
 class ServingContext:
@@ -236,14 +240,16 @@ class ServingContext:
         self._batched.discard(stream)
         if not self._streams:
             self._idle.set()
-        held = self.index.names_held(stream) + STREAM
-        if self.index.remove(stream, NAMES_PER_TURN):
+        # the stream's index: the relay's, or its node group's
+        index = stream.index
+        held = index.names_held(stream) + STREAM
+        if index.remove(stream, NAMES_PER_TURN):
             self.let_go(held)
             return
         try:
             task = asyncio.get_running_loop().create_task(self._forget_slowly(stream, held))
         except RuntimeError:  # no event loop
-            self.index.remove(stream)
+            index.remove(stream)
             self.let_go(held)
             return
         self._forgetting.add(task)
@@ -252,7 +258,7 @@ class ServingContext:
     async def _forget_slowly(self, stream: DownstreamStream, held: int) -> None:
         while True:
             await asyncio.sleep(0)
-            if self.index.remove(stream, NAMES_PER_TURN):
+            if stream.index.remove(stream, NAMES_PER_TURN):
                 self.let_go(held)
                 return
 
@@ -324,8 +330,11 @@ class ServingContext:
         when it started are listed, each as it is when its turn comes)."""
         streams = sorted(list(self._streams), key=lambda s: (s.node_id, s.peer))
         for stream in streams:
-            yield client_summary(stream.session.snapshot(), stream.peer, self.cache,
-                                 stream.times())
+            summary = client_summary(stream.session.snapshot(), stream.peer, stream.cache,
+                                     stream.times())
+            if stream.group is not None:
+                summary["group"] = {"id": stream.group.id, "key": stream.group.shown_key()}
+            yield summary
         yield from self.pollers.summaries()
 
 

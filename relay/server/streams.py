@@ -21,6 +21,7 @@ import grpc
 from envoy.config.core.v3 import base_pb2
 
 from relay.authorization import PeerIdentity
+from relay.node_groups import Group
 from relay.protocol.delta import split_request
 from relay.protocol.limits import ORIGIN_REFUSED, LimitExceeded, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
@@ -54,8 +55,15 @@ class DownstreamStream:
         self._unbound = identity
         # what this client sees of the cache: without the Secrets it may not have
         settings = serving.settings
+        self._identity = identity
         self.view: ClientView = serving.view if settings.access is None else \
             settings.access.client_view(serving.view, identity)
+        # where its interest goes and its resources come from: the relay's, or
+        # those of its node group (joined at its first request; see _join_group)
+        self.index = serving.index
+        self.cache = serving.cache
+        self.group: Group | None = None
+        self._grouped = settings.groups is None
         self.session = Session(protocol, fixed_type_url, settings.max_locator_size,
                                settings.limits, settings.max_response_size)
         # whether something may be due, and the writer's wait for it (an
@@ -151,8 +159,8 @@ class DownstreamStream:
                                            self._answered_at.get(type_url, (None, None))[1])
             metrics.downstream_acks.add(self.protocol, short_name(type_url))
         for changed_type, change in received.interest:
-            self.serving.index.apply(self, changed_type, self.view.admit(changed_type, change),
-                                     self.host)
+            self.index.apply(self, changed_type, self.view.admit(changed_type, change),
+                             self.host)
         return outcome
 
     def times(self) -> StreamTimes:
@@ -167,7 +175,7 @@ class DownstreamStream:
             return  # after a write, most often
         due = self.session.due(self.view)
         for type_url, names in due.refetch.items():
-            self.serving.index.request_refetch(type_url, names)
+            self.index.request_refetch(type_url, names)
         for plan in due.responses:
             yield self._sent(plan)
 
@@ -215,6 +223,9 @@ class DownstreamStream:
         finally:
             reader.cancel()
             self.serving.leave(self)
+            if self.group is not None and self.serving.settings.groups is not None:
+                self.serving.settings.groups.leave(self.group)
+                self.group = None
             metrics.downstream_streams.add(-1, {"protocol": self.protocol})
 
     def call_ended(self) -> None:
@@ -264,11 +275,26 @@ class DownstreamStream:
             raise Refused(error)
         self._unbound = None
 
+    def _join_group(self, first: Request) -> None:
+        """Serve the stream from its node group's core from now on (before it
+        subscribes to anything): raises GroupKeyError or LimitExceeded."""
+        groups = self.serving.settings.groups
+        assert groups is not None
+        self._grouped = True
+        group = self.group = groups.join(first.node if first.HasField("node") else None)
+        core = group.core
+        self.index, self.cache = core.index, core.cache
+        access = self.serving.settings.access
+        self.view = core.view if access is None else \
+            access.client_view(core.view, self._identity)
+
     async def _read(self, requests: AsyncIterator[Request]) -> None:
         try:
             async for request in requests:
                 if self._unbound is not None:
                     self._bind_node(request)
+                if not self._grouped:
+                    self._join_group(request)
                 pieces = split_request(request) if self.protocol == "delta" else [request]
                 if len(pieces) > 1:
                     self.session.check(request)  # refused whole, or applied in pieces
