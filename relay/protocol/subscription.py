@@ -27,7 +27,6 @@ and a :class:`~relay.protocol.snapshot.TypeSnapshot`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
@@ -62,10 +61,29 @@ class SubscriptionState:
 
     # (slots: one state per type per stream, thousands of streams; a slot
     # costs a pointer where an instance dict costs a few hundred bytes)
-    __slots__ = ("_backlog", "_changed", "_cycle", "_errors_sent", "_globs", "_held",
-                 "_locator_params", "_names", "_node_params", "_pending", "_pending_heartbeats",
-                 "_recheck_all", "_refetch", "_since", "_spelled", "_touched", "_type_url",
-                 "_wildcard", "_wildcard_since", "_wildcard_told")
+    __slots__ = (
+        "_backlog",
+        "_changed",
+        "_cycle",
+        "_errors_sent",
+        "_globs",
+        "_held",
+        "_locator_params",
+        "_names",
+        "_node_params",
+        "_pages_taken",
+        "_pending",
+        "_pending_heartbeats",
+        "_recheck_all",
+        "_refetch",
+        "_since",
+        "_spelled",
+        "_touched",
+        "_type_url",
+        "_wildcard",
+        "_wildcard_since",
+        "_wildcard_told",
+    )
 
     #: Whether a glob collection may be subscribed (TP1: delta only).
     _serves_globs = False
@@ -86,6 +104,8 @@ class SubscriptionState:
         self._pending: set[str] = set()
         # names a response had no room for (see ``_take_candidates``), in order
         self._backlog: list[str] | None = None
+        # how many pages of names responses were built from (see _paged)
+        self._pages_taken = 0
         self._recheck_all = False
         # (sets that are empty nearly always are None until needed: an idle
         # stream's memory is mostly its empty sets)
@@ -445,6 +465,7 @@ class SubscriptionState:
                 candidates.update(view.members(self._type_url, glob))
         ordered = sorted(candidates)
         self._looked_at_everything()
+        self._pages_taken += 1
         if len(ordered) > MAX_NAMES_PER_RESPONSE:
             later = ordered[MAX_NAMES_PER_RESPONSE:]
             if backlog:
@@ -472,16 +493,12 @@ class SubscriptionState:
         once, rather than leaving the stream idle with names still waiting.
         """
         while True:
-            waiting = self._waiting_names()
+            taken = self._pages_taken
             response = page()
-            if response is not None or not self._backlog or self._waiting_names() >= waiting:
+            if response is not None or not self._backlog or self._pages_taken == taken:
                 return response  # sent, all looked at, or no page taken (in flight, say)
-
-    def _waiting_names(self) -> float:
-        """How many names wait to be looked at (all of them: infinitely many)."""
-        if self._recheck_all:
-            return math.inf
-        return len(self._pending) + len(self._backlog or ())
+            # Terminates: marks come only from outside, so every page after the
+            # first takes its names from the backlog alone, which shrinks.
 
     def _leave_for_next(self, candidates: list[str], full_at: str) -> None:
         """A response had no room for ``full_at`` and the candidates after it:
