@@ -101,3 +101,23 @@ def test_sotw_pages_of_names_held_unchanged_do_not_stall_a_stream() -> None:
         if plan is not None:
             sent |= {r.name for r in plan.resources}
     assert sent == set(names) and not state.has_work()
+
+
+def test_a_collection_marked_again_mid_paging_does_not_stall_its_last_page() -> None:
+    """The collection's own name marked (its answer settling) expands it to
+    every member again on a page: more names wait than before, and paging
+    must still go on to the last page."""
+    members = [GLOB[:-1] + f"m{i:05}" for i in range(COUNT)]
+    state, view, nonces = DeltaSubscription(ENDPOINT), FakeView(
+        ENDPOINT, dict.fromkeys(members, "1")), NonceSource()
+    state.on_request(Delta(type_url=ENDPOINT, resource_names_subscribe=[GLOB]))
+    sent: set[str] = set()
+    for _ in range(3):
+        plan = state.next_response(view, nonces)
+        assert plan is not None
+        sent |= {r.name for r in plan.resources}
+        state.on_request(Delta(type_url=ENDPOINT, response_nonce=plan.nonce))
+    assert len(sent) == COUNT - MAX_NAMES_PER_RESPONSE
+    state.mark_changed(frozenset({GLOB}), False)
+    rest, _ = delta_until_idle(state, view, nonces)
+    assert sent | rest == set(members) and not state.has_work()
