@@ -6,19 +6,21 @@ locators its clients use (read from a :class:`Demand`), except where a cached
 variant, obtained through a locator already subscribed, also fits the new
 parameters: that client is served from cache with no upstream round trip. A
 subscription nobody wants any more *lingers* ``linger`` seconds before it
-goes (see "linger" in ``docs/glossary.md``). What is no longer subscribed is
-dropped from the cache, which nothing would keep current.
+goes, :data:`DEFAULT_LINGER_NAMES` of them at most (see "linger" in
+``docs/glossary.md``). What is no longer subscribed is dropped from the
+cache, which nothing would keep current.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import deque
 from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from relay.constraints import EMPTY_PARAMS, Locator, Params
+from relay.memory import oversized
 from relay.protocol.xdstp import PREFIX, collection_of
 from relay.upstream.deadlines import Deadlines, LingerEnds, WildcardLingerEnds
 from relay.upstream.requests import SubscriptionChange
@@ -29,6 +31,7 @@ Locators = dict[str, Set[Params]]
 #: such name (a set of its own costs 216 bytes a name; a client of 100,000
 #: names would cost 20 MiB here alone).
 _PLAIN: frozenset[Params] = frozenset({EMPTY_PARAMS})
+_NOTHING: frozenset[Params] = frozenset()
 
 
 class Demand(Protocol):
@@ -93,111 +96,245 @@ class TypeSubscription:
         return sum(len(params) for params in list(self.locators.values())) + self.wildcard
 
 
-class Lingering:
-    """What nobody wants any more, per type, until it may go: per name and
-    parameter set, and the wildcard.
+#: How many locators may linger at once (see :class:`Lingering`): what 20,000
+#: names cost while they linger (3.5 MiB, and pages their client's other names
+#: shared) leaves a relay within 5-11 % of its RSS 5 s after a client of
+#: 100,000 names left (``python -m benchmarks.memory``), and any client of up
+#: to 20,000 names comes back at no cost to the origin.
+DEFAULT_LINGER_NAMES = 20_000
 
-    One :class:`LingerEnds` stands for every entry of a type ending at the
-    same time; ``_ending`` counts them, so that the deadline stands exactly
-    as long as one of them is left.
+
+class _Batch:
+    """Locators of one type let go together, lingering until ``until``: a list
+    slot each (8 bytes), not a record of their own."""
+
+    __slots__ = ("counted", "names", "until", "variants")
+
+    def __init__(self, until: float, counted: bool = True) -> None:
+        self.until = until
+        self.names: list[str] = []  # plain names (no parameters): nearly all
+        self.variants: list[tuple[str, Params]] = []  # a name with parameters
+        # False once cut short by the bound: no longer counted against it
+        self.counted = counted
+
+    def __len__(self) -> int:
+        return len(self.names) + len(self.variants)
+
+
+class _Ending:
+    """Locators of one type whose linger :meth:`Lingering.due` found ended, until
+    the sync of their names takes them (:meth:`Lingering.take_ending`)."""
+
+    __slots__ = ("names", "variants")
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.variants: dict[str, set[Params]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.names or self.variants)
+
+    def params(self, name: str) -> set[Params]:
+        """The parameter sets of ``name`` whose linger ended."""
+        ended = self.variants.get(name, set())
+        return ended | {EMPTY_PARAMS} if name in self.names else ended
+
+    def take(self, names: Collection[str] | None) -> _Ending:
+        """What of ``names`` (None: all) ended, taken out of this record."""
+        taken = _Ending()
+        if names is None:
+            taken.names, self.names = self.names, set()
+            taken.variants, self.variants = self.variants, {}
+            return taken
+        for name in names:
+            if name in self.names:
+                self.names.discard(name)
+                taken.names.add(name)
+            ended = self.variants.pop(name, None)
+            if ended is not None:
+                taken.variants[name] = ended
+        return taken
+
+
+class Lingering:
+    """What nobody wants any more, per type, until it may go.
+
+    Kept as *batches*: the locators let go at one moment (a client leaving
+    with 100,000 names) are one list, appended once, with one deadline, rather
+    than a deadline per locator (a {parameters: until} record per name cost
+    262 bytes; a list slot costs 8). A locator let go is not looked up while
+    it lingers: it lingers because it is subscribed and nobody wants it (see
+    :meth:`Targets.target`), and when its batch is due, what of it is not in a
+    later batch (let go again since) has its linger end, whether it is wanted
+    by then or not: :meth:`Targets.sync` keeps what is wanted. One consequence:
+    a locator already lingering that is let go again (another parameter set
+    of its name came and went) lingers from the later time.
+
+    At most ``limit`` locators linger at once (``upstream.linger_names``):
+    past it, the oldest stop lingering at once. A client of 100,000 names
+    leaving would otherwise keep their subscriptions, cache records and
+    names (about 180 bytes a name, 18 MiB) for the whole linger; a client
+    of more than ``limit`` names that comes back costs the origin the rest.
     """
 
-    def __init__(self, deadlines: Deadlines) -> None:
+    def __init__(self, deadlines: Deadlines, limit: int | None = None) -> None:
         self._deadlines = deadlines
-        self._until: dict[str, dict[str, dict[Params, float]]] = {}
-        self._ending: dict[str, Counter[float]] = {}
+        self.limit = limit
+        # per type, oldest first (``until`` ascending)
+        self._batches: dict[str, deque[_Batch]] = {}
+        self._count = 0  # locators in counted batches
+        self._ending: dict[str, _Ending] = {}
         self._wildcard: dict[str, float] = {}
+
+    def count(self) -> int:
+        """Locators lingering (those cut short by the bound not counted)."""
+        return self._count
 
     def types(self) -> set[str]:
         """Types with something lingering."""
-        return {*(t for t, names in self._until.items() if names), *self._wildcard}
+        return {*self._batches, *self._wildcard}
 
-    def of_type(self, type_url: str) -> Mapping[str, Mapping[Params, float]]:
-        """Per name, each lingering parameter set with when it may go (do not keep)."""
-        return self._until.get(type_url, {})
+    def entries(self, type_url: str) -> Iterator[tuple[str, Params]]:
+        """Every locator of the type let go and not yet due, repeats included."""
+        for batch in self._batches.get(type_url, ()):
+            yield from ((name, EMPTY_PARAMS) for name in batch.names)
+            yield from batch.variants
 
     def wildcard_lingers(self, type_url: str, now: float) -> bool:
         return self._wildcard.get(type_url, -math.inf) > now
 
-    def start(self, type_url: str, name: str, params: Params, until: float) -> None:
-        """``name`` with ``params`` may go at ``until``, unless it already lingers."""
-        waiting = self._until.setdefault(type_url, {}).setdefault(name, {})
-        if params in waiting:
+    def start(self, type_url: str, now: float, until: float, names: Collection[str] = (),
+              variants: Collection[tuple[str, Params]] = ()) -> None:
+        """Plain ``names`` and ``variants`` (name, parameters) were let go at
+        ``now``: they may go at ``until``, unless let go again later."""
+        if not names and not variants:
             return
-        waiting[params] = until
-        ending = self._ending.get(type_url)
-        if ending is None:
-            ending = self._ending[type_url] = Counter()
-        ending[until] += 1
-        if ending[until] == 1:  # the first entry ending then
-            self._deadlines.add(LingerEnds(type_url, until))
+        batches = self._batches.setdefault(type_url, deque())
+        batch = batches[-1] if batches and batches[-1].until == until else None
+        if batch is None or not batch.counted:
+            batch = _Batch(until)
+            self._insert(type_url, batch)
+        batch.names.extend(names)
+        batch.variants.extend(variants)
+        self._count += len(names) + len(variants)
+        self._bound(now)
 
     def start_wildcard(self, type_url: str, until: float) -> None:
         if type_url not in self._wildcard:
             self._wildcard[type_url] = until
             self._deadlines.add(WildcardLingerEnds(type_url, until))
 
-    def cancel(self, type_url: str, name: str, wanted: Iterable[Params]) -> None:
-        """Clients want ``name`` with ``wanted`` again: those stay subscribed."""
-        lingering = self._until.get(type_url, {})
-        waiting = lingering.get(name)
-        if waiting:
-            for params in wanted:
-                if params in waiting:
-                    self._end(type_url, waiting.pop(params))
-            if not waiting:
-                del lingering[name]  # the type's map stays: callers may be reading it
-
     def cancel_wildcard(self, type_url: str) -> None:
         self._wildcard.pop(type_url, None)
 
-    def expire(self, type_url: str, now: float, names: Collection[str] | None) -> None:
-        """Forget what of ``names`` (None: all) may go by ``now``."""
-        lingering = self._until.get(type_url, {})
-        for name in list(lingering) if names is None else [n for n in names if n in lingering]:
-            waiting = lingering[name]
-            for params in [p for p, until in waiting.items() if until <= now]:
-                self._end(type_url, waiting.pop(params))
-            if not waiting:
-                del lingering[name]
-        if not lingering:
-            self._until.pop(type_url, None)
-        if self._wildcard.get(type_url, math.inf) <= now:
-            del self._wildcard[type_url]
-
     def due(self, now: float) -> list[tuple[str, list[str]]]:
-        """Per type with something that may go by ``now``: the names that may."""
+        """Per type with something that may go by ``now``: the names whose
+        linger ended (kept for the sync of those names: :meth:`take_ending`)."""
         found = []
         for type_url in sorted(self.types()):
-            names = [name for name, waiting in self._until.get(type_url, {}).items()
-                     if min(waiting.values()) <= now]
+            names = self._end_due(type_url, now)
             if names or self._wildcard.get(type_url, math.inf) <= now:
                 found.append((type_url, names))
         return found
 
+    def take_ending(self, type_url: str, now: float, names: Collection[str] | None) -> _Ending:
+        """What of ``names`` (None: all) :meth:`due` found ended; a wildcard
+        whose time is up stops lingering."""
+        if self._wildcard.get(type_url, math.inf) <= now:
+            del self._wildcard[type_url]
+        ending = self._ending.get(type_url)
+        if ending is None:
+            return _Ending()
+        taken = ending.take(names)
+        if not ending:
+            del self._ending[type_url]
+        return taken
+
+    def new_stream(self) -> None:
+        """Nothing is subscribed any more: what :meth:`due` found ended is not
+        (it is no longer let go: only what is is subscribed on the new stream)."""
+        self._ending.clear()
+
     def stands(self, deadline: LingerEnds | WildcardLingerEnds) -> bool:
         if isinstance(deadline, WildcardLingerEnds):
             return self._wildcard.get(deadline.type_url) == deadline.at
-        ending = self._ending.get(deadline.type_url)
-        return ending is not None and ending[deadline.at] > 0
+        return any(batch.until == deadline.at
+                   for batch in self._batches.get(deadline.type_url, ()))
 
-    def _end(self, type_url: str, until: float) -> None:
-        ending = self._ending[type_url]
-        ending[until] -= 1
-        if not ending[until]:
-            del ending[until]
-            if not ending:
-                del self._ending[type_url]
+    def _end_due(self, type_url: str, now: float) -> list[str]:
+        """Take the batches of the type due by ``now``: the names whose linger ends."""
+        batches = self._batches.get(type_url)
+        if not batches or batches[0].until > now:
+            return []
+        order: list[str] = []  # the names as they were let go
+        names: set[str] = set()
+        variants: set[tuple[str, Params]] = set()
+        while batches and batches[0].until <= now:
+            batch = batches.popleft()
+            if batch.counted:
+                self._count -= len(batch)
+            order += batch.names
+            order += (name for name, _ in batch.variants)
+            names.update(batch.names)
+            variants.update(batch.variants)
+        for later in batches:  # let go again since: they linger on
+            if names:
+                names.difference_update(later.names)
+            if variants:
+                variants.difference_update(later.variants)
+        if not batches:
+            del self._batches[type_url]
+        ending = self._ending.setdefault(type_url, _Ending())
+        ending.names |= names
+        for name, params in variants:
+            ending.variants.setdefault(name, set()).add(params)
+        ended = names | {name for name, _ in variants}
+        found = []
+        for name in order:  # each once, in order
+            if name in ended:
+                ended.discard(name)
+                found.append(name)
+        return found
+
+    def _insert(self, type_url: str, batch: _Batch) -> None:
+        """Add ``batch`` in ``until`` order (at the end, but for a cut-short one)."""
+        batches = self._batches.setdefault(type_url, deque())
+        index = len(batches)
+        while index and batches[index - 1].until > batch.until:
+            index -= 1
+        batches.insert(index, batch)
+        self._deadlines.add(LingerEnds(type_url, batch.until))
+
+    def _bound(self, now: float) -> None:
+        """Past :attr:`limit` locators lingering, the oldest stop lingering now."""
+        excess = 0 if self.limit is None else self._count - self.limit
+        while excess > 0:
+            type_url, oldest = min(
+                ((t, next(b for b in batches if b.counted))
+                 for t, batches in self._batches.items() if any(b.counted for b in batches)),
+                key=lambda found: found[1].until)
+            cut = _Batch(now, counted=False)
+            cut.names = oldest.names[:excess]
+            del oldest.names[:excess]
+            rest = excess - len(cut.names)
+            cut.variants = oldest.variants[:rest]
+            del oldest.variants[:rest]
+            self._count -= len(cut)
+            excess -= len(cut)
+            if not oldest:
+                self._batches[type_url].remove(oldest)
+            self._insert(type_url, cut)
 
 
 class Targets:
     """Per type, the locators (and wildcard) subscribed on the current stream,
     brought in line with what clients want and what lingers."""
 
-    def __init__(self, cache: OriginCache, linger: float, deadlines: Deadlines) -> None:
+    def __init__(self, cache: OriginCache, linger: float, deadlines: Deadlines,
+                 linger_names: int | None = DEFAULT_LINGER_NAMES) -> None:
         self.cache = cache
         self.linger = linger
-        self.lingering = Lingering(deadlines)
+        self.lingering = Lingering(deadlines, linger_names)
         self._subscribed: dict[str, TypeSubscription] = {}
         # names re-subscribed to get a fresh do-not-cache copy, per type
         self._refetching: dict[str, set[str]] = {}
@@ -220,6 +357,7 @@ class Targets:
         """A new stream, nothing subscribed on it yet: the types to subscribe."""
         self._subscribed = {}
         self._pruned = False
+        self.lingering.new_stream()
         return sorted({*demand.wanted_types(), *self.lingering.types()})
 
     def resubscribe(self, type_url: str, demand: Demand, now: float) -> TypeSubscription | None:
@@ -254,21 +392,31 @@ class Targets:
 
     def interest_changed(self, type_url: str, demand: Demand, now: float,
                          names: Collection[str] | None) -> Collection[str]:
-        """Whatever of ``names`` (None: every name) nobody wants any more
-        starts lingering; what is wanted again stops. The names to sync."""
+        """Whatever of ``names`` (None: every name) is subscribed and nobody
+        wants any more starts lingering (what is wanted again needs nothing:
+        see :class:`Lingering`). The names to sync."""
         sub = self._subscribed.get(type_url, TypeSubscription())
-        lingering = self.lingering.of_type(type_url)
+        already: set[tuple[str, Params]] = set()
         if names is None:
-            names = {*sub.locators, *demand.wanted_locators(type_url), *lingering}
+            already = set(self.lingering.entries(type_url))
+            names = {*sub.locators, *demand.wanted_locators(type_url),
+                     *(name for name, _ in already)}
         until = now + self.linger
-        for name in names:
-            wanted = demand.wanted_params(type_url, name)
-            subscribed = sub.locators.get(name)
-            if subscribed:
-                for params in subscribed - wanted:
-                    self.lingering.start(type_url, name, params, until)
-            if wanted and name in lingering:
-                self.lingering.cancel(type_url, name, wanted)
+        if self.linger > 0:
+            plain: list[str] = []
+            variants: list[tuple[str, Params]] = []
+            for name in names:
+                subscribed = sub.locators.get(name)
+                if not subscribed:
+                    continue
+                for params in subscribed - demand.wanted_params(type_url, name):
+                    if (name, params) in already:
+                        continue
+                    if params == EMPTY_PARAMS:
+                        plain.append(name)
+                    else:
+                        variants.append((name, params))
+            self.lingering.start(type_url, now, until, plain, variants)
         if demand.wants_wildcard(type_url):
             self.lingering.cancel_wildcard(type_url)
         elif sub.wildcard:
@@ -280,13 +428,22 @@ class Targets:
         """Bring the subscription of ``names`` (None: every name) and of the
         wildcard in line with what is needed: the change, and what is no
         longer subscribed dropped from the cache."""
-        self.lingering.expire(type_url, now, names)
-        target, wildcard = self.target(type_url, demand, now, names)
+        ending = self.lingering.take_ending(type_url, now, names)
+        target, wildcard = self.target(type_url, demand, now, names, ending)
         sub = self._subscribed.setdefault(type_url, TypeSubscription())
         subscribe, unsubscribe = _replace(sub, target, names is None)
-        for name, dropped in unsubscribe.items():
-            self._forget(type_url, name, target.get(name, set()), dropped, wildcard,
-                         sub.locators)
+        if unsubscribe and oversized(sub.locators):  # most of it went: a table as small as the rest
+            sub.locators = dict(sub.locators)
+        if not wildcard:  # (the wildcard subscription still brings every variant)
+            gone = []  # names no subscription keeps: forgotten together, told once
+            for name, dropped in unsubscribe.items():
+                kept = target.get(name, set())
+                if kept:
+                    self._forget_variants(type_url, name, kept, dropped)
+                else:
+                    gone.append(name)
+            if gone:
+                self.cache.forget(type_url, gone, keep=sub.locators)
         was_wildcard = sub.wildcard
         if was_wildcard and not wildcard:
             self.cache.end_wildcard(type_url, sub.locators.keys())
@@ -319,25 +476,39 @@ class Targets:
     # -- targets ------------------------------------------------------------------
 
     def target(self, type_url: str, demand: Demand, now: float,
-               names: Collection[str] | None) -> tuple[Locators, bool]:
+               names: Collection[str] | None,
+               ending: _Ending | None = None) -> tuple[Locators, bool]:
         """The locators to be subscribed to: what is needed and not served
         from cache already, for ``names`` (None: every name), and whether the
-        wildcard is."""
-        lingering = self.lingering.of_type(type_url)
+        wildcard is. Needed is what clients want and what lingers: a locator
+        subscribed that nobody wants, unless its linger is ``ending``; on a
+        new stream, nothing is subscribed yet: what was let go and is not
+        due."""
         wildcard = demand.wants_wildcard(type_url) or \
             self.lingering.wildcard_lingers(type_url, now)
+        current = self._subscribed.get(type_url, TypeSubscription()).locators
         needed: dict[str, frozenset[Params]]
         if names is None:
             needed = demand.wanted_locators(type_url)
-            names = {*needed, *lingering}
+            for name, params in self.lingering.entries(type_url):
+                if ending is None or params not in ending.params(name):
+                    needed[name] = needed.get(name, frozenset()) | {params}
+            names = {*needed, *current}
         else:
             needed = {name: demand.wanted_params(type_url, name) for name in names}
-        for name in names:
-            waiting = lingering.get(name)
-            if waiting:
-                live = {params for params, until in waiting.items() if until > now}
-                needed[name] = needed.get(name, frozenset()) | live
-        current = self._subscribed.get(type_url, TypeSubscription()).locators
+        if self.linger > 0:
+            for name in names:
+                subscribed = current.get(name)
+                if not subscribed:
+                    continue
+                wanted = needed.get(name, _NOTHING)
+                if subscribed <= wanted:
+                    continue  # wanted as subscribed: nothing lingers
+                held = subscribed - wanted if wanted else subscribed
+                if ending:
+                    held = held - ending.params(name)
+                if held:
+                    needed[name] = wanted | held if wanted else held
         target: Locators = {}
         for name, params_set in needed.items():
             subscribed = current.get(name)
@@ -365,14 +536,9 @@ class Targets:
                    any(variant.constraints.matches(q) for q in chosen)
                    for variant in found.values())
 
-    def _forget(self, type_url: str, name: str, kept: Set[Params], dropped: Set[Params],
-                wildcard: bool, still_subscribed: Container[str]) -> None:
-        """Drop cached variants that no remaining subscription keeps current."""
-        if wildcard:
-            return  # the wildcard subscription still brings every variant
-        if not kept:
-            self.cache.forget(type_url, [name], keep=still_subscribed)
-            return
+    def _forget_variants(self, type_url: str, name: str, kept: Set[Params],
+                         dropped: Set[Params]) -> None:
+        """Drop cached variants of ``name`` that no remaining subscription keeps current."""
         found = self.cache.variants(type_url, name)
         keep = [key for key, variant in found.items()
                 if any(variant.constraints.matches(p) for p in kept)] \

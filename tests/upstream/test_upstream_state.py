@@ -224,7 +224,7 @@ def test_last_client_leaving_unsubscribes_and_forgets() -> None:
     assert state.subscription_counts() == {}
 
 
-def test_linger_delays_unsubscribe_and_a_return_cancels_it() -> None:
+def test_linger_delays_unsubscribe_and_a_return_keeps_it() -> None:
     state, index, _ = make(linger=10.0)
     state.on_connect(index, 0)
     sub = Sub()
@@ -243,7 +243,11 @@ def test_linger_delays_unsubscribe_and_a_return_cancels_it() -> None:
     state.on_interest_changed(ENDPOINT, index, 13)
     index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
     assert state.on_interest_changed(ENDPOINT, index, 14) == []
+    # Its linger ends all the same (nothing looks it up to cancel it), finding it wanted.
+    assert state.next_deadline() == 23.0
+    assert state.on_tick(index, 23) == []
     assert state.next_deadline() is None
+    assert state.subscription_counts() == {ENDPOINT: 1}
 
 
 # -- variants: locators ----------------------------------------------------------
