@@ -12,6 +12,7 @@ from typing import TypeAlias
 
 from relay.config import ConfigError, RelayConfig, config_keys, load_config
 from relay.logs import configure_logging
+from relay.memory import exec_with_allocator
 from relay.preflight import ports_in_use
 
 _DESCRIPTION = """\
@@ -189,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"xds-relay: warning: {port}", file=sys.stderr)
             return 0
         if args.command == "run":
+            if argv is None:  # the command line (a call from Python keeps its process)
+                exec_with_allocator()  # returns only if the allocator is chosen already
             config = load_config(args.config)
             if args.node_id:
                 config = config.model_copy(update={

@@ -4,9 +4,12 @@ injected clock, and what the return does."""
 from __future__ import annotations
 
 import asyncio
+import os
 import platform
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pytest
@@ -15,10 +18,12 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import Update
 from relay.core import Core
 from relay.memory import (
+    ALLOCATOR,
     LARGE,
     STREAM,
     MemoryReturn,
     ReturnPolicy,
+    exec_with_allocator,
     malloc_trim,
     map_large_blocks,
     oversized,
@@ -27,6 +32,7 @@ from relay.protocol.limits import DEFAULT_LIMITS
 from relay.server.serving import ServingSettings
 from relay.server.streams import DownstreamStream
 from relay.xds_types import ENDPOINT
+from tests.ports import free_port
 
 
 class Clock:
@@ -124,6 +130,92 @@ def test_a_table_far_larger_than_what_it_holds_is_oversized() -> None:
     assert oversized(table)  # dicts keep their size as entries go
     assert not oversized(dict(table))  # a copy is as small as what it holds
     assert not oversized({})
+
+
+def test_a_table_a_fifth_of_what_it_was_is_oversized() -> None:
+    # A client of 100,000 names leaving 20,000 lingering (upstream.linger_names):
+    # the tables keyed by name are copied down to what is left.
+    table = dict.fromkeys(f"made-up-{i}" for i in range(100_000))
+    for key in list(table)[:60_000]:
+        del table[key]
+    assert not oversized(table)  # 40 %: kept
+    for key in list(table)[:20_000]:
+        del table[key]
+    assert oversized(table)
+    assert not oversized(dict(table))
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_a_relay_command_starts_again_with_glibcs_malloc_unless_an_allocator_is_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "orig_argv", ["python3", "-X", "dev", "-m", "relay", "run"])
+    started: list[tuple[str, list[str], dict[str, str]]] = []
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        started.append((path, argv, env))
+
+    exec_with_allocator({"HOME": "/home/relay"}, execve)
+    assert started == [(sys.executable, ["python3", "-X", "dev", "-m", "relay", "run"],
+                         {"HOME": "/home/relay", "PYTHONMALLOC": ALLOCATOR})]
+    started.clear()
+    exec_with_allocator({"PYTHONMALLOC": "pymalloc"}, execve)  # the operator's choice
+    exec_with_allocator({"PYTHONMALLOC": ALLOCATOR}, execve)  # started again already
+    assert started == []
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def proc_file(pid: int, name: str) -> list[bytes]:
+    """``/proc/<pid>/<name>``'s NUL-separated fields."""
+    return Path(f"/proc/{pid}/{name}").read_bytes().split(b"\0")
+
+
+async def healthy(admin_port: int, timeout: float = 30.0) -> None:
+    """Until the relay on ``admin_port`` answers /healthz (bounded)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", admin_port)
+        except OSError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+            continue
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        status = await reader.readline()
+        writer.close()
+        await writer.wait_closed()
+        assert status.startswith(b"HTTP/1.1 200"), status
+        return
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@pytest.mark.parametrize(("environment", "allocator"),
+                         [({}, "malloc"), ({"PYTHONMALLOC": "pymalloc"}, "pymalloc")])
+async def test_xds_relay_run_allocates_with_glibcs_malloc(
+        tmp_path: Path, environment: dict[str, str], allocator: str) -> None:
+    admin = free_port()
+    config = tmp_path / "relay.yaml"
+    config.write_text(f"""
+node: {{id: allocator}}
+server: {{address: "127.0.0.1:{free_port()}"}}
+admin: {{address: "127.0.0.1:{admin}"}}
+upstream: {{address: "127.0.0.1:{free_port()}"}}
+""")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"} | environment
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "relay", "run", "--config", str(config), cwd=REPO, env=env,
+        stderr=asyncio.subprocess.DEVNULL)
+    try:
+        await healthy(admin)
+        # the same process, started again: its environment and command line as execve left them
+        assert f"PYTHONMALLOC={allocator}".encode() in proc_file(process.pid, "environ")
+        assert proc_file(process.pid, "cmdline")[:3] == [sys.executable.encode(), b"-m",
+                                                         b"relay"]
+    finally:
+        process.terminate()
+        assert await process.wait() == 0
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
