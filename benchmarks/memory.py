@@ -41,7 +41,12 @@ per name to see what is native (gRPC, protobuf, the allocators' free lists).
 
 The relay runs from ``--relay-src`` (default: this checkout), with this
 checkout's clients, so that a git worktree of another commit is measured the
-same way.
+same way. It allocates as ``xds-relay run`` does (glibc's malloc, see
+:func:`relay.memory.exec_with_allocator`); ``PYTHONMALLOC=pymalloc`` in this
+command's environment measures CPython's own allocator instead (and a tree
+from before that choice runs with CPython's). ``--json`` has, per names
+phase, the RSS every 0.5 s from 1 s before the client left (``since_left``:
+seconds, MiB), to see when memory comes back.
 
 Usage::
 
@@ -376,10 +381,22 @@ async def _names_phase(protocol: str, relay: RelayUnderTest, sampler: RssSampler
             "rss_before_mib": before, "rss_peak_mib": sampler.peak_since(start),
             "rss_held_mib": held, "rss_after_mib": after,
             "rss_after_linger_mib": after_linger, "client": outcome,
+            "since_left": timeline(sampler, left),
             "units": settings.names, "unit": "name",
             "breakdown": None if base is None else {"base": base, "held": at_held,
                                                     "after": at_after,
                                                     "after-linger": at_after_linger}}
+
+
+def timeline(sampler: RssSampler, left: float, step: float = 0.5) -> list[tuple[float, float]]:
+    """The RSS (MiB) from 1 s before the client left, every ``step`` seconds:
+    (seconds since it left, RSS)."""
+    found: list[tuple[float, float]] = []
+    for at, rss in sampler.samples:
+        since = at - left
+        if since >= -1.0 and (not found or since >= found[-1][0] + step):
+            found.append((round(since, 1), round(rss, 1)))
+    return found
 
 
 async def delta_names(relay: RelayUnderTest, sampler: RssSampler, targets: Targets,
