@@ -61,6 +61,9 @@ class Limits:
     # on one stream, so a relay chained to another stays below what it accepts.
     upstream_names: int = 200_000
     upstream_names_per_host: int = 100_000
+    # Load report streams forwarded to the origins at once (each holds a
+    # stream to every origin; see relay.server.load_reports).
+    load_report_streams: int = 10_000
     # the type URLs a stream may ask for (None: any)
     type_urls: frozenset[str] | None = None
 

@@ -5,7 +5,9 @@
   synced with its origin; all NOT_SERVING once it drains;
 * server reflection, so that ``grpcurl`` and friends can list and call them;
 * CSDS (``envoy.service.status.v3.ClientStatusDiscoveryService``): what each
-  connected client holds, computed by :mod:`relay.server.status`.
+  connected client holds, computed by :mod:`relay.server.status`;
+* LRS (``envoy.service.load_stats.v3.LoadReportingService``): load reports
+  forwarded to the origins, by :mod:`relay.server.load_reports`.
 
 CSDS and reflection tell a caller about every client, so they answer only
 peers allowed to debug (``server.authorization.debug``, and processes on the
@@ -15,15 +17,20 @@ relay's host): see :meth:`relay.server.access.Access.admit_debug`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 from envoy.service.status.v3 import csds_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
+from relay.server.load_reports import LRS_SERVICE, load_report_handlers
 from relay.server.serving import ServingContext
 from relay.server.status import UnsupportedMatcher, client_status
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
+
+if TYPE_CHECKING:
+    from relay.upstream.origins import Origins
 
 CSDS_SERVICE = "envoy.service.status.v3.ClientStatusDiscoveryService"
 HEALTH_SERVICE = "grpc.health.v1.Health"
@@ -35,7 +42,8 @@ XDS_SERVICES: tuple[str, ...] = (ADS_SERVICE, *(s.service for s in PER_TYPE_SERV
 
 def served_services() -> list[str]:
     """Every gRPC service on the xDS port, sorted: what reflection lists."""
-    return sorted({*XDS_SERVICES, CSDS_SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE})
+    return sorted({*XDS_SERVICES, CSDS_SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE,
+                   LRS_SERVICE})
 
 
 class Health:
@@ -121,6 +129,7 @@ def _import_service_descriptors() -> None:
     import envoy.service.discovery.v3.ads_pb2
     import envoy.service.endpoint.v3.eds_pb2
     import envoy.service.listener.v3.lds_pb2
+    import envoy.service.load_stats.v3.lrs_pb2
     import envoy.service.route.v3.rds_pb2
     import envoy.service.route.v3.srds_pb2
     import envoy.service.runtime.v3.rtds_pb2
@@ -128,10 +137,12 @@ def _import_service_descriptors() -> None:
 
 
 async def add_ecosystem_services(server: grpc.aio.Server, serving: ServingContext,
-                                 health_status: Health) -> None:
-    """Register health, reflection and CSDS on ``server``; report the process up."""
+                                 health_status: Health, origins: Origins | None = None) -> None:
+    """Register health, reflection, CSDS and LRS (forwarded to ``origins``; None:
+    refused) on ``server``; report the process up."""
     health_pb2_grpc.add_HealthServicer_to_server(health_status.servicer, server)
-    server.add_generic_rpc_handlers([_csds_handlers(serving)])
+    server.add_generic_rpc_handlers([_csds_handlers(serving),
+                                     load_report_handlers(serving, origins)])
     _import_service_descriptors()
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(_Reflection(serving), server)
     await health_status.set_started()

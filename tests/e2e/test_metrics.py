@@ -217,7 +217,7 @@ async def test_series_alerts_take_increase_of_start_at_zero() -> None:
             "streams", "streams_per_connection", "streams_per_host", "connections_per_host",
             "new_streams_per_second", "leases_per_host", "request_size", "names_per_request",
             "names_per_stream", "name_length", "node_size", "dynamic_parameters",
-            "upstream_names", "upstream_names_per_host", "origin")}
+            "upstream_names", "upstream_names_per_host", "load_report_streams", "origin")}
     assert series(samples, "xds_relay_downstream_refused_streams_total") == {
         labels(reason=reason): 0 for reason in REFUSAL_REASONS}
     assert series(samples, "xds_relay_ready") == {labels(): 0}

@@ -149,6 +149,7 @@ async def test_reflection_lists_every_service_on_the_xds_port() -> None:
             ADS_SERVICE,
             "envoy.service.endpoint.v3.EndpointDiscoveryService",
             "envoy.service.listener.v3.ListenerDiscoveryService",
+            "envoy.service.load_stats.v3.LoadReportingService",
             "envoy.service.route.v3.RouteDiscoveryService",
             "envoy.service.route.v3.ScopedRoutesDiscoveryService",
             "envoy.service.route.v3.VirtualHostDiscoveryService",
