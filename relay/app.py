@@ -11,11 +11,12 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
 import grpc
+from envoy.config.core.v3 import base_pb2
 from opentelemetry.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
@@ -35,10 +36,12 @@ from relay.encoding import MAX_MESSAGE_SIZE
 from relay.interest import InterestIndex
 from relay.logs import RateLimitedLog
 from relay.memory import MemoryReturn
+from relay.node_groups import MAX_GROUPS_LIMIT, NodeGroups
 from relay.persistence.restore import Restored, restore
 from relay.persistence.stores import DirectoryStore, RedisStore, SnapshotStore, StoreError
 from relay.persistence.writer import SnapshotWriter
 from relay.protocol.limits import LIMITED_REASONS, NUMBERED_LIMITS, Limits
+from relay.protocol.view import CacheView
 from relay.server.access import (
     REFUSAL_LOG_INTERVAL,
     REFUSAL_REASONS,
@@ -263,8 +266,18 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
     # serving the processes of --workers, not clients
     private = listen is not None
     forwards = origin is not None or bool(config.origins())
-    core = Core.create(metrics, serving_settings(config, metrics, clock, private=private,
-                                                 forwards=forwards), clock)
+    settings = serving_settings(config, metrics, clock, private=private, forwards=forwards)
+    grouping = config.upstream.node_groups if config.upstream is not None else None
+    if grouping is not None and origin is None and not private:
+        # Each group's core serves as the relay's own would, without groups.
+        plain = settings
+
+        def group_core(group: str, node: base_pb2.Node) -> GroupCore:
+            return GroupCore.create(config, metrics, plain, clock, group, node)
+
+        settings = replace(settings, groups=NodeGroups(grouping.spec(), node_proto(config),
+                                                       group_core, clock))
+    core = Core.create(metrics, settings, clock)
     upstream = _origins(config, core, origin) if forwards else None
     if upstream is not None and not private:
         core.index.limit_demand(demand_ledger(config, clock))
@@ -288,9 +301,48 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
     return Relay(config, parts, admin=admin, readiness=readiness)
 
 
-def _origins(config: RelayConfig, core: Core, hub: Dialer | None) -> Origins:
+@dataclass(frozen=True)
+class GroupCore:
+    """What one node group is served from (see :mod:`relay.node_groups`): a core of
+    its own, and a client per origin whose streams carry the group's node."""
+
+    core: Core
+    origins: Origins
+
+    @classmethod
+    def create(cls, config: RelayConfig, metrics: Metrics, settings: ServingSettings,
+               clock: Clock, group: str, node: base_pb2.Node) -> GroupCore:
+        """The core of ``group``, asking every origin as ``node``."""
+        core = Core.create(metrics, settings, clock)
+        origins = _origins(config, core, None, node, group)
+        core.index.limit_demand(demand_ledger(config, clock))
+        return cls(core, origins)
+
+    @property
+    def cache(self) -> ResourceCache:
+        return self.core.cache
+
+    @property
+    def index(self) -> InterestIndex:
+        return self.core.index
+
+    @property
+    def view(self) -> CacheView:
+        return self.core.serving.view
+
+    async def run(self) -> None:
+        """Follow the group's origins, and expire its TTLs, until cancelled."""
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.origins.run())
+            tasks.create_task(self.core.expire_ttls())
+
+
+def _origins(config: RelayConfig, core: Core, hub: Dialer | None,
+             node: base_pb2.Node | None = None, group: str | None = None) -> Origins:
     """A client per origin (``hub``: the one origin of a --workers process), wired into
-    ``core`` as the way back up from its index."""
+    ``core`` as the way back up from its index. ``node``: what the clients ask as
+    (None: the relay's ``node:``); ``group``: the node group they serve, named in
+    their origin names (``default/GROUP``)."""
     if hub is not None:
         only = Routes((), default=True)
         client = _upstream_client(config, config.hub_link(), core, hub, core.cache, core.index)
@@ -305,16 +357,19 @@ def _origins(config: RelayConfig, core: Core, hub: Dialer | None) -> Origins:
             demand: Demand = RoutedDemand(core.index, table, name)
         else:
             cache, demand = core.cache, core.index
-        clients[name] = _upstream_client(config, upstream, core, dialers(upstream, key),
-                                         cache, demand, name)
+        clients[name] = _upstream_client(
+            config, upstream, core, dialers(upstream, key), cache, demand,
+            name if group is None else f"{name}/{group}", node)
     return core.follow_origins(table, clients)
 
 
 def _upstream_client(config: RelayConfig, upstream: UpstreamConfig, core: Core,
                      servers: Dialer | list[Dialer], cache: OriginCache, demand: Demand,
-                     origin: str = DEFAULT_ORIGIN) -> UpstreamClient:
-    """The client of the origin ``origin``'s stream, as ``upstream`` says."""
-    state = UpstreamState(node_proto(config), cache, upstream.linger,
+                     origin: str = DEFAULT_ORIGIN, node: base_pb2.Node | None = None
+                     ) -> UpstreamClient:
+    """The client of the origin ``origin``'s stream, as ``upstream`` says (asking as
+    ``node``; None: the relay's)."""
+    state = UpstreamState(node or node_proto(config), cache, upstream.linger,
                           upstream.answer_grace, upstream.max_request_size,
                           upstream.initial_versions)
     return core.client(servers, state, demand,
@@ -478,6 +533,9 @@ class Relay:
 
     def _observe_state(self) -> None:
         """Gauges counted from the relay's state when metrics are collected."""
+        groups = self.serving.settings.groups
+        if groups is not None:
+            self.metrics.observe_node_groups(groups.sizes, self._parts.registry)
         self.metrics.observe_state(
             self.cache.counts, self.serving.subscription_counts,
             self._upstream_subscription_counts if self.origins is not None else None)
@@ -539,6 +597,8 @@ class Relay:
         metrics = self.metrics
         for limit in LIMITED_REASONS:
             metrics.downstream_limited.add(0, {"limit": limit})
+        if self.serving.settings.groups is not None:
+            metrics.downstream_limited.add(0, {"limit": MAX_GROUPS_LIMIT})
         for reason in REFUSAL_REASONS:
             metrics.downstream_refused.add(0, {"reason": reason})
         if self._parts.snapshots:
@@ -784,6 +844,8 @@ class Relay:
             await server.stop(grace)
         # after both servers: no fetch can take a new lease any more
         await self._parts.fetcher.aclose()
+        if self.serving.settings.groups is not None:
+            await self.serving.settings.groups.close()
         # Bounded: a collector that does not answer must not hold up the exit.
         self._parts.meter_provider.shutdown(timeout_millis=1000)  # type: ignore[attr-defined]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -52,6 +53,12 @@ from relay.config.values import (
     is_dns_name,
 )
 from relay.http_limits import DEFAULT_HTTP_LIMITS, HttpLimits
+from relay.node_groups import (
+    DEFAULT_GROUP_LINGER,
+    DEFAULT_MAX_GROUPS,
+    GroupSpec,
+    field_error,
+)
 from relay.protocol.limits import DEFAULT_LIMITS
 from relay.protocol.sizing import DEFAULT_MAX_RESPONSE_SIZE
 from relay.server.fetch import DEFAULT_LEASE, DEFAULT_WAIT
@@ -296,6 +303,11 @@ class LimitsConfig(_Section):
         default=DEFAULT_LIMITS.upstream_names_per_host,
         description="of upstream_names, the distinct names the streams and REST polls of "
                     "one client host may hold at once")
+    load_report_streams: CountField = Field(
+        default=DEFAULT_LIMITS.load_report_streams,
+        description="load report (LRS) streams the relay forwards at once, all clients "
+                    "together, per process; each holds a stream to every origin (one more is "
+                    "refused with RESOURCE_EXHAUSTED)")
     request_size: RequestSizeField = Field(
         default=DEFAULT_LIMITS.request_size,
         description="the encoded size of one request; gRPC itself refuses twice as much "
@@ -454,6 +466,53 @@ class FallbackServerConfig(_Section):
         return self
 
 
+# The issue's key is `copy`, which shadows BaseModel.copy (deprecated, never used
+# on a config): pydantic warns once, at import, about nothing that matters here.
+warnings.filterwarnings("ignore", message='Field name "copy" in "NodeGroupsConfig"',
+                        category=UserWarning)
+
+
+class NodeGroupsConfig(_Section):
+    """Clients grouped by fields of their nodes, a stream to the origin per group
+    (see relay.node_groups)."""
+
+    key: list[str] = Field(
+        min_length=1,
+        description="the node fields whose values make a client's group: id, cluster, "
+                    "user_agent_name, locality.region, locality.zone, locality.sub_zone, "
+                    "metadata.<field> (nested with dots)")
+    copy: list[str] = Field(  # type: ignore[assignment]  # see the filter above
+        default_factory=list,
+        description="more fields of the group's first client's node sent to the origin on "
+                    "the group's stream (same names as key)")
+    max_groups: CountField = Field(
+        default=DEFAULT_MAX_GROUPS,
+        description="the most groups open at once: a client that would open one more is "
+                    "refused with RESOURCE_EXHAUSTED")
+    linger: DurationField = Field(
+        default=DEFAULT_GROUP_LINGER,
+        description="keep a group's origin stream this long after its last client left")
+    missing: Literal["empty", "refuse"] = Field(
+        default="empty",
+        description="a client whose node lacks a key field: in the group of empty values "
+                    "for it (empty), or refused with INVALID_ARGUMENT (refuse)")
+
+    @field_validator("key", "copy")
+    @classmethod
+    def _node_fields(cls, value: list[str]) -> list[str]:
+        problems = [problem for name in value if (problem := field_error(name)) is not None]
+        if problems:
+            raise ValueError("; ".join(problems))
+        if len(set(value)) != len(value):
+            raise ValueError("a field is listed twice")
+        return value
+
+    def spec(self) -> GroupSpec:
+        """The groups as :mod:`relay.node_groups` takes them."""
+        return GroupSpec(tuple(self.key), tuple(self.copy), self.max_groups, self.linger,
+                         self.missing)
+
+
 class UpstreamConfig(_Section):
     """Where resources come from: an origin control plane or a directory."""
 
@@ -510,11 +569,18 @@ class UpstreamConfig(_Section):
                     "max_response_size: the relay moves to the next when the one in use is "
                     "unreachable and a client wants a resource not cached, and back to "
                     "address as soon as it answers (gRFC A71)")
+    node_groups: NodeGroupsConfig | None = Field(
+        default=None,
+        description="group clients by fields of their nodes, each group served over "
+                    "origin streams of its own that carry the group's node (for origins "
+                    "that build configuration per node); on upstream: only, for every origin")
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> UpstreamConfig:
         if (self.address is None) == (self.files is None):
             raise ValueError("set exactly one of 'address' or 'files'")
+        if self.files is not None and self.node_groups is not None:
+            raise ValueError("node_groups is for an origin at 'address', not for 'files'")
         if self.files is not None and (self.tls or self.token_file or self.initial_metadata):
             raise ValueError("tls, token_file and initial_metadata are for an origin at "
                              "'address', not for 'files'")
@@ -782,6 +848,27 @@ class RelayConfig(_Section):
                                                               {"message": message}),
                                      loc=("authorities", authority, "files"),
                                      input=str(origin.files))])
+        return self
+
+    @model_validator(mode="after")
+    def _node_groups_on_upstream_alone(self) -> RelayConfig:
+        for authority, origin in self.authorities.items():
+            if origin.node_groups is not None:
+                message = ("node groups are set once, on upstream:, and group the clients "
+                           "for every origin; remove this one")
+                raise ValidationError.from_exception_data(type(self).__name__, [
+                    InitErrorDetails(type=PydanticCustomError("value_error", "{message}",
+                                                              {"message": message}),
+                                     loc=("authorities", authority, "node_groups"),
+                                     input="...")])
+        if self.upstream is not None and self.upstream.node_groups is not None and \
+                self.server.workers > 1:
+            message = ("node groups need one process (a --workers hub would ask the origin "
+                       "as one node for every group): set server.workers to 1")
+            raise ValidationError.from_exception_data(type(self).__name__, [
+                InitErrorDetails(type=PydanticCustomError("value_error", "{message}",
+                                                          {"message": message}),
+                                 loc=("upstream", "node_groups"), input="...")])
         return self
 
     def hub_link(self) -> UpstreamConfig:

@@ -231,7 +231,8 @@ def test_misspelt_upstream_key_message() -> None:
     assert str(err) == ("relay.yaml:9: upstream.adress: unknown key "
                         "(allowed: address, files, poll_interval, backoff, linger, answer_grace, "
                         "tls, token_file, initial_metadata, keepalive, connect_timeout, "
-                        "max_response_size, max_request_size, initial_versions, fallback)")
+                        "max_response_size, max_request_size, initial_versions, fallback, "
+                        "node_groups)")
 
 
 # --------------------------------------------------------------------------- required fields

@@ -1,0 +1,241 @@
+"""End to end: node groups (issue 26). A scripted origin that builds its
+configuration per ``node.cluster``, as go-control-plane's ``SnapshotCache``
+with a ``NodeHash`` by cluster does; clients of two service clusters behind
+one relay with ``upstream.node_groups: {key: [cluster]}``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import grpc
+from aiohttp import ClientSession
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
+
+from relay.xds_types import CLUSTER
+from tests.builders import cluster
+from tests.clock import ManualClock
+from tests.e2e.test_metrics import labels, scrape, series
+from tests.harness import (
+    OriginStream,
+    ScriptedOrigin,
+    Stack,
+    XdsClient,
+    eventually,
+    running_stack,
+)
+
+
+class PerClusterOrigin(ScriptedOrigin):
+    """Answers each stream from the resources of its node's cluster."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_cluster: dict[str, dict[str, dict[str, tuple[str, any_pb2.Any]]]] = {}
+
+    def cluster_of(self, stream: OriginStream) -> str:
+        return stream.log[0].node.cluster
+
+    def asked(self) -> list[str]:
+        """The cluster of each stream that asked for something (the relay's own
+        stream, which serves no client here, asks for nothing)."""
+        return sorted(self.cluster_of(s) for s in self.streams if s.log)
+
+    def streams_of(self, cluster_name: str) -> list[OriginStream]:
+        return [s for s in self.streams if s.log and self.cluster_of(s) == cluster_name]
+
+    def _answer(self, stream: OriginStream, request: discovery_pb2.DeltaDiscoveryRequest
+                ) -> None:
+        self.resources = self.by_cluster.setdefault(self.cluster_of(stream), {})
+        super()._answer(stream, request)
+
+    def send(self, stream: OriginStream, type_url: str, names: Iterable[str],
+             removed: Iterable[str] = ()) -> str:
+        self.resources = self.by_cluster.setdefault(self.cluster_of(stream), {})
+        return super().send(stream, type_url, names, removed)
+
+    def set_for(self, cluster_name: str, timeout_s: int) -> None:
+        """``backend`` as ``cluster_name``'s nodes get it (its connect timeout
+        tells them apart), pushed to that cluster's streams."""
+        body = any_pb2.Any()
+        body.Pack(cluster("backend", timeout_s))
+        self.by_cluster.setdefault(cluster_name, {}).setdefault(CLUSTER, {})["backend"] = (
+            f"v{timeout_s}", body)
+        for stream in self.streams_of(cluster_name):
+            if "backend" in stream.subscribed.get(CLUSTER, set()):
+                self.send(stream, CLUSTER, ["backend"])
+
+
+GROUPS = "node_groups: {key: [cluster], copy: [metadata.NAMESPACE], linger: 60s}"
+
+
+async def subscribe(stack: Stack, cluster_name: str, node_id: str) -> XdsClient:
+    client = stack.client()
+    client_node = base_pb2.Node(id=node_id, cluster=cluster_name)
+    client_node.metadata.update({"NAMESPACE": f"ns-{cluster_name}"})
+    await client.send(node=client_node, type_url=CLUSTER, resource_names_subscribe=["backend"])
+    return client
+
+
+def timeout_of(response: discovery_pb2.DeltaDiscoveryResponse) -> int:
+    [resource] = response.resources
+    got = cluster_pb2.Cluster()
+    resource.resource.Unpack(got)
+    return got.connect_timeout.seconds
+
+
+async def started(**config: str) -> tuple[PerClusterOrigin, dict[str, str]]:
+    origin = PerClusterOrigin()
+    origin.set_for("checkout", 1)
+    origin.set_for("payments", 2)
+    return origin, config
+
+
+async def test_each_group_gets_its_clusters_configuration_over_its_own_stream() -> None:
+    origin, _ = await started()
+    async with running_stack(origin, upstream=GROUPS) as stack:
+        checkout = await subscribe(stack, "checkout", "c-1")
+        payments = await subscribe(stack, "payments", "p-1")
+        first = await checkout.recv()
+        assert timeout_of(first) == 1
+        await checkout.ack(first)
+        first = await payments.recv()
+        assert timeout_of(first) == 2
+        await payments.ack(first)
+        # one origin stream per group, carrying the group's node
+        assert origin.asked() == ["checkout", "payments"]
+        [sent] = [s.log[0].node for s in origin.streams_of("checkout")]
+        assert (sent.id, sent.cluster, dict(sent.metadata)) == (
+            "relay-test", "checkout", {"NAMESPACE": "ns-checkout"})
+        # a change to one cluster's configuration reaches that group only
+        origin.set_for("payments", 3)
+        assert timeout_of(await payments.recv()) == 3
+        await checkout.expect_nothing()
+
+
+async def test_a_third_client_of_a_group_is_answered_from_cache() -> None:
+    origin, _ = await started()
+    async with running_stack(origin, upstream=GROUPS) as stack:
+        first = await subscribe(stack, "checkout", "c-1")
+        assert timeout_of(await first.recv()) == 1
+        second = await subscribe(stack, "payments", "p-1")
+        assert timeout_of(await second.recv()) == 2
+        asked = len(origin.subscription_requests())
+        third = await subscribe(stack, "checkout", "c-2")
+        assert timeout_of(await third.recv()) == 1
+        assert origin.asked() == ["checkout", "payments"]
+        assert len(origin.subscription_requests()) == asked
+        # /clients names each stream's group
+        async with ClientSession() as http, \
+                http.get(f"http://127.0.0.1:{stack.relay.admin_port}/clients") as reply:
+            clients = (await reply.json())["clients"]
+        groups = {c["node_id"]: c["group"]["key"] for c in clients}
+        assert groups == {"c-1": ["checkout"], "c-2": ["checkout"], "p-1": ["payments"]}
+
+
+async def test_the_last_client_leaving_closes_its_groups_stream_after_linger() -> None:
+    origin, _ = await started()
+    clock = ManualClock()
+    async with running_stack(origin, upstream=GROUPS, clock=clock) as stack:
+        checkout = await subscribe(stack, "checkout", "c-1")
+        payments = await subscribe(stack, "payments", "p-1")
+        await checkout.recv()
+        await payments.ack(await payments.recv())
+        groups = stack.relay.serving.settings.groups
+        assert groups is not None
+        checkout.close()
+        await eventually(lambda: sorted(groups.sizes()) == [0, 1])
+        await clock.advance(59.0)
+        assert len(groups) == 2
+        [stream] = origin.streams_of("checkout")
+        await clock.advance(1.0)
+        await eventually(lambda: len(groups) == 1)
+        # the origin sees the group's stream end
+        await eventually(lambda: stream.outbox.qsize() > 0 and
+                         stream.outbox._queue[-1] is None)  # type: ignore[attr-defined]
+        # the other group is still served
+        origin.set_for("payments", 4)
+        assert timeout_of(await payments.recv()) == 4
+
+
+async def test_a_client_opening_one_group_too_many_is_refused() -> None:
+    origin, _ = await started()
+    async with running_stack(origin, upstream=GROUPS.replace("linger", "max_groups: 1, linger")
+                             ) as stack:
+        checkout = await subscribe(stack, "checkout", "c-1")
+        await checkout.recv()
+        payments = await subscribe(stack, "payments", "p-1")
+        try:
+            await payments.recv()
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error.details() == ("the relay serves 1 node groups, its most "
+                                       "(upstream.node_groups.max_groups); this client's "
+                                       "would be a new one")
+        else:
+            raise AssertionError("not refused")
+        samples = await scrape(stack.relay.admin_port)
+        limited = series(samples, "xds_relay_downstream_limited_streams_total")
+        assert limited[labels(limit="node_groups.max_groups")] == 1
+        assert series(samples, "xds_relay_node_groups") == {labels(): 1}
+        assert series(samples, "xds_relay_node_group_clients_count") == {labels(): 1}
+        assert origin.asked() == ["checkout"]
+
+
+async def test_a_key_value_too_long_is_refused() -> None:
+    origin, _ = await started()
+    async with running_stack(origin, upstream=GROUPS) as stack:
+        client = await subscribe(stack, "x" * 200, "c-1")
+        try:
+            await client.recv()
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error.details() == (
+                "the client's node cluster is 200 characters, more than the 128 a node group "
+                f"key value may be: {'x' * 32}... (168 more characters)")
+        else:
+            raise AssertionError("not refused")
+        assert origin.asked() == []
+
+
+async def test_one_groups_nack_of_its_origin_touches_only_it() -> None:
+    origin, _ = await started()
+    async with running_stack(origin, upstream=GROUPS) as stack:
+        checkout = await subscribe(stack, "checkout", "c-1")
+        payments = await subscribe(stack, "payments", "p-1")
+        await checkout.ack(await checkout.recv())
+        await payments.ack(await payments.recv())
+        [bad_stream] = origin.streams_of("checkout")
+        # a body of another type than the response's: the relay NACKs it
+        body = any_pb2.Any()
+        body.Pack(base_pb2.Node(id="not a cluster"))
+        bad = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="bad")
+        bad.resources.add(name="backend", version="broken", resource=body)
+        bad_stream.outbox.put_nowait(bad)
+        await eventually(lambda: any(r.response_nonce == "bad" and r.error_detail.message
+                                     for r in bad_stream.log))
+        await checkout.expect_nothing()  # keeps what it has
+        [good_stream] = origin.streams_of("payments")
+        assert not any(r.error_detail.message for r in good_stream.log)
+        origin.set_for("payments", 5)
+        assert timeout_of(await payments.recv()) == 5
+        # the NACKed group still takes its origin's next good update
+        origin.set_for("checkout", 6)
+        assert timeout_of(await checkout.recv()) == 6
+        assert origin.asked() == ["checkout", "payments"]
+
+
+async def test_without_groups_every_client_gets_the_relays_configuration() -> None:
+    origin, _ = await started()
+    origin.set_for("xds-relay", 9)
+    async with running_stack(origin) as stack:
+        checkout = await subscribe(stack, "checkout", "c-1")
+        payments = await subscribe(stack, "payments", "p-1")
+        assert timeout_of(await checkout.recv()) == 9
+        assert timeout_of(await payments.recv()) == 9
+        assert origin.asked() == ["xds-relay"]
+        assert stack.relay.serving.settings.groups is None
+        await asyncio.sleep(0)
