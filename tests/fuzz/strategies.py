@@ -322,11 +322,51 @@ def valid_requests(draw: st.DrawFn, method: Method, first: bool = False,
         request = discovery_pb2.DiscoveryRequest(
             type_url=type_url, resource_names=resource_names, resource_locators=locs,
             response_nonce=nonce, version_info=draw(st.one_of(st.just(""), _SHORT)))
+    # (a per-type service's request may leave its type out: the method's is meant)
+    _xdstp_names_of_its_type(request, type_url or method.type_url or "")
     if node is not None:
         request.node.CopyFrom(node)
     if error is not None:
         request.error_detail.CopyFrom(error)
     return Step(request, answer=answer, wait=draw(st.integers(0, 3)) == 0)
+
+
+def _xdstp_names_of_its_type(request: Any, type_url: str) -> None:
+    """Make a valid request's xdstp names well-formed names of its own type
+    (TP1: the relay refuses another type's name, a malformed one, and a glob
+    over SotW), each once in the request."""
+    typed = f"xdstp://fuzz/{type_url.rpartition('/')[2]}/a" if type_url else "missing"
+
+    def fixed(name: str) -> str:
+        return typed if name.startswith("xdstp:") else name
+
+    seen: set[str] = set()
+
+    def once(field: Any) -> None:
+        kept = [n for n in map(fixed, field) if not (n in seen or seen.add(n))]  # type: ignore[func-returns-value]
+        del field[:]
+        field.extend(kept)
+
+    if isinstance(request, discovery_pb2.DeltaDiscoveryRequest):
+        once(request.resource_names_subscribe)
+        once(request.resource_names_unsubscribe)
+        locator_fields = (request.resource_locators_subscribe,
+                          request.resource_locators_unsubscribe)
+    else:
+        once(request.resource_names)
+        locator_fields = (request.resource_locators,)
+    for field in locator_fields:
+        kept = []
+        for locator in field:
+            locator.name = fixed(locator.name)
+            if locator.name not in seen:
+                seen.add(locator.name)
+                kept.append(locator)
+        kept = [discovery_pb2.ResourceLocator(name=loc.name,
+                                              dynamic_parameters=dict(loc.dynamic_parameters))
+                for loc in kept]
+        del field[:]
+        field.extend(kept)
 
 
 # -- invalid requests ------------------------------------------------------------------------
