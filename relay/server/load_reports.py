@@ -58,6 +58,7 @@ from envoy.service.load_stats.v3 import lrs_pb2
 from google.protobuf import duration_pb2
 
 from relay.authorization import PeerIdentity
+from relay.errors import RelayError
 from relay.protocol.limits import shown
 from relay.server.decoding import RequestTooLarge, UndecodableRequest, request_decoder
 from relay.server.serving import ServingContext
@@ -180,7 +181,7 @@ class ReportFanOut:
 # -- the service ---------------------------------------------------------------
 
 
-class _End(Exception):
+class _End(RelayError):
     """The client's stream ends with this status."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
