@@ -299,7 +299,9 @@ def _leaf_fields(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInf
     """Every leaf field under ``model`` by dotted key, sections walked into (optional or not)."""
     leaves: dict[str, FieldInfo] = {}
     for name, field in model.model_fields.items():
-        types = typing.get_args(field.annotation) or (field.annotation,)
+        # A list or mapping of sections (upstream.fallback, authorities) is one key.
+        is_container = typing.get_origin(field.annotation) in (list, dict)
+        types = () if is_container else typing.get_args(field.annotation) or (field.annotation,)
         sections = [t for t in types if isinstance(t, type) and issubclass(t, BaseModel)]
         if sections:
             leaves.update(_leaf_fields(sections[0], f"{prefix}{name}."))
@@ -313,6 +315,8 @@ def _config_setting(key: str, value: object) -> str:
     document: dict[str, Any] = {"node": {"id": "a"}, "upstream": {"address": "origin:18000"},
                                 "metrics": {"otlp": {"endpoint": "http://collector:4318"}},
                                 "persistence": {"redis": {"url": "redis://cache:6379"}}}
+    if key.startswith("upstream.node_groups."):  # a section with a required key of its own
+        document["upstream"]["node_groups"] = {"key": ["cluster"]}
     *sections, leaf = key.split(".")
     mapping = document
     for section in sections:
