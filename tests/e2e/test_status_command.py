@@ -305,7 +305,13 @@ async def test_status_of_a_relay_with_a_token_and_tls_needs_token_file_and_ca_fi
                                 "admin.token_file names)\n")
     assert mistaken == (1, "", f"xds-relay status: {admin}/clients: 401, the token in "
                                "--token-file is not the relay's (admin.token_file)\n")
-    assert served == (0, "no clients are connected\n", "")
+    # the relay's one origin first (its age ticks: matched, not compared), then the clients
+    code, out, err = served
+    assert (code, err) == (0, "")
+    assert re.fullmatch(
+        r"ORIGIN +SERVER +STATE +SYNCED +RECONNECTS\n"
+        r"default +127\.0\.0\.1:\d+ +CONNECTED since \S+Z \(\d+s ago\) +(yes|no) +0\n"
+        r"\nno clients are connected\n", out), out
     assert plaintext == (1, "", f"xds-relay status: {plain} closed the connection without "
                                 "answering (with admin.tls, use an https:// --admin)\n")
 
@@ -336,7 +342,9 @@ async def test_status_lists_the_clients_of_every_worker(
             await follower.close()
         await origin.stop()
     assert (code, err) == (0, "")
-    rows = columns(out.splitlines())
+    lines = out.splitlines()
+    assert lines[0].startswith("ORIGIN") and lines[1].startswith("default ")  # the hub's origin
+    rows = columns(lines[lines.index("") + 1:])
     assert rows[0] == ["NODE", "PEER", "PROTOCOL", "WORKER", "Cluster", "LAST NACK"]
     assert [(row[0], row[2], row[3], row[4], row[5]) for row in rows[1:]] == [
         (node_id, "delta", str(worker), "SYNCED (v1)", "-")
