@@ -96,6 +96,7 @@ xds-relay demo is running
   origin (files in {resources}/): Delta ADS on 127.0.0.1:{origin.xds_port}
   relay:  xDS clients connect to 127.0.0.1:{relay.xds_port}
           (ADS SotW and delta, and the per-type discovery services)
+  console: http://127.0.0.1:{relay.admin_port}/  (open it in a browser)
   admin:  http://127.0.0.1:{relay.admin_port}/metrics  (Prometheus scrape)
           http://127.0.0.1:{relay.admin_port}/config_dump  /clients  /ready  /healthz
 """, flush=True)
