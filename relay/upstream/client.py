@@ -108,6 +108,17 @@ class UpstreamStatus:
                                   for type_url, at in sorted(self.last_response.items())}}
 
 
+def delta_ads_call(channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]
+                   ) -> grpc.aio.StreamStreamCall:
+    """A Delta-ADS call on ``channel`` that fails at once when the server cannot
+    be reached (rather than waiting for it to be)."""
+    return channel.stream_stream(
+        DELTA_ADS_METHOD,
+        request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+        response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
+    )(metadata=metadata, wait_for_ready=False)
+
+
 class UpstreamClient:
     """Keeps one Delta-ADS stream to the origin open for as long as it runs.
 
@@ -342,11 +353,7 @@ class UpstreamClient:
             log.error("cannot connect to origin %s: %s", dialer.target, error)
             return False
         async with channel:
-            call = channel.stream_stream(
-                DELTA_ADS_METHOD,
-                request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
-                response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
-            )(metadata=metadata, wait_for_ready=False)
+            call = delta_ads_call(channel, metadata)
             self.streams_opened += 1
             if self.streams_opened > 1:
                 self.metrics.upstream_reconnects.add(1, self._labels)
@@ -530,11 +537,7 @@ class UpstreamClient:
             log.warning("cannot probe the primary %s: %s", dialer.target, error)
             return False
         async with channel:
-            call = channel.stream_stream(
-                DELTA_ADS_METHOD,
-                request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
-                response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
-            )(metadata=metadata, wait_for_ready=False)
+            call = delta_ads_call(channel, metadata)
             answer = asyncio.create_task(self._probe_answer(call))
             connected = asyncio.create_task(channel.channel_ready())
             try:
