@@ -576,8 +576,7 @@ class Relay:
         for _, client in self.origins:
             status = client.status()
             statuses.append({
-                **status.to_json(), "fallback": status.on_fallback,
-                "fallback_index": status.in_use,
+                **status.to_json(),
                 "connected_since": status.since if status.connected else None,
                 "disconnected_since": None if status.connected else status.since,
                 "synced": client.synced_event.is_set()})
