@@ -419,6 +419,25 @@ def test_dashboard_legends_name_only_labels_their_query_keeps() -> None:
             assert label in kept, f"{query.where}: legend {{{{{label}}}}} not in {query.expr}"
 
 
+def test_panels_over_time_of_the_origin_streams_say_which_origin() -> None:
+    """A relay with authorities has a stream per origin: a panel over time that
+    folded them into one series would show a relay down without saying which
+    origin (the overview's stat may fold them: it is red when any is down)."""
+    per_origin = ("xds_relay_upstream_connected", "xds_relay_upstream_reconnects_total")
+    checked = 0
+    for panel in panels():
+        if panel["type"] == "stat":
+            continue
+        for target in panel.get("targets", []):
+            if not any(series in target["expr"] for series in per_origin):
+                continue
+            checked += 1
+            assert "origin" in grouping_labels(target["expr"]), (
+                f"{panel['title']}: {target['expr']}")
+            assert "{{origin}}" in target.get("legendFormat", ""), panel["title"]
+    assert checked >= 2
+
+
 # -- the alert rules ---------------------------------------------------------------------------
 
 
