@@ -6,8 +6,12 @@ server must: it decodes every request (``DeltaDiscoveryRequest.FromString``),
 answers a subscription with the subscribed resources and writes updates to
 the streams subscribed to what changed. Every response is encoded once and
 its bytes written as they are (the serializer is the identity), so what is
-left is gRPC and the event loop. It runs with the relay's own gRPC server
-options, in its own process, as the relay does.
+left is gRPC and the event loop. It runs in its own process, as the relay
+does, with the relay's own gRPC server options (``--options relay``, the
+default) or with gRPC's defaults (``--options default``: no options at all),
+the two baselines that bound what the relay's options cost; over TLS with
+``--tls-cert`` and ``--tls-key`` (PEM files: the relay's own, for a like
+comparison).
 
 A response is what the relay sends for the same resources: a
 DeltaDiscoveryResponse with the type URL, a nonce and, per resource, a
@@ -33,8 +37,9 @@ stdout (it prints ``port P`` once listening, and exits at the end of stdin):
   ``sent@T`` (T the ``time.monotonic()`` of the push, comparable across
   processes on one machine); answers ``ok``.
 
-Usage: ``python -m benchmarks.bare [--port 0] [--big K] [--size 1024] [--glob K]``; the
-benchmarks start it with :func:`bare_process`.
+Usage: ``python -m benchmarks.bare [--port 0] [--big K] [--size 1024] [--glob K]
+[--options relay|default] [--tls-cert FILE --tls-key FILE]``; the benchmarks
+start it with :func:`bare_process`.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -63,6 +69,8 @@ from tests.builders import endpoints, version_of
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 # responses kept encoded per set of names asked for (the oldest dropped first)
 _KEPT_RESPONSES = 8
+# gRPC server options of each baseline: the relay's own, and gRPC's defaults
+OPTIONS: dict[str, list[tuple[str, Any]]] = {"relay": _SERVER_OPTIONS, "default": []}
 # the glob collection of the federation benchmark (benchmarks.federation)
 GLOB = "xdstp://auth/envoy.config.endpoint.v3.ClusterLoadAssignment/pool/*"
 
@@ -150,20 +158,30 @@ class _Stream:
 class BareServer:
     """The server: a generic handler over a :class:`Catalog`."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, options: str = "relay",
+                 tls: tuple[Path, Path] | None = None) -> None:
+        """``options``: a key of :data:`OPTIONS`; ``tls``: (certificate, key) files."""
         self.catalog = catalog
+        self._options = OPTIONS[options]
+        self._tls = tls
         self._streams: set[_Stream] = set()
         self._server: grpc.aio.Server | None = None
         self._ticks = 0
 
     async def start(self, port: int) -> int:
-        server = grpc.aio.server(options=_SERVER_OPTIONS)
+        server = grpc.aio.server(options=self._options)
         handler = grpc.stream_stream_rpc_method_handler(
             self._serve, request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
             response_serializer=_identity)
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
             ADS_SERVICE, {"DeltaAggregatedResources": handler})])
-        bound = server.add_insecure_port(f"127.0.0.1:{port}")
+        address = f"127.0.0.1:{port}"
+        if self._tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            cert, key = (path.read_bytes() for path in self._tls)
+            bound = server.add_secure_port(
+                address, grpc.ssl_server_credentials([(key, cert)]))
         await server.start()
         self._server = server
         return int(bound)
@@ -239,7 +257,8 @@ async def _control(server: BareServer) -> None:
         task.cancel()
 
 
-async def serve(port: int, big: int, size: int, glob: int = 0) -> None:
+async def serve(port: int, big: int, size: int, glob: int = 0, options: str = "relay",
+                tls: tuple[Path, Path] | None = None) -> None:
     catalog = Catalog()
     small = endpoints(NAME, 1)
     catalog.set(NAME, version_of(small), small.SerializeToString())
@@ -252,7 +271,7 @@ async def serve(port: int, big: int, size: int, glob: int = 0) -> None:
             message = endpoints(member, 1)
             catalog.set(member, version_of(message), message.SerializeToString())
         catalog.collections[GLOB] = tuple(glob_members(glob))
-    server = BareServer(catalog)
+    server = BareServer(catalog, options, tls)
     print(f"port {await server.start(port)}", flush=True)
     try:
         await _control(server)
@@ -287,13 +306,17 @@ class BareProcess:
 
 
 @contextlib.asynccontextmanager
-async def bare_process(big: int = 0, size: int = 1024, glob: int = 0
+async def bare_process(big: int = 0, size: int = 1024, glob: int = 0, *,
+                       options: str = "relay", tls: tuple[Path, Path] | None = None
                        ) -> AsyncIterator[BareProcess]:
-    """``python -m benchmarks.bare`` on a free port, once listening; ended on
-    the way out (end of stdin, then SIGKILL after 10 s)."""
+    """``python -m benchmarks.bare`` on a free port, once listening (with
+    ``options``, a key of :data:`OPTIONS`; over TLS with ``tls``, the
+    certificate and key files); ended on the way out (end of stdin, then
+    SIGKILL after 10 s)."""
+    tls_args = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "benchmarks.bare", "--big", str(big), "--size", str(size),
-        "--glob", str(glob),
+        "--glob", str(glob), "--options", options, *tls_args,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     assert process.stdin is not None and process.stdout is not None
     try:
@@ -322,8 +345,15 @@ def main() -> None:
                         help="bytes of each big-N ClusterLoadAssignment (about)")
     parser.add_argument("--glob", type=int, default=0,
                         help="also serve the collection GLOB of K members")
+    parser.add_argument("--options", choices=sorted(OPTIONS), default="relay",
+                        help="gRPC server options: the relay's, or gRPC's defaults")
+    parser.add_argument("--tls-cert", type=Path, help="serve over TLS: certificate (PEM)")
+    parser.add_argument("--tls-key", type=Path, help="serve over TLS: its key (PEM)")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.big, args.size, args.glob))
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
+    asyncio.run(serve(args.port, args.big, args.size, args.glob, args.options, tls))
 
 
 if __name__ == "__main__":

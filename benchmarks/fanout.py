@@ -1,10 +1,12 @@
-"""Fan-out benchmark: the relay against a bare gRPC server, N streams each.
+"""Fan-out benchmark: the relay against bare gRPC servers, N streams each.
 
-For each N, runs alternate between two servers, each in its own process:
-the relay (``xds-relay run``, following a scripted origin in this process
-over Delta ADS) and the bare ``grpc.aio`` server of :mod:`benchmarks.bare`
-(pre-encoded bytes, the relay's server options). The same worker processes'
-code is the client of both: N delta streams (one gRPC connection each, like
+For each N, runs alternate between servers, each in its own process: the
+relay (``xds-relay run``, following a scripted origin in this process over
+Delta ADS) and two baselines, the bare ``grpc.aio`` server of
+:mod:`benchmarks.bare` (pre-encoded bytes) with the relay's gRPC server
+options (``bare``) and with gRPC's defaults (``bare-default``): what the
+relay's options cost shows between the two. The same worker processes'
+code is the client of all: N delta streams (one gRPC connection each, like
 N Envoys) subscribe to one ClusterLoadAssignment and ACK what they get.
 
 A run: one stream in this process subscribes (for the relay, it keeps the
@@ -30,11 +32,19 @@ and every stream notes when the new version arrived. Per run:
 * ``storm_origin_requests`` (relay only): requests the origin received
   meanwhile; the resource is cached, so none should be.
 
-Each figure is reported as min and median over runs, for both servers,
-with relay / bare.
+Each figure is reported as min and median over runs for every server,
+then as ratios of like with like (min over min, median over median): the
+relay over each baseline.
 
-Usage: ``python -m benchmarks.fanout [--streams 1000,2000] [--runs 3] [--rounds 5] [--workers 2]``
-Writes a table to stdout and JSON to ``benchmarks/results/fanout.json``.
+The relay runs from ``--relay-src`` (default: this checkout; a git worktree
+of another commit measures that commit with this checkout's clients and
+baselines). ``--servers`` picks the servers; ``relay-pymalloc`` is the relay
+with ``PYTHONMALLOC=pymalloc`` (CPython's own allocator; ``xds-relay run``
+otherwise starts again on glibc's malloc), reported against the relay too.
+
+Usage: ``python -m benchmarks.fanout [--streams 1000,2000] [--runs 3] [--rounds 5] [--workers 2]
+[--relay-src DIR] [--servers bare,bare-default,relay]``
+Writes tables to stdout and JSON to ``benchmarks/results/fanout.json``.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -66,11 +77,17 @@ from benchmarks.processes import (
     subscription,
     workers,
 )
-from benchmarks.report import Comparison, compare, table, values, write_results
+from benchmarks.report import revision, server_tables, summarize_servers, write_results
 from tests.builders import endpoints, version_of
 from tests.harness import ScriptedOrigin
 
-SERVERS = ("bare", "relay")
+# every server a run can measure, in the order they alternate; the default set
+SERVERS = ("bare", "bare-default", "relay", "relay-pymalloc")
+DEFAULT_SERVERS = ("bare", "bare-default", "relay")
+BASELINES = ("bare", "bare-default")
+# (a, b) of each ratio a / b reported, of the servers that ran
+RATIOS = (("relay", "bare"), ("relay", "bare-default"), ("relay-pymalloc", "bare"),
+          ("relay-pymalloc", "bare-default"), ("relay-pymalloc", "relay"))
 # label of each figure, in the order reported
 FIGURES = {
     "update_all_ms": "update reaches all streams (ms)",
@@ -146,26 +163,33 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def bare_server() -> AsyncIterator[Server]:
-    async with bare_process() as bare:
+async def bare_server(kind: str = "bare", options: str = "relay",
+                      tls: tuple[Path, Path] | None = None,
+                      client_tls: Callable[[str], ClientTLS | None] = lambda name: None
+                      ) -> AsyncIterator[Server]:
+    """The bare server with ``options`` (``"relay"``: the relay's gRPC options,
+    ``"default"``: gRPC's), over TLS with ``tls`` (certificate and key files)."""
+    async with bare_process(options=options, tls=tls) as bare:
         async def change(port: int) -> None:
             await bare.command(f"update {NAME} {port}")
 
-        yield Server("bare", bare.pid, bare.target, change)
+        yield Server(kind, bare.pid, bare.target, change, client_tls=client_tls)
 
 
 @contextlib.asynccontextmanager
 async def relay_server(kind: str = "relay", server_extra: str = "",
-                       client_tls: Callable[[str], ClientTLS | None] = lambda name: None
+                       client_tls: Callable[[str], ClientTLS | None] = lambda name: None,
+                       *, src: Path | None = None, env: dict[str, str] | None = None
                        ) -> AsyncIterator[Server]:
     """A relay following a scripted origin; ``server_extra``: more keys of its
-    ``server`` section (see :func:`relay_process`), e.g. ``tls``."""
+    ``server`` section (see :func:`relay_process`), e.g. ``tls``; ``src``:
+    the tree it runs from, ``env``: more of its environment."""
     origin = await ScriptedOrigin().start()
     origin.set(endpoints(NAME, 1))
     try:
         # drain_period 0: the harness's SIGTERM at the end need not wait.
         async with relay_process("bench-relay", origin.port, drain_period=0,
-                                 server_extra=server_extra) as relay:
+                                 server_extra=server_extra, src=src, env=env) as relay:
             async def change(port: int) -> None:
                 origin.set(endpoints(NAME, port))
 
@@ -175,7 +199,19 @@ async def relay_server(kind: str = "relay", server_extra: str = "",
         await origin.stop()
 
 
-SERVER_OF = {"bare": bare_server, "relay": relay_server}
+def starters(src: Path | None = None
+             ) -> dict[str, Callable[[], AbstractAsyncContextManager[Server]]]:
+    """How to start a fresh server of each kind in :data:`SERVERS` (the relay's from ``src``)."""
+    return {
+        "bare": bare_server,
+        "bare-default": functools.partial(bare_server, "bare-default", "default"),
+        "relay": functools.partial(relay_server, src=src),
+        "relay-pymalloc": functools.partial(relay_server, "relay-pymalloc", src=src,
+                                            env={"PYTHONMALLOC": "pymalloc"}),
+    }
+
+
+SERVER_OF = starters()
 
 
 @contextlib.asynccontextmanager
@@ -206,9 +242,19 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000, 2)
 
 
+def _no_phases(phase: str, pid: int) -> AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext()
+
+
 async def measure(start: Callable[[], AbstractAsyncContextManager[Server]], n: int,
-                  rounds: int, worker_count: int, per_channel: int) -> dict[str, Any]:
-    """One run against a fresh server, from ``start`` (e.g. ``SERVER_OF[kind]``)."""
+                  rounds: int, worker_count: int, per_channel: int,
+                  phases: Callable[[str, int], AbstractAsyncContextManager[Any]] = _no_phases
+                  ) -> dict[str, Any]:
+    """One run against a fresh server, from ``start`` (e.g. ``SERVER_OF[kind]``).
+
+    ``phases(phase, pid)`` is entered around the storm (``"storm"``) and the
+    updates (``"updates"``), given the server's pid: a profiler's hook
+    (:mod:`benchmarks.profile`)."""
     async with start() as server, keeper(server.target, server.client_tls("keeper")):
         await asyncio.sleep(0.5)
         rss_before = rss_kib(server.pid)
@@ -220,9 +266,10 @@ async def measure(start: Callable[[], AbstractAsyncContextManager[Server]], n: i
             cpu_before = cpu_seconds(server.pid)
             main_before = main_thread_cpu_seconds(server.pid)
             client_cpu_before = sum(cpu_seconds(pid) for pid in client_pids)
-            started = time.monotonic()
-            clients.send("storm")
-            firsts = [t for ts in await clients.next_messages() for t in ts]
+            async with phases("storm", server.pid):
+                started = time.monotonic()
+                clients.send("storm")
+                firsts = [t for ts in await clients.next_messages() for t in ts]
             storm_cpu = cpu_seconds(server.pid) - cpu_before
             storm_main = main_thread_cpu_seconds(server.pid) - main_before
             storm_client_cpu = sum(cpu_seconds(pid) for pid in client_pids) - client_cpu_before
@@ -231,20 +278,21 @@ async def measure(start: Callable[[], AbstractAsyncContextManager[Server]], n: i
             await asyncio.sleep(0.5)
             rss_after = rss_kib(server.pid)
             everyone, median_stream, cpu, main = [], [], [], []
-            for round_no in range(rounds):
-                port = 1000 + round_no
-                clients.send(version_of(endpoints(NAME, port)))
-                await asyncio.sleep(0.2)  # let workers start reading
-                cpu_before = cpu_seconds(server.pid)
-                main_before = main_thread_cpu_seconds(server.pid)
-                sent = time.monotonic()
-                await server.change(port)
-                times = [t for ts in await clients.next_messages() for t in ts]
-                await asyncio.sleep(0.1)  # the last ACKs
-                cpu.append(cpu_seconds(server.pid) - cpu_before)
-                main.append(main_thread_cpu_seconds(server.pid) - main_before)
-                everyone.append(max(times) - sent)
-                median_stream.append(statistics.median(times) - sent)
+            async with phases("updates", server.pid):
+                for round_no in range(rounds):
+                    port = 1000 + round_no
+                    clients.send(version_of(endpoints(NAME, port)))
+                    await asyncio.sleep(0.2)  # let workers start reading
+                    cpu_before = cpu_seconds(server.pid)
+                    main_before = main_thread_cpu_seconds(server.pid)
+                    sent = time.monotonic()
+                    await server.change(port)
+                    times = [t for ts in await clients.next_messages() for t in ts]
+                    await asyncio.sleep(0.1)  # the last ACKs
+                    cpu.append(cpu_seconds(server.pid) - cpu_before)
+                    main.append(main_thread_cpu_seconds(server.pid) - main_before)
+                    everyone.append(max(times) - sent)
+                    median_stream.append(statistics.median(times) - sent)
             clients.send(None)
     return {
         "update_all_ms": _ms(statistics.median(everyone)),
@@ -265,21 +313,21 @@ async def measure(start: Callable[[], AbstractAsyncContextManager[Server]], n: i
     }
 
 
-def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Comparison]:
-    bare = runs["bare"]
-    return {key: compare(values(runs["relay"], key),
-                         None if key == "storm_origin_requests" else values(bare, key))
-            for key in FIGURES}
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each server's spread per figure, and the ratios of :data:`RATIOS`."""
+    return summarize_servers(runs, list(FIGURES), RATIOS)
 
 
-async def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
+async def run_all(args: argparse.Namespace, servers: list[str]) -> list[dict[str, Any]]:
+    start = starters(args.relay_src)
     results = []
     for n in (int(x) for x in args.streams.split(",")):
-        runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in SERVERS}
+        runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in servers}
         for run in range(args.runs):
-            # alternate which goes first, to spread the machine's noise
-            for kind in SERVERS if run % 2 == 0 else SERVERS[::-1]:
-                result = await measure(SERVER_OF[kind], n, args.rounds, args.workers,
+            # rotate which goes first, to spread the machine's noise
+            shift = run % len(servers)
+            for kind in [*servers[shift:], *servers[:shift]]:
+                result = await measure(start[kind], n, args.rounds, args.workers,
                                        args.streams_per_connection)
                 runs[kind].append(result)
                 print(json.dumps({"streams": n, "server": kind, "run": run, **result}),
@@ -296,14 +344,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="updates per run")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--streams-per-connection", type=int, default=1)
+    parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="the tree the relay runs from (default: this checkout)")
+    parser.add_argument("--servers", default=",".join(DEFAULT_SERVERS),
+                        help=f"a subset of {','.join(SERVERS)}")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fanout.json"))
     args = parser.parse_args()
-    results = asyncio.run(run_all(args))
+    asked = args.servers.split(",")
+    if unknown := set(asked) - set(SERVERS):
+        parser.error(f"unknown servers: {', '.join(sorted(unknown))}")
+    servers = [s for s in SERVERS if s in asked]
+    args.relay_src = args.relay_src.resolve()
+    commit = revision(args.relay_src)
+    results = asyncio.run(run_all(args, servers))
     for result in results:
-        rows = [(label, result["summary"][key]) for key, label in FIGURES.items()]
-        print(f"\n{result['streams']} streams, {args.runs} runs each:\n"
-              f"{table(rows, 'figure')}")
+        loads = [run["load"] for runs in result["runs"].values() for run in runs]
+        print(f"\n{result['streams']} streams, {args.runs} runs each, relay at {commit} "
+              f"({args.relay_src}), 1-minute load {min(loads):.1f}-{max(loads):.1f}:\n"
+              f"{server_tables(result['summary'], FIGURES, servers)}")
     write_results(args.out, "benchmarks.fanout", runs=args.runs, rounds=args.rounds,
+                  relay_src=str(args.relay_src), revision=commit, servers=servers,
                   results=results)
 
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -101,7 +101,8 @@ ONE_HOST_LIMITS = ("limits: {streams_per_host: 1000000, connections_per_host: 10
 async def relay_process(node_id: str, origin_port: int, drain_period: float, *,
                         upstream_extra: str = "", server_extra: str = "",
                         sections: str = "", log_level: str = "warning",
-                        stderr: IO[bytes] | None = None, run_args: Sequence[str] = ()
+                        stderr: IO[bytes] | None = None, run_args: Sequence[str] = (),
+                        src: Path | None = None, env: Mapping[str, str] | None = None
                         ) -> AsyncIterator[RelayProcess]:
     """``xds-relay run`` following the origin on ``origin_port``, once ready.
 
@@ -112,8 +113,11 @@ async def relay_process(node_id: str, origin_port: int, drain_period: float, *,
     without a ``limits`` section, :data:`ONE_HOST_LIMITS`);
     ``run_args`` are more arguments to ``run`` (e.g. ``["--workers", "4"]``);
     the relay logs at ``log_level`` to ``stderr`` (the harness's own by
-    default). Stopped on the way out (SIGTERM, then SIGKILL after 10 s) if
-    still running.
+    default). With ``src``, the relay is another tree's (a git worktree of
+    another commit: it starts there, with ``src`` as ``PYTHONPATH``); ``env``
+    adds to its environment (e.g. ``{"PYTHONMALLOC": "pymalloc"}``: ``xds-relay
+    run`` chooses glibc's malloc only where none is named). Stopped on the
+    way out (SIGTERM, then SIGKILL after 10 s) if still running.
     """
     xds_port, admin_port = free_port(), free_port()
     extra = f", {upstream_extra}" if upstream_extra else ""
@@ -128,9 +132,10 @@ logging: {{level: {log_level}}}
 {sections}
 {"" if "limits:" in sections else ONE_HOST_LIMITS}
 """)
+    environ = {**os.environ, **(env or {}), **({"PYTHONPATH": str(src)} if src else {})}
     process = subprocess.Popen(  # noqa: ASYNC220 (started once, before measuring)
         [sys.executable, "-m", "relay", "run", "--config", config.name, *run_args],
-        stderr=stderr)
+        stderr=stderr, cwd=src, env=environ)
     try:
         await wait_ready(admin_port)
         yield RelayProcess(process, xds_port, admin_port)

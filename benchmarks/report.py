@@ -105,3 +105,58 @@ def table(rows: Sequence[tuple[str, Comparison]], first_column: str = "") -> str
             f"| {_number(c['bare']['median']):>11} | {_times(c['ratio']['min']):>9} "
             f"| {_times(c['ratio']['median']):>12} |")
     return "\n".join(lines)
+
+
+# -- several servers in one table --------------------------------------------------
+#
+# A benchmark with more than one baseline (the bare server with the relay's
+# gRPC options and with gRPC's defaults, a bare TLS server, ...) reports each
+# server's min and median, then the ratios it names, (a, b) for a / b.
+
+
+def summarize_servers(runs: dict[str, list[dict[str, Any]]], keys: Sequence[str],
+                      ratios: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """Per figure in ``keys``: each server's spread and ``"a/b"`` for each
+    ``(a, b)`` in ``ratios`` of servers that ran (like with like)."""
+    summary = {}
+    for key in keys:
+        summary[key] = {
+            "servers": {server: spread(values(server_runs, key))
+                        for server, server_runs in runs.items()},
+            "ratios": {f"{a}/{b}": compare(values(runs[a], key), values(runs[b], key))["ratio"]
+                       for a, b in ratios if a in runs and b in runs}}
+    return summary
+
+
+def markdown(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A Markdown table, the first column left-aligned and the rest right."""
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    lines = ["| " + " | ".join(f"{cell:<{w}}" if i == 0 else f"{cell:>{w}}"
+                               for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
+             + " |" for line in [head, *rows]]
+    lines.insert(1, "| " + " | ".join("-" * widths[0] if i == 0 else "-" * (w - 1) + ":"
+                                      for i, w in enumerate(widths)) + " |")
+    return "\n".join(lines)
+
+
+def _both(ratio: Spread) -> str:
+    if ratio["min"] is None or ratio["median"] is None:
+        return "-"
+    return f"{ratio['min']:.2f}x / {ratio['median']:.2f}x"
+
+
+def server_tables(summary: dict[str, Any], figures: dict[str, str], servers: Sequence[str],
+                  labels: dict[str, str] | None = None) -> str:
+    """Two Markdown tables from :func:`summarize_servers`: each server's min
+    and median per figure (``figures``: key -> label), then the ratios
+    (min / median), each headed ``a / b`` (``labels``: a server's name in them)."""
+    name = (labels or {}).get
+    head = ["figure", *(f"{name(s, s)} {m}" for s in servers for m in ("min", "median"))]
+    rows = [[label, *(_number(summary[key]["servers"][s][m]) for s in servers
+                      for m in ("min", "median"))] for key, label in figures.items()]
+    ratio_keys = list(summary[next(iter(figures))]["ratios"])
+    ratio_head = ["figure (ratio min / median)",
+                  *(" / ".join(name(s, s) for s in key.split("/")) for key in ratio_keys)]
+    ratio_rows = [[label, *(_both(summary[key]["ratios"][r]) for r in ratio_keys)]
+                  for key, label in figures.items()]
+    return f"{markdown(head, rows)}\n\n{markdown(ratio_head, ratio_rows)}"
