@@ -371,7 +371,7 @@ def _upstream_client(config: RelayConfig, upstream: UpstreamConfig, core: Core,
     ``node``; None: the relay's)."""
     state = UpstreamState(node or node_proto(config), cache, upstream.linger,
                           upstream.answer_grace, upstream.max_request_size,
-                          upstream.initial_versions)
+                          upstream.initial_versions, upstream.linger_names)
     return core.client(servers, state, demand,
                        Backoff(upstream.backoff.initial, upstream.backoff.max), origin)
 

@@ -65,7 +65,7 @@ from relay.server.fetch import DEFAULT_LEASE, DEFAULT_WAIT
 from relay.sources.files import DEFAULT_POLL_INTERVAL
 from relay.telemetry import DEFAULT_OTLP_INTERVAL
 from relay.upstream.dial import DEFAULT_CONNECT_TIMEOUT
-from relay.upstream.state import DEFAULT_MAX_REQUEST_SIZE, SETTLE_GRACE
+from relay.upstream.state import DEFAULT_LINGER_NAMES, DEFAULT_MAX_REQUEST_SIZE, SETTLE_GRACE
 
 #: server.max_connection_age and its grace, when not configured (istiod's age).
 DEFAULT_MAX_CONNECTION_AGE = 30 * 60.0
@@ -531,6 +531,13 @@ class UpstreamConfig(_Section):
         description="keep an upstream subscription this long after its last client left: a "
                     "client that reconnects within it (its connection retired for its age, "
                     "its replica gone) costs the origin nothing")
+    linger_names: CountField = Field(
+        default=DEFAULT_LINGER_NAMES,
+        description="the most subscriptions (a name and its parameters) lingering at once "
+                    "on one origin stream, all types together; past it the oldest stop "
+                    "lingering at once. Each keeps its name and cache record (and heap its "
+                    "client shared) while it lingers; a client of more names that comes back "
+                    "costs the origin the rest")
     answer_grace: DurationField = Field(
         default=SETTLE_GRACE,
         description="a response this soon after a subscription may have crossed it on the "

@@ -47,6 +47,7 @@ from relay.upstream.resync import InitialVersions, Resync
 from relay.upstream.scoped import OriginCache
 from relay.upstream.settling import Settling
 from relay.upstream.targets import (
+    DEFAULT_LINGER_NAMES,
     Demand,
     Targets,
     TypeSubscription,
@@ -55,8 +56,8 @@ from relay.upstream.targets import (
 )
 from relay.xds_types import short_name
 
-__all__ = ["DEFAULT_MAX_REQUEST_SIZE", "SETTLE_GRACE", "Acked", "Demand", "InitialVersions",
-           "Nacked", "ResponseOutcome", "UpstreamState"]
+__all__ = ["DEFAULT_LINGER_NAMES", "DEFAULT_MAX_REQUEST_SIZE", "SETTLE_GRACE", "Acked", "Demand",
+           "InitialVersions", "Nacked", "ResponseOutcome", "UpstreamState"]
 
 log = logging.getLogger("relay.upstream")
 
@@ -102,10 +103,12 @@ class UpstreamState:
     def __init__(self, node: base_pb2.Node, cache: OriginCache,
                  linger: float = 0.0, answer_grace: float = SETTLE_GRACE,
                  max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
-                 initial_versions: InitialVersions = "auto") -> None:
+                 initial_versions: InitialVersions = "auto",
+                 linger_names: int | None = DEFAULT_LINGER_NAMES) -> None:
         self.cache = cache
         self._deadlines = Deadlines()
-        self._targets = Targets(cache, linger, self._deadlines)
+        # (linger_names: the most locators lingering at once; None: no bound)
+        self._targets = Targets(cache, linger, self._deadlines, linger_names)
         self._settling = Settling(answer_grace, self._deadlines)
         self._resync = Resync(cache, answer_grace, initial_versions, self._deadlines)
         self._requests = RequestCutter(node, max_request_size)

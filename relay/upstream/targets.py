@@ -96,7 +96,8 @@ class TypeSubscription:
         return sum(len(params) for params in list(self.locators.values())) + self.wildcard
 
 
-#: How many locators may linger at once (see :class:`Lingering`): what 20,000
+#: How many locators may linger at once (see :class:`Lingering`), the default of
+#: ``upstream.linger_names``: what 20,000
 #: names cost while they linger (3.5 MiB, and pages their client's other names
 #: shared) leaves a relay within 5-11 % of its RSS 5 s after a client of
 #: 100,000 names left (``python -m benchmarks.memory``), and any client of up

@@ -229,10 +229,10 @@ def test_misspelt_upstream_key_message() -> None:
         """)
     assert err.line == 9 and err.field == "upstream.adress"
     assert str(err) == ("relay.yaml:9: upstream.adress: unknown key "
-                        "(allowed: address, files, poll_interval, backoff, linger, answer_grace, "
-                        "tls, token_file, initial_metadata, keepalive, connect_timeout, "
-                        "max_response_size, max_request_size, initial_versions, fallback, "
-                        "node_groups)")
+                        "(allowed: address, files, poll_interval, backoff, linger, linger_names, "
+                        "answer_grace, tls, token_file, initial_metadata, keepalive, "
+                        "connect_timeout, max_response_size, max_request_size, initial_versions, "
+                        "fallback, node_groups)")
 
 
 # --------------------------------------------------------------------------- required fields
@@ -358,6 +358,33 @@ def test_bad_durations(setting: str, field: str, problem: str) -> None:
     assert err.line == 4 and err.field == field
     assert problem in err.problem
     assert str(err).startswith(f"relay.yaml:4: {field}: ")
+
+
+# --------------------------------------------------------------------------- linger_names
+
+
+def test_linger_names_default_and_setting() -> None:
+    assert parse_config(MINIMAL).upstream.linger_names == 20_000
+    cfg = parse_config("node: {id: a}\nupstream: {address: 'a:1', linger_names: 500}\n")
+    assert cfg.upstream.linger_names == 500
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("0", "must be at least 1, got 0"),
+    ("-5", "must be at least 1, got -5"),
+    ("1.5", "expected a whole number, got number"),
+    ("'20000'", "expected a whole number, got string"),
+    ("true", "expected a whole number, got boolean"),
+])
+def test_bad_linger_names(value: str, problem: str) -> None:
+    err = config_error(f"""
+        node: {{id: a}}
+        upstream:
+          address: origin:18000
+          linger_names: {value}
+        """)
+    assert err.line == 4 and err.field == "upstream.linger_names"
+    assert err.problem == problem
 
 
 # --------------------------------------------------------------------------- workers

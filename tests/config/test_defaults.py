@@ -57,6 +57,7 @@ def field_default(cls: type, name: str) -> Any:
 # (config key, the default where the relay uses it)
 RUNTIME_DEFAULTS: list[tuple[str, Any]] = [
     ("upstream.answer_grace", parameter_default(UpstreamState, "answer_grace")),
+    ("upstream.linger_names", parameter_default(UpstreamState, "linger_names")),
     ("upstream.max_request_size", parameter_default(UpstreamState, "max_request_size")),
     ("upstream.initial_versions", parameter_default(UpstreamState, "initial_versions")),
     ("upstream.poll_interval", parameter_default(FileSource, "poll_interval")),

@@ -250,6 +250,30 @@ def test_linger_delays_unsubscribe_and_a_return_keeps_it() -> None:
     assert state.subscription_counts() == {ENDPOINT: 1}
 
 
+def test_past_linger_names_the_oldest_are_unsubscribed_at_once_and_the_rest_return_free() -> None:
+    cache, index = ResourceCache(), InterestIndex()
+    state = UpstreamState(base_pb2.Node(id="relay"), cache, linger=10.0, linger_names=2)
+    state.on_connect(index, 0)
+    sub = Sub()
+    index.update(sub, ENDPOINT, Interest(frozenset({"a", "b", "c", "d", "e"})))
+    state.on_interest_changed(ENDPOINT, index, 0)
+    index.remove(sub)
+    assert state.on_interest_changed(ENDPOINT, index, 1) == []  # all five let go
+    assert state.next_deadline() == 1.0  # three past the bound: now
+    [request] = state.on_tick(index, 1)
+    cut = set(request.resource_names_unsubscribe)
+    assert len(cut) == 3 and state.subscription_counts() == {ENDPOINT: 2}
+    lingering = {"a", "b", "c", "d", "e"} - cut
+    # Back within the linger: the two lingering cost nothing, the three cut are asked again.
+    index.update(sub, ENDPOINT, Interest(frozenset({"a", "b", "c", "d", "e"})))
+    [again] = state.on_interest_changed(ENDPOINT, index, 5)
+    assert set(again.resource_names_subscribe) == cut
+    assert not set(again.resource_names_subscribe) & lingering
+    assert state.next_deadline() == 11.0
+    assert state.on_tick(index, 11) == []  # wanted again when their linger ends
+    assert state.subscription_counts() == {ENDPOINT: 5}
+
+
 # -- variants: locators ----------------------------------------------------------
 
 DPC = discovery_pb2.DynamicParameterConstraints
