@@ -9,8 +9,12 @@ means), in one session, against fresh servers of each mode, alternating:
 * ``mtls``: with ``server.tls.client_ca_file`` too (every client presents a
   certificate) and ``server.authorization.allow: ["spiffe://bench/ns/*/sa/*"]``,
   so that every stream's certificate identity is checked;
-* ``bare`` (context, plaintext only): the bare ``grpc.aio`` server of
-  :mod:`benchmarks.bare`.
+* ``bare-tls``, ``bare-tls-default``: the bare ``grpc.aio`` server of
+  :mod:`benchmarks.bare` over TLS with the relay's certificate and key, with
+  the relay's gRPC options and with gRPC's defaults: the baselines of ``tls``
+  (what TLS costs any ``grpc.aio`` server, and what is the relay's own);
+* ``bare``, ``bare-default``: the same in plaintext, the baselines of
+  ``plaintext``.
 
 One CA (``trustme``, :mod:`tests.certs`) signs every certificate, ECDSA
 P-256: the relay's (``relay.test``, 127.0.0.1), and for mTLS one client
@@ -31,18 +35,23 @@ Before the runs, a check that authorization runs in ``mtls``: a client whose
 identity the allow list does not match is refused (PERMISSION_DENIED).
 
 Each figure is reported as min and median over runs for each mode, then as
-ratios of like with like (min over min, median over median): TLS /
-plaintext, mTLS / plaintext, mTLS / TLS, and plaintext relay / bare. Beyond
+ratios of like with like (min over min, median over median): TLS and mTLS
+over the bare TLS servers, TLS / plaintext, mTLS / plaintext, mTLS / TLS,
+plaintext relay over the bare servers, bare TLS / bare. Beyond
 :mod:`benchmarks.fanout`'s table, to show where the cost goes: the server's
 CPU on its main thread (Python's event loop; gRPC's ``event_engine`` threads
 do the handshakes, HTTP/2 and encryption, and have the rest), and the client
 workers' CPU during the storm (the handshakes' client side, which on a small
 machine competes with the relay for the same cores).
 
-Usage (about 2 minutes on 2 cores)::
+The relay runs from ``--relay-src`` (default: this checkout), as in
+:mod:`benchmarks.fanout`.
 
-    .venv/bin/python -m benchmarks.tls [--streams 1000] [--runs 3] [--rounds 5]
-        [--workers 2] [--modes bare,plaintext,tls,mtls]
+Usage (about 5 minutes per N on 2 cores)::
+
+    .venv/bin/python -m benchmarks.tls [--streams 1000,2000] [--runs 3] [--rounds 5]
+        [--workers 2] [--relay-src DIR]
+        [--modes bare,bare-default,bare-tls,bare-tls-default,plaintext,tls,mtls]
 
 Writes tables to stdout and JSON to ``benchmarks/results/tls.json``.
 """
@@ -63,14 +72,19 @@ from typing import Any
 import grpc
 
 from benchmarks.fanout import Server, bare_server, measure, relay_server
-from benchmarks.processes import ClientTLS, open_streams
-from benchmarks.report import Spread, compare, spread, values, write_results
+from benchmarks.processes import ClientTLS, new_streams, subscription
+from benchmarks.report import revision, server_tables, summarize_servers, write_results
 from tests.certs import Authority
 
-MODES = ("bare", "plaintext", "tls", "mtls")
-MODE_LABELS = {"bare": "bare", "plaintext": "plaintext", "tls": "TLS", "mtls": "mTLS"}
+MODES = ("bare", "bare-default", "bare-tls", "bare-tls-default", "plaintext", "tls", "mtls")
+MODE_LABELS = {"bare": "bare", "bare-default": "bare default", "bare-tls": "bare TLS",
+               "bare-tls-default": "bare TLS default", "plaintext": "plaintext",
+               "tls": "TLS", "mtls": "mTLS"}
 # (numerator, denominator) of each ratio reported
-RATIOS = (("tls", "plaintext"), ("mtls", "plaintext"), ("mtls", "tls"), ("plaintext", "bare"))
+RATIOS = (("tls", "bare-tls"), ("tls", "bare-tls-default"), ("mtls", "bare-tls"),
+          ("mtls", "bare-tls-default"), ("tls", "plaintext"), ("mtls", "plaintext"),
+          ("mtls", "tls"), ("plaintext", "bare"), ("plaintext", "bare-default"),
+          ("bare-tls", "bare"))
 ALLOW = "spiffe://bench/ns/*/sa/*"
 # label of each figure, in the order reported
 FIGURES = {
@@ -117,27 +131,35 @@ class Certificates:
         return f"tls: {json.dumps(files)}, authorization: {{allow: {json.dumps([ALLOW])}}}"
 
 
-def starters(certificates: Certificates
+def starters(certificates: Certificates, src: Path | None = None
              ) -> dict[str, Callable[[], AbstractAsyncContextManager[Server]]]:
-    """How to start a fresh server of each mode."""
+    """How to start a fresh server of each mode (the relay's from ``src``)."""
     plain = certificates.server_tls()
+    files = (certificates.relay.cert_file, certificates.relay.key_file)
     return {
         "bare": bare_server,
-        "plaintext": functools.partial(relay_server, "plaintext"),
+        "bare-default": functools.partial(bare_server, "bare-default", "default"),
+        "bare-tls": functools.partial(bare_server, "bare-tls", "relay", files,
+                                      lambda name: plain),
+        "bare-tls-default": functools.partial(bare_server, "bare-tls-default", "default",
+                                              files, lambda name: plain),
+        "plaintext": functools.partial(relay_server, "plaintext", src=src),
         "tls": functools.partial(relay_server, "tls", certificates.server_extra(False),
-                                 lambda name: plain),
+                                 lambda name: plain, src=src),
         "mtls": functools.partial(relay_server, "mtls", certificates.server_extra(True),
-                                  certificates.client),
+                                  certificates.client, src=src),
     }
 
 
-async def check_authorization(certificates: Certificates) -> None:
+async def check_authorization(certificates: Certificates, src: Path | None = None) -> None:
     """That ``mtls`` authorizes: an allowed client is answered, another refused."""
     stranger = certificates.client("stranger", "spiffe://elsewhere/ns/bench/sa/stranger")
-    async with starters(certificates)["mtls"]() as server:
+    async with starters(certificates, src)["mtls"]() as server:
         for tls, allowed in ((certificates.client("keeper"), True), (stranger, False)):
-            channels, calls = await open_streams(server.target, 1, tls=tls)
+            channels, calls = new_streams(server.target, 1, tls=tls)
             try:
+                # the refusal may come before the subscription's write is done
+                await calls[0].write(subscription(0))
                 await calls[0].read()
                 refused = None
             except grpc.aio.AioRpcError as error:
@@ -151,91 +173,66 @@ async def check_authorization(certificates: Certificates) -> None:
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per figure, each mode's spread and the ratios in ``RATIOS`` (of modes run)."""
-    summary = {}
-    for key in FIGURES:
-        ratios = {f"{a}/{b}": compare(values(runs[a], key), values(runs[b], key))["ratio"]
-                  for a, b in RATIOS if a in runs and b in runs}
-        summary[key] = {"modes": {mode: spread(values(mode_runs, key))
-                                  for mode, mode_runs in runs.items()},
-                        "ratios": ratios}
-    return summary
-
-
-def _number(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}"
-
-
-def _times(ratio: Spread) -> str:
-    if ratio["min"] is None or ratio["median"] is None:
-        return "-"
-    return f"{ratio['min']:.2f}x / {ratio['median']:.2f}x"
-
-
-def _markdown(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
-    lines = ["| " + " | ".join(f"{cell:<{w}}" if i == 0 else f"{cell:>{w}}"
-                               for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
-             + " |" for line in [head, *rows]]
-    lines.insert(1, "| " + " | ".join("-" * widths[0] if i == 0 else "-" * (w - 1) + ":"
-                                      for i, w in enumerate(widths)) + " |")
-    return "\n".join(lines)
+    return summarize_servers(runs, list(FIGURES), RATIOS)
 
 
 def tables(summary: dict[str, Any], modes: Sequence[str]) -> str:
     """Each mode's min and median, then the ratios (min / median)."""
-    head = ["figure", *(f"{MODE_LABELS[m]} {s}" for m in modes for s in ("min", "median"))]
-    rows = [[label, *(_number(summary[key]["modes"][m][s]) for m in modes
-                      for s in ("min", "median"))] for key, label in FIGURES.items()]
-    ratio_keys = list(summary[next(iter(FIGURES))]["ratios"])
-    ratio_head = ["figure (ratio min / median)",
-                  *(" / ".join(MODE_LABELS[m] for m in key.split("/")) for key in ratio_keys)]
-    ratio_rows = [[label, *(_times(summary[key]["ratios"][r]) for r in ratio_keys)]
-                  for key, label in FIGURES.items()]
-    return f"{_markdown(head, rows)}\n\n{_markdown(ratio_head, ratio_rows)}"
+    return server_tables(summary, FIGURES, modes, MODE_LABELS)
 
 
-async def run_all(args: argparse.Namespace, modes: Sequence[str]) -> dict[str, Any]:
+async def run_all(args: argparse.Namespace, modes: Sequence[str]) -> list[dict[str, Any]]:
+    results = []
     with tempfile.TemporaryDirectory(prefix="bench-tls-") as directory:
         certificates = Certificates(Path(directory))
-        start = starters(certificates)
+        start = starters(certificates, args.relay_src)
         if "mtls" in modes:
-            await check_authorization(certificates)
-        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
-        for run in range(args.runs):
-            # rotate the order, to spread the machine's noise over the modes
-            for mode in [*modes[run % len(modes):], *modes[:run % len(modes)]]:
-                result = await measure(start[mode], args.streams, args.rounds, args.workers,
-                                       args.streams_per_connection)
-                runs[mode].append(result)
-                print(json.dumps({"streams": args.streams, "mode": mode, "run": run, **result}),
-                      flush=True)
-    return {"streams": args.streams, "runs": runs, "summary": summarize(runs)}
+            await check_authorization(certificates, args.relay_src)
+        for n in (int(x) for x in args.streams.split(",")):
+            runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+            for run in range(args.runs):
+                # rotate the order, to spread the machine's noise over the modes
+                for mode in [*modes[run % len(modes):], *modes[:run % len(modes)]]:
+                    result = await measure(start[mode], n, args.rounds, args.workers,
+                                           args.streams_per_connection)
+                    runs[mode].append(result)
+                    print(json.dumps({"streams": n, "mode": mode, "run": run, **result}),
+                          flush=True)
+            results.append({"streams": n, "runs": runs, "summary": summarize(runs)})
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument("--streams", default="1000", help="values of N, comma-separated")
     parser.add_argument("--runs", type=int, default=3, help="runs per mode")
     parser.add_argument("--rounds", type=int, default=5, help="updates per run")
     parser.add_argument("--workers", type=int, default=2, help="client worker processes")
     parser.add_argument("--streams-per-connection", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES),
                         help=f"a subset of {','.join(MODES)}")
+    parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="the tree the relay runs from (default: this checkout)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tls.json"))
     args = parser.parse_args()
     modes = [m for m in MODES if m in args.modes.split(",")]
     if unknown := set(args.modes.split(",")) - set(MODES):
         parser.error(f"unknown modes: {', '.join(sorted(unknown))}")
+    args.relay_src = args.relay_src.resolve()
+    commit = revision(args.relay_src)
     started = time.monotonic()
-    result = asyncio.run(run_all(args, modes))
+    results = asyncio.run(run_all(args, modes))
     elapsed = time.monotonic() - started
-    print(f"\n{args.streams} streams, {args.runs} runs per mode, {elapsed:.0f} s:\n"
-          f"{tables(result['summary'], modes)}")
+    for result in results:
+        loads = [run["load"] for runs in result["runs"].values() for run in runs]
+        print(f"\n{result['streams']} streams, {args.runs} runs per mode, relay at {commit} "
+              f"({args.relay_src}), 1-minute load {min(loads):.1f}-{max(loads):.1f}:\n"
+              f"{tables(result['summary'], modes)}")
+    print(f"\n{elapsed:.0f} s in all")
     write_results(args.out, "benchmarks.tls", runs=args.runs, rounds=args.rounds,
-                  workers=args.workers, allow=[ALLOW], elapsed_s=round(elapsed), result=result)
+                  workers=args.workers, allow=[ALLOW], elapsed_s=round(elapsed),
+                  relay_src=str(args.relay_src), revision=commit, results=results)
 
 
 if __name__ == "__main__":
