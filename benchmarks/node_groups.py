@@ -48,7 +48,8 @@ client workers share the machine with the relay and its origin (this
 process): on a small machine the times are the clients' too.
 
 Usage: ``python -m benchmarks.node_groups [--clients 1000] [--groups 1,10,100]
-[--runs 3] [--rounds 3] [--workers 2] [--no-baseline] [--json PATH]``; a
+[--runs 3] [--rounds 3] [--workers 2] [--no-baseline] [--relay-src DIR]
+[--json PATH]``; the relay runs from ``--relay-src`` (default: this checkout). A
 smoke run: ``--clients 40 --groups 1,4 --runs 1 --rounds 1``.
 """
 
@@ -169,9 +170,10 @@ class Origin(PerNodeOrigin):
         return version_of(msg)
 
 
-async def measure(config: str, clients: int, rounds: int, worker_count: int
-                  ) -> dict[str, Any]:
-    """One run of ``config`` (a number of groups, or :data:`NONE`) on a fresh relay."""
+async def measure(config: str, clients: int, rounds: int, worker_count: int,
+                  src: Path | None = None) -> dict[str, Any]:
+    """One run of ``config`` (a number of groups, or :data:`NONE`) on a fresh relay
+    (``src``'s, if given)."""
     groups = 1 if config == NONE else int(config)
     origin = await Origin(groups).start()
     # the cluster whose configuration a client of cluster g<i> gets
@@ -179,7 +181,7 @@ async def measure(config: str, clients: int, rounds: int, worker_count: int
     extra = "" if config == NONE else f"node_groups: {{key: [cluster], max_groups: {groups}}}"
     try:
         async with relay_process("bench-relay", origin.port, drain_period=0,
-                                 upstream_extra=extra) as relay:
+                                 upstream_extra=extra, src=src) as relay:
             pid = relay.process.pid
             await asyncio.sleep(0.5)
             rss_idle = rss_kib(pid)
@@ -298,7 +300,8 @@ async def run_all(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         # a different configuration first in each run, to spread the machine's noise
         shift = run % len(configs)
         for config in configs[shift:] + configs[:shift]:
-            result = await measure(config, args.clients, args.rounds, args.workers)
+            result = await measure(config, args.clients, args.rounds, args.workers,
+                                   args.relay_src)
             runs[config].append(result)
             print(json.dumps({"groups": config, "run": run, **result}), flush=True)
     return runs
@@ -314,14 +317,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="client worker processes")
     parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                         help="also run the relay without node_groups")
+    parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="the tree whose relay runs (a git worktree or export of a commit)")
     parser.add_argument("--json", type=Path, default=None, help="write every run here")
     args = parser.parse_args()
+    args.relay_src = args.relay_src.resolve()
+    print(f"relay at {revision(args.relay_src)} ({args.relay_src})", flush=True)
     print(f"load before: {os.getloadavg()}", flush=True)
     runs = asyncio.run(run_all(args))
     print(f"\nload after: {os.getloadavg()}\n")
     print(tables(runs, args.clients))
     if args.json is not None:
-        write_results(args.json, "benchmarks.node_groups", relay=revision(Path(".")),
+        write_results(args.json, "benchmarks.node_groups", relay_src=str(args.relay_src),
+                      revision=revision(args.relay_src),
                       clients=args.clients, runs=runs, derived=derived_figures(runs))
 
 
