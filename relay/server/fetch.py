@@ -28,9 +28,11 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TypeAlias, cast
+
+from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.authorization import PeerIdentity
 from relay.cache import UNKNOWN
@@ -61,10 +63,18 @@ DEFAULT_WAIT = 0.5
 @dataclass(frozen=True, slots=True)
 class Served:
     """The response: ``plan`` (its nonce is the fetch's own), and the lease
-    that keeps its resources subscribed (None: nothing was asked)."""
+    that keeps its resources subscribed (None: nothing was asked).
+
+    ``generation``: the lease's :attr:`Lease.generation` when ``plan`` was
+    made, when the plan is the whole answer and the same request gets it
+    again for as long as the lease sees no change (see
+    :meth:`Fetcher.unchanged`); None when it is not (something was missing,
+    a do-not-cache resource, an origin's error).
+    """
 
     plan: SotwResponsePlan
     lease: Lease | None = None
+    generation: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +126,8 @@ class Lease:
     encoding per change.
     """
 
-    __slots__ = ("_changed", "expires", "host", "key", "refused", "rendered", "subscribed_at")
+    __slots__ = ("_changed", "expires", "generation", "host", "key", "refused", "rendered",
+                 "subscribed_at")
 
     def __init__(self, key: LeaseKey, now: float, expires: float, host: str | None = None
                  ) -> None:
@@ -128,6 +139,9 @@ class Lease:
         self.rendered: tuple[Hashable, bytes] | None = None
         # set when the origin refused some of its names: the next poll starts afresh
         self.refused = False
+        # counts the changes to its resources: an answer made at one generation
+        # is the answer to the same request while it lasts
+        self.generation = 0
         self._changed = asyncio.Event()
 
     @property
@@ -140,6 +154,7 @@ class Lease:
         return self._changed
 
     def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
+        self.generation += 1
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -255,15 +270,40 @@ class Fetcher:
                                  lease.message)
             return lease
         waiting = await self._wait(lease, view, type_url, change.added, wildcard, since)
-        many = wildcard or len(change.added) > MAX_NAMES_PER_RESPONSE
-        plan = self._answer(session, view, request, many)
+        generation = None if lease is None else lease.generation
+        if wildcard or len(change.added) <= MAX_NAMES_PER_RESPONSE or \
+                not _chunkable(request):
+            plan = self._answer(session, view, request,
+                                many=wildcard or len(change.added) > MAX_NAMES_PER_RESPONSE)
+        else:
+            plan = self._answer_in_chunks(view, request, type_url)
         if plan is not None:
-            return Served(plan, lease)
+            whole = not waiting and not plan.errors and \
+                not any(resource.do_not_cache for resource in plan.resources)
+            return Served(plan, lease, generation if whole else None)
         if waiting.missing or waiting.stale:
             return Unavailable(_not_yet(type_url, waiting))
         # Every name said not to exist (SotW sends nothing then), or none asked.
         return Served(SotwResponsePlan(type_url, NonceSource().next(), state_version({}), []),
                       lease)
+
+    def unchanged(self, served: Served) -> bool:
+        """Whether ``served`` is still the answer to the request it answered,
+        and if so renew its lease, as that request would: its lease is held
+        (not lapsed, nothing of it refused) and has seen no change since.
+
+        What the request may have asked and how it is checked (limits,
+        ``server.authorization``) is the same for the same request, so the
+        caller that knows the request is the same (REST: the same body,
+        identity and settings) answers it again in O(1), not in its names.
+        """
+        lease, generation = served.lease, served.generation
+        if lease is None or generation is None or lease.refused or \
+                lease.generation != generation or self._leases.get(lease.key) is not lease:
+            return False
+        lease.expires = self._clock.now() + self.lease
+        self._leases.move_to_end(lease.key)
+        return True
 
     def _answer(self, session: Session, view: ResourceView, request: SotwRequest,
                 many: bool) -> SotwResponsePlan | None:
@@ -291,12 +331,41 @@ class Fetcher:
             session.receive(ack)
         if len(parts) <= 1:
             return parts[0] if parts else None
-        last = parts[-1]
-        return SotwResponsePlan(
-            last.type_url, last.nonce, last.version_info,
-            [resource for part in parts for resource in part.resources],
-            frozenset().union(*(part.wrapped for part in parts)),
-            [error for part in parts for error in part.errors])
+        return _joined(parts, parts[-1].version_info)
+
+    def _answer_in_chunks(self, view: ResourceView, request: SotwRequest,
+                          type_url: str) -> SotwResponsePlan | None:
+        """:meth:`_answer` for many plain names, the same response in linear time.
+
+        A stream's responses of many names are pages, each ACKed with the
+        whole subscription before the next: joined, a fetch of N names
+        would cost N / :data:`MAX_NAMES_PER_RESPONSE` times N. Instead the
+        names, sorted, are answered a page's worth at a time, each by a
+        session of its own (what decides a name's entry is the name, its
+        parameters and the node, never its neighbours), and the pages are
+        joined in order, as a stream's are; the version of the whole is the
+        sum of the pages' (``state_version`` is a sum of one term per
+        resource).
+        """
+        template = discovery_pb2.DiscoveryRequest()
+        template.CopyFrom(cast(discovery_pb2.DiscoveryRequest, request))
+        template.ClearField("resource_names")
+        names = sorted(set(request.resource_names))
+        parts: list[SotwResponsePlan] = []
+        settings = self._serving.settings
+        for start in range(0, len(names), MAX_NAMES_PER_RESPONSE):
+            part = discovery_pb2.DiscoveryRequest()
+            part.CopyFrom(template)
+            part.resource_names.extend(names[start:start + MAX_NAMES_PER_RESPONSE])
+            session = Session("sotw", type_url, settings.max_locator_size, settings.limits)
+            session.receive(part)
+            # one response: a fetch's session has no byte budget (max_response_size)
+            answered = self._answer(session, view, part, many=False)
+            if answered is not None:
+                parts.append(answered)
+        if not parts:
+            return None
+        return _joined(parts, _version_sum(part.version_info for part in parts))
 
     async def _wait(self, lease: Lease | None, view: ResourceView, type_url: str,
                     wanted: Mapping[str, Params], wildcard: bool, since: int) -> Unanswered:
@@ -405,6 +474,31 @@ class Fetcher:
         if reaper is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await reaper
+
+
+def _chunkable(request: SotwRequest) -> bool:
+    """Whether a request of many names may be answered in chunks of names
+    (:meth:`Fetcher._answer_in_chunks`): plain names only, no locators and
+    no collection (whose members sort among the other names)."""
+    return not request.resource_locators and \
+        not any("*" in name for name in request.resource_names)
+
+
+def _joined(parts: list[SotwResponsePlan], version_info: str) -> SotwResponsePlan:
+    """The responses ``parts``, in order, as one of ``version_info``."""
+    last = parts[-1]
+    return SotwResponsePlan(
+        last.type_url, last.nonce, version_info,
+        [resource for part in parts for resource in part.resources],
+        frozenset().union(*(part.wrapped for part in parts)),
+        [error for part in parts for error in part.errors])
+
+
+def _version_sum(versions: Iterable[str]) -> str:
+    """The ``version_info`` of states held together, from each one's: the sum of
+    their terms (see :func:`relay.protocol.sotw.state_version`), written as a
+    state's version is."""
+    return f"{sum(int(version, 16) for version in versions) % (1 << 64):016x}"
 
 
 def _not_yet(type_url: str, waiting: Unanswered) -> str:

@@ -96,11 +96,13 @@ class PollerBook:
 
     def polled(self, node_id: str, host: str, type_url: str, names: Sequence[str],
                version: str, status: int, *, lease: float, sent: str | None = None,
-               nack: str | None = None) -> None:
+               nack: str | None = None, count: int | None = None) -> None:
         """One poll of ``type_url`` for ``names`` (none: a wildcard) from
         ``host``, carrying ``version`` (and ``nack``, its ``error_detail``
         message, when it rejects that version), answered with ``status`` (and,
-        for a 200, the version ``sent``). The poller is kept ``lease`` seconds."""
+        for a 200, the version ``sent``). The poller is kept ``lease`` seconds.
+        ``count``: how many names the poll has, when ``names`` is only the
+        first :data:`NAMES_LISTED` of them."""
         self._expire()
         now, wall = self._now(), self._wall()
         key = (node_id, host)
@@ -116,7 +118,8 @@ class PollerBook:
             poller.last_poll, poller.expires = wall, now + lease
             self._pollers.move_to_end(key)
         previous = poller.types.get(type_url)
-        polled = _PolledType(tuple(names[:NAMES_LISTED]), len(names), not names, version,
+        count = len(names) if count is None else count
+        polled = _PolledType(tuple(names[:NAMES_LISTED]), count, not count, version,
                              status, sent if status == 200 else None)
         if previous is not None:
             polled.acked_at, polled.nacked_at = previous.acked_at, previous.nacked_at

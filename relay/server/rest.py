@@ -24,10 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
 
 from aiohttp import web
 from envoy.service.discovery.v3 import discovery_pb2
@@ -53,6 +56,7 @@ from relay.server.fetch import (
     Unavailable,
 )
 from relay.server.plans import encode_plan
+from relay.server.pollers import NAMES_LISTED
 from relay.server.serving import ServingContext, client_host
 from relay.web import RETRY_AFTER, FollowedTLS, Listener, listen, quiet_malformed_requests
 from relay.xds_types import (
@@ -93,6 +97,41 @@ STOP_GRACE = 1.0
 DRAINING = "the relay is draining; poll another replica"
 
 _JSON = "application/json"
+
+
+#: How many answers the REST server keeps to give again to the same poll
+#: (a few hundred bytes each: the plan is the lease's, shared).
+ANSWERS_KEPT = 4096
+
+# A poll as the answers kept know it: its type, the client's certificate
+# identity (None: none asked), and a digest of its body.
+_AnswerKey: TypeAlias = tuple[str, PeerIdentity | None, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class _Poll:
+    """What the counting and ``/clients`` need of a poll, kept without its body."""
+
+    node_id: str                # shown()
+    names: tuple[str, ...]      # the first NAMES_LISTED
+    count: int                  # how many names it polls
+    version_info: str
+    nack: str | None            # its error_detail's message
+
+    @classmethod
+    def of(cls, request: Any) -> _Poll:
+        names = request.resource_names
+        return cls(shown(request.node.id), tuple(names[:NAMES_LISTED]), len(names),
+                   request.version_info,
+                   request.error_detail.message if request.HasField("error_detail") else None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A poll answered from an unchanged lease, to answer it again."""
+
+    served: Served
+    poll: _Poll
 
 
 class BadRequest(RelayError, ValueError):
@@ -303,6 +342,10 @@ class RestServer:
         self._limits = limits
         self._budget = BodyBudget(limits.max_buffered_body)
         self._listener: Listener | None = None
+        # the latest answers, by poll (see _again), the least recently used first
+        self._answers: OrderedDict[_AnswerKey, _Answer] = OrderedDict()
+        #: polls answered again without being decoded or fetched (tests count them)
+        self.answered_again = 0
 
     @property
     def body_budget(self) -> BodyBudget:
@@ -358,11 +401,17 @@ class RestServer:
             body = await _read_body(request, held, self._limits.body_timeout)
             if isinstance(body, str):
                 return self._unread(peer, body)
-            discovery_request = decode_request(body)
+            key: _AnswerKey = (type_url, identity,
+                               hashlib.blake2b(body, digest_size=16).digest())
+            again = self._again(key, peer)
+            if again is None:
+                discovery_request = decode_request(body)
         except BadRequest as bad:
             return _response(self._rejected(peer, str(bad)))
         finally:
             held.release()  # decoded, or read no further: the bytes are no longer held
+        if again is not None:
+            return _response(again)
         outcome = await self._fetcher.fetch(discovery_request, type_url, peer, identity,
                                             f"POST {request.path}")
         if isinstance(outcome, Denied):
@@ -371,22 +420,64 @@ class RestServer:
         elif isinstance(outcome, Invalid):
             return _response(self._rejected(peer, outcome.message))
         reply = reply_for(outcome, discovery_request.version_info, _render)
-        self._answered(peer, type_url, discovery_request, outcome, reply.status)
+        poll = _Poll.of(discovery_request)
+        self._answered(peer, type_url, poll, outcome, reply.status)
+        if isinstance(outcome, Served) and outcome.generation is not None and \
+                poll.nack is None and reply.status in (200, 304):
+            self._remember(key, _Answer(outcome, poll))
         return _response(reply)
 
-    def _answered(self, peer: str, type_url: str, request: Any, outcome: FetchOutcome,
+    def _again(self, key: _AnswerKey, peer: str) -> Reply | None:
+        """The answer to a poll whose body, type and client identity are those
+        of a poll answered before, when that answer still stands (its lease
+        has seen no change: :meth:`Fetcher.unchanged`, which renews it), as
+        a 304 or the JSON already rendered; None: decode and fetch.
+
+        Nothing about the poll is checked again because nothing that the
+        checks read differs: the body (its node, names, version), the
+        certificate's identity, the settings (fixed for the relay's life).
+        The poll is counted and recorded as any other.
+        """
+        answer = self._answers.get(key)
+        if answer is None:
+            return None
+        served, poll = answer.served, answer.poll
+        if not self._fetcher.unchanged(served):
+            del self._answers[key]
+            return None
+        plan, lease = served.plan, served.lease
+        if poll.version_info and poll.version_info == plan.version_info:
+            reply = Reply(304, b"")
+        elif lease is not None and lease.rendered is not None and \
+                lease.rendered[0] == (plan.version_info, plan.wrapped):
+            reply = Reply(200, lease.rendered[1], _JSON)
+        else:
+            return None  # (the lease renders for pollers of another kind now)
+        self._answers.move_to_end(key)
+        self.answered_again += 1
+        self._answered(peer, key[0], poll, served, reply.status)
+        return reply
+
+    def _remember(self, key: _AnswerKey, answer: _Answer) -> None:
+        answers = self._answers
+        answers[key] = answer
+        answers.move_to_end(key)
+        while len(answers) > ANSWERS_KEPT:
+            answers.popitem(last=False)
+
+    def _answered(self, peer: str, type_url: str, poll: _Poll, outcome: FetchOutcome,
                   status: int) -> None:
         """Count, log (a NACK, rate-limited as a stream's) and record (for
         /clients) a poll answered with ``status``."""
         serving, short = self._serving, short_name(type_url)
-        nack = request.error_detail.message if request.HasField("error_detail") else None
+        nack = poll.nack
         if nack is not None:
             # The poller rejected the version it was sent (and polls with the one it holds).
             serving.metrics.downstream_nacks.add("rest", short)
             serving.warn_limited(peer, f"nack {type_url}",
                                  "NACK from node=%r peer=%s type=%s version=%s: %s",
-                                 shown(request.node.id), peer, short,
-                                 shown(request.version_info), shown(nack, MAX_NACK_MESSAGE))
+                                 poll.node_id, peer, short,
+                                 shown(poll.version_info), shown(nack, MAX_NACK_MESSAGE))
         if status == 200:
             serving.metrics.push("rest", type_url)
         elif status == 304 and nack is None:
@@ -395,8 +486,8 @@ class RestServer:
         host = client_host(peer)
         if host is not None and isinstance(outcome, Served | Unavailable):
             serving.pollers.polled(
-                shown(request.node.id), host, type_url, request.resource_names,
-                request.version_info, status, lease=self._fetcher.lease,
+                poll.node_id, host, type_url, poll.names, poll.version_info, status,
+                lease=self._fetcher.lease, count=poll.count,
                 sent=outcome.plan.version_info if isinstance(outcome, Served) else None,
                 nack=None if nack is None else shown(nack, MAX_NACK_MESSAGE))
 
