@@ -137,16 +137,23 @@ logging: {{level: {log_level}}}
         [sys.executable, "-m", "relay", "run", "--config", config.name, *run_args],
         stderr=stderr, cwd=src, env=environ)
     try:
-        await wait_ready(admin_port)
+        await wait_ready(admin_port, process)
         yield RelayProcess(process, xds_port, admin_port)
     finally:
         stop_process(process)
         os.unlink(config.name)
 
 
-async def wait_ready(admin_port: int) -> None:
+async def wait_ready(admin_port: int, process: subprocess.Popen[bytes] | None = None,
+                     timeout: float = 60.0) -> None:
+    """Until the relay's ``/ready`` says 200, within ``timeout`` seconds (a
+    relay starting on a busy 2-core machine has taken over 10 s to import);
+    fails at once if ``process`` has exited."""
     url = f"http://127.0.0.1:{admin_port}/ready"
-    for _ in range(200):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"relay exited with code {process.returncode} before ready")
         try:
             with urllib.request.urlopen(url, timeout=1) as reply:  # noqa: ASYNC210 (polling)
                 if reply.status == 200:
@@ -154,7 +161,7 @@ async def wait_ready(admin_port: int) -> None:
         except OSError:
             pass
         await asyncio.sleep(0.05)
-    raise RuntimeError("relay did not become ready")
+    raise RuntimeError(f"relay did not become ready within {timeout:g} s")
 
 
 @dataclass
