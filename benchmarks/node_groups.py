@@ -21,8 +21,9 @@ run:
 * ``origin_streams``: streams the origin saw opened by the end of the storm
   (the relay's own stream, which asks for nothing when its clients are
   grouped, included); ``origin_streams_asking``: those that asked for
-  something (one per group is right); ``storm_origin_requests``: requests
-  that changed a subscription;
+  something (one per group is right); ``origin_connections``: TCP
+  connections open to the origin then (the streams are multiplexed on
+  them); ``storm_origin_requests``: requests that changed a subscription;
 * ``storm_all_ms``: from the storm's start until every client had its first
   response (groups opened on the way); ``storm_cpu_ms``: the relay's CPU
   meanwhile;
@@ -57,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -89,6 +91,7 @@ NONE = "none"
 FIGURES = {
     "origin_streams": "origin streams opened",
     "origin_streams_asking": "origin streams asking",
+    "origin_connections": "TCP connections to the origin",
     "storm_origin_requests": "storm: subscription requests to the origin",
     "storm_all_ms": "storm: all clients answered (ms)",
     "storm_cpu_ms": "storm: relay CPU (ms)",
@@ -100,6 +103,19 @@ FIGURES = {
     "rss_growth_kib_per_group": "RSS growth per group, streams included (KiB)",
     "load": "1-minute load at the run's end",
 }
+
+
+def connections_to(port: int) -> int:
+    """TCP connections established to ``port`` on this machine (from
+    ``/proc/net/tcp``: the origin's clients are the relay alone)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                    count += 1
+    return count
 
 
 def cluster_of(index: int, groups: int) -> str:
@@ -195,6 +211,7 @@ async def measure(config: str, clients: int, rounds: int, worker_count: int,
                 storm_cpu = cpu_seconds(pid) - cpu_before
                 storm_requests = len(origin.subscription_requests()) - requests_before
                 streams, asking = len(origin.streams), len(origin.asking())
+                connections = connections_to(origin.port)
                 await asyncio.sleep(0.5)
                 rss = rss_kib(pid)
                 labels = [cluster_of(g, groups) for g in range(groups)]
@@ -229,6 +246,7 @@ async def measure(config: str, clients: int, rounds: int, worker_count: int,
     return {
         "origin_streams": streams,
         "origin_streams_asking": asking,
+        "origin_connections": connections,
         "storm_origin_requests": storm_requests,
         "storm_all_ms": _ms(max(firsts) - started),
         "storm_cpu_ms": _ms(storm_cpu),
