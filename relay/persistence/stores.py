@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -98,6 +99,14 @@ class SnapshotStore(Protocol):
         """Release connections and threads."""
 
 
+class ClearableStore(SnapshotStore, Protocol):
+    """A store whose whole snapshot can be deleted: a node group's, once the
+    group closed for good (see :mod:`relay.persistence.groups`)."""
+
+    async def clear(self) -> None:
+        """Delete everything the store holds; raises :class:`StoreError`."""
+
+
 def _meta_fields(batch: SnapshotBatch) -> dict[str, str]:
     return {"format": str(FORMAT), "written_at": repr(batch.written_at),
             **{f"type:{type_url}": json.dumps({"complete": state.complete})
@@ -120,7 +129,10 @@ class RedisStore:
     """
 
     def __init__(self, url: str, prefix: str, timeout: float,
-                 password: str | None = None) -> None:
+                 password: str | None = None, *, share: RedisStore | None = None) -> None:
+        """``share``: another store (of the same relay) whose connection pool this
+        one uses, under a key space of its own: a node group's store shares the
+        relay's, so that a thousand groups hold no more connections than one."""
         from aiocache import RedisCache
 
         parts = urlsplit(url)
@@ -128,16 +140,23 @@ class RedisStore:
         host, port = parts.hostname or "127.0.0.1", parts.port or 6379
         self.description = f"redis {host}:{port}/{db} prefix {prefix!r}"
         self.timeout = timeout
-        self._cache = RedisCache(
-            endpoint=host, port=port, db=db, password=password or parts.password,
-            namespace=f"{prefix}:v{FORMAT}", timeout=timeout,
-            ssl=parts.scheme == "rediss", create_connection_timeout=timeout,
-            connection_pool_kwargs={"socket_timeout": timeout})
+        self.prefix = prefix
+        self._namespace = f"{prefix}:v{FORMAT}"
+        self._owns_client = share is None
+        self._cache: Any
+        if share is not None:
+            self._cache = share._cache
+        else:
+            self._cache = RedisCache(
+                endpoint=host, port=port, db=db, password=password or parts.password,
+                namespace=self._namespace, timeout=timeout,
+                ssl=parts.scheme == "rediss", create_connection_timeout=timeout,
+                connection_pool_kwargs={"socket_timeout": timeout})
         self._client: Any = self._cache.client
 
     def _key(self, name: str) -> str:
-        key: str = self._cache.build_key(name)
-        return key
+        # what aiocache's build_key makes of the namespace, for a shared one too
+        return f"{self._namespace}:{name}"
 
     async def load(self) -> StoredSnapshot | None:
         with self._errors("load"):
@@ -197,7 +216,18 @@ class RedisStore:
                     await asyncio.wait_for(pipe.execute(), self.timeout)
                     size = 0
 
+    async def clear(self) -> None:
+        """Delete the snapshot: its meta and the hash of every type it names."""
+        with self._errors("clear"):
+            meta: dict[bytes, bytes] = await asyncio.wait_for(
+                self._client.hgetall(self._key("meta")), self.timeout)
+            names = [self._key("meta"), *(self._key(f"type:{key[len(b'type:'):].decode()}")
+                                          for key in meta if key.startswith(b"type:"))]
+            await asyncio.wait_for(self._client.delete(*names), self.timeout)
+
     async def close(self) -> None:
+        if not self._owns_client:
+            return  # the store it shares with closes it
         # The client's own aclose: aiocache 0.12's close() calls the
         # deprecated redis-py close().
         with contextlib.suppress(Exception):
@@ -233,11 +263,16 @@ class DirectoryStore:
     own, in order.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, share: DirectoryStore | None = None) -> None:
+        """``share``: another store whose thread this one's file work runs on (a
+        node group's store shares the relay's: one thread for all groups)."""
+        self.directory = directory
         self.root = directory / f"v{FORMAT}"
         self.description = f"directory {directory}"
-        self._thread = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="snapshot-files")
+        self._owns_thread = share is None
+        self._thread: concurrent.futures.ThreadPoolExecutor = \
+            share._thread if share is not None else \
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot-files")
 
     async def load(self) -> StoredSnapshot | None:
         snapshot: StoredSnapshot | None = await self._run("load", self._load)
@@ -246,8 +281,13 @@ class DirectoryStore:
     async def write(self, batch: SnapshotBatch) -> None:
         await self._run("write", self._write, batch)
 
+    async def clear(self) -> None:
+        """Delete the snapshot: the directory's files of this format."""
+        await self._run("clear", shutil.rmtree, self.root, True)
+
     async def close(self) -> None:
-        self._thread.shutdown(wait=True)
+        if self._owns_thread:
+            self._thread.shutdown(wait=True)
 
     async def _run(self, what: str, work: Any, *args: Any) -> Any:
         try:
@@ -306,3 +346,83 @@ def _replace(path: Path, data: bytes) -> None:
     temporary.write_bytes(data)
     os.replace(temporary, path)
 
+
+
+# -- node groups ---------------------------------------------------------------------
+
+
+class GroupRegistry(Protocol):
+    """Which node groups have a snapshot: one encoded entry per group id (see
+    :mod:`relay.persistence.groups`), so that a warm start knows which
+    groups to restore and with which node."""
+
+    description: str
+
+    async def load(self) -> dict[str, bytes]:
+        """Every group's entry, by group id; raises :class:`StoreError`."""
+
+    async def put(self, group: str, entry: bytes) -> None:
+        """Write ``group``'s entry; raises :class:`StoreError`."""
+
+    async def drop(self, group: str) -> None:
+        """Forget ``group`` (its snapshot is cleared separately); raises :class:`StoreError`."""
+
+
+class RedisGroupRegistry:
+    """The groups as one Redis hash beside the relay's snapshot
+    (``<prefix>:v<FORMAT>:groups``: group id -> entry), on its connections."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self._store = store
+        self._hash = store._key("groups")
+        self.description = f"{store.description} (node groups)"
+
+    async def load(self) -> dict[str, bytes]:
+        with self._store._errors("load node groups"):
+            found: dict[bytes, bytes] = await asyncio.wait_for(
+                self._store._client.hgetall(self._hash), self._store.timeout)
+        return {key.decode(errors="replace"): value for key, value in found.items()}
+
+    async def put(self, group: str, entry: bytes) -> None:
+        with self._store._errors("write node group"):
+            await asyncio.wait_for(self._store._client.hset(self._hash, group, entry),
+                                   self._store.timeout)
+
+    async def drop(self, group: str) -> None:
+        with self._store._errors("drop node group"):
+            await asyncio.wait_for(self._store._client.hdel(self._hash, group),
+                                   self._store.timeout)
+
+
+class DirectoryGroupRegistry:
+    """The groups as ``<directory>/groups/<group id>/group.json``, beside each
+    group's snapshot (``<directory>/groups/<group id>/``): dropping a group
+    removes its folder whole."""
+
+    def __init__(self, store: DirectoryStore) -> None:
+        self._store = store
+        self.folder = store.directory / "groups"
+        self.description = f"directory {self.folder}"
+
+    async def load(self) -> dict[str, bytes]:
+        found: dict[str, bytes] = await self._store._run("load node groups", self._load)
+        return found
+
+    def _load(self) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for folder in self.folder.iterdir():
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    found[folder.name] = (folder / "group.json").read_bytes()
+        return found
+
+    async def put(self, group: str, entry: bytes) -> None:
+        await self._store._run("write node group", self._put, group, entry)
+
+    def _put(self, group: str, entry: bytes) -> None:
+        folder = self.folder / group
+        folder.mkdir(parents=True, exist_ok=True)
+        _replace(folder / "group.json", entry)
+
+    async def drop(self, group: str) -> None:
+        await self._store._run("drop node group", shutil.rmtree, self.folder / group, True)

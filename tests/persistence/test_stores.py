@@ -11,7 +11,10 @@ import pytest
 from relay.persistence.entries import FORMAT
 from relay.persistence.stores import (
     ENTRIES_PER_WRITE,
+    DirectoryGroupRegistry,
     DirectoryStore,
+    GroupRegistry,
+    RedisGroupRegistry,
     RedisStore,
     SnapshotBatch,
     SnapshotStore,
@@ -152,3 +155,50 @@ async def test_a_batch_larger_than_one_round_trip_is_written_and_deleted_whole(
                                     types={CLUSTER: TypeState()}, written_at=2.0))
     loaded = await store.load()
     assert loaded is not None and list(loaded.entries[CLUSTER].values()) == [b"entry-0"]
+
+
+# -- node groups: key spaces sharing the relay's connections, clearing, the registry ------
+
+
+def _sharing(store: SnapshotStore, name: str) -> RedisStore | DirectoryStore:
+    """A store of another key space on ``store``'s connections (or thread)."""
+    if isinstance(store, RedisStore):
+        return RedisStore("redis://unused", f"{store.prefix}:group:{name}", store.timeout,
+                          share=store)
+    assert isinstance(store, DirectoryStore)
+    return DirectoryStore(store.directory / "groups" / name, share=store)
+
+
+def _registry(store: SnapshotStore) -> GroupRegistry:
+    if isinstance(store, RedisStore):
+        return RedisGroupRegistry(store)
+    assert isinstance(store, DirectoryStore)
+    return DirectoryGroupRegistry(store)
+
+
+async def test_a_shared_store_keeps_apart_and_clears_only_its_own(store: SnapshotStore) -> None:
+    group = _sharing(store, "g-1")
+    await store.write(SnapshotBatch(upserts={CLUSTER: {"a": b"relay"}},
+                                    types={CLUSTER: TypeState()}, written_at=1.0))
+    await group.write(SnapshotBatch(upserts={CLUSTER: {"a": b"group"}, LISTENER: {"l": b"l"}},
+                                    types={CLUSTER: TypeState(), LISTENER: TypeState()},
+                                    written_at=2.0))
+    loaded = await group.load()
+    assert loaded is not None and entries_by_content(loaded.entries[CLUSTER]) == [b"group"]
+    await group.clear()
+    assert await group.load() is None
+    await group.close()  # leaves the connections (the thread) to the relay's store
+    loaded = await store.load()
+    assert loaded is not None and entries_by_content(loaded.entries[CLUSTER]) == [b"relay"]
+
+
+async def test_the_group_registry_lists_puts_and_drops(store: SnapshotStore) -> None:
+    registry = _registry(store)
+    assert await registry.load() == {}
+    await registry.put("g-1", b'{"one": 1}')
+    await registry.put("g-2", b'{"two": 2}')
+    await registry.put("g-1", b'{"one": 2}')
+    assert await registry.load() == {"g-1": b'{"one": 2}', "g-2": b'{"two": 2}'}
+    await registry.drop("g-1")
+    await registry.drop("g-3")  # never listed: harmless
+    assert await registry.load() == {"g-2": b'{"two": 2}'}
