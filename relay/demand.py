@@ -12,6 +12,13 @@ takes a subscription, :class:`DemandLedger` checks it against
   streams and polls hold (its share);
 * the names the origin itself refused lately (see :meth:`DemandLedger.refuse`).
 
+With node groups each group has an interest index and origin streams of its
+own; their ledgers are :meth:`DemandLedger.member` ledgers of one ledger of
+the relay's, so that both bounds hold across all groups (one budget): the
+names on all groups' origin streams together, and a host's names whatever
+groups its clients are in. Refusals by the origin stay each group's own, as
+the stream the origin refused was.
+
 A request that would pass a bound is refused whole (:class:`LimitExceeded`,
 RESOURCE_EXHAUSTED naming the key) before anything of it is applied: the
 origin never sees it. The ledger does no I/O and knows nothing of streams.
@@ -59,6 +66,42 @@ class DemandLedger:
         # bounded, so that a refusal of millions of names costs no more than this
         self._refused: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._max_refused = max_refused if max_refused is not None else upstream_names
+        # the members sharing this ledger's budget, each with how many names its
+        # index holds upstream (empty: a ledger of one index, which says so itself)
+        self._members: dict[DemandLedger, Callable[[], int]] = {}
+        self._budget: DemandLedger = self
+
+    def member(self, upstream_names: Callable[[], int]) -> DemandLedger:
+        """A ledger for one more interest index whose names go upstream (a node
+        group's), sharing this ledger's budget: ``limits.upstream_names`` counts
+        the names of every member's index (``upstream_names()``: one index's),
+        and a host's share counts its names in every member. Each member keeps
+        its own origin refusals. :meth:`leave` when its index is gone."""
+        budget = self._budget
+        joined = DemandLedger(budget.upstream_names, budget.upstream_names_per_host, budget._now,
+                              budget._max_refused, budget._routes)
+        joined._held, joined._host_totals = budget._held, budget._host_totals
+        joined._budget = budget
+        budget._members[joined] = upstream_names
+        return joined
+
+    def leave(self) -> None:
+        """This member's index is gone (its group closed): its names count no more."""
+        self._budget._members.pop(self, None)
+
+    def members(self) -> int:
+        """How many member ledgers share this ledger's budget."""
+        return len(self._budget._members)
+
+    def _upstream_total(self, own: int) -> int:
+        """The names upstream that ``limits.upstream_names`` bounds: ``own`` (the
+        asking index's), or every member's together."""
+        members = self._budget._members
+        if self not in members:
+            return own
+        # O(groups) per subscription adding names; an addition per group's
+        # index would need the index to report every change here
+        return sum(count() for count in list(members.values()))
 
     def host_total(self, host: str) -> int:
         """The distinct names (all types) ``host`` holds."""
@@ -79,12 +122,16 @@ class DemandLedger:
         ``new_for_host`` to ``host``'s share (None: a host without a share, a
         unix socket's) may not be taken; ``added`` are its names, checked
         against the origin's recent refusals."""
-        if new_upstream and upstream_total + new_upstream > self.upstream_names:
-            raise LimitExceeded(
-                "upstream_names",
-                f"subscribing {new_upstream} more names would have the relay ask its origin "
-                f"for {upstream_total + new_upstream}, more than it may "
-                f"(limits.upstream_names: {self.upstream_names})")
+        if new_upstream:
+            grouped = self in self._budget._members
+            upstream_total = self._upstream_total(upstream_total)
+            if upstream_total + new_upstream > self.upstream_names:
+                asked = "its origins, all node groups together," if grouped else "its origin"
+                raise LimitExceeded(
+                    "upstream_names",
+                    f"subscribing {new_upstream} more names would have the relay ask {asked} "
+                    f"for {upstream_total + new_upstream}, more than it may "
+                    f"(limits.upstream_names: {self.upstream_names})")
         if host is not None and new_for_host:
             held = self.host_total(host)
             if held + new_for_host > self.upstream_names_per_host:

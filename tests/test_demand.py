@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from relay.constraints import EMPTY_PARAMS
-from relay.demand import REFUSAL_COOLDOWN, DemandLedger
+from relay.demand import ORIGIN_REFUSED, REFUSAL_COOLDOWN, DemandLedger
 from relay.interest import InterestChange, InterestIndex
 from relay.protocol.limits import LimitExceeded
 from relay.xds_types import CLUSTER, ENDPOINT
@@ -139,3 +139,61 @@ def test_the_refused_names_kept_are_bounded() -> None:
     ledger.check(None, CLUSTER, 0, 0, 0, ["a", "b"])  # the oldest went first
     with pytest.raises(LimitExceeded):
         ledger.check(None, CLUSTER, 0, 0, 0, ["e"])
+
+
+def grouped_indexes(total: int, per_host: int, groups: int
+                    ) -> tuple[list[InterestIndex], list[DemandLedger], DemandLedger]:
+    """``groups`` indexes (node groups'), each with a member ledger of one budget."""
+    budget = DemandLedger(total, per_host, Clock().now)
+    indexes, members = [], []
+    for _ in range(groups):
+        index = InterestIndex()
+        index.link(Up())
+        member = budget.member(lambda index=index: index.upstream_names)  # type: ignore[misc]
+        index.limit_demand(member)
+        indexes.append(index)
+        members.append(member)
+    return indexes, members, budget
+
+
+def test_the_upstream_total_is_one_budget_across_node_groups() -> None:
+    (first, second), members, budget = grouped_indexes(total=4, per_host=100, groups=2)
+    first.apply(Sub(), CLUSTER, adding("x", "y", "z"), "ipv4:10.0.0.1")
+    # the same name in another group is another name on another origin stream
+    second.apply(Sub(), CLUSTER, adding("x"), "ipv4:10.0.0.2")
+    with pytest.raises(LimitExceeded) as refused:
+        second.apply(Sub(), CLUSTER, adding("w"), "ipv4:10.0.0.2")
+    assert refused.value.limit == "upstream_names"
+    assert str(refused.value) == (
+        "subscribing 1 more names would have the relay ask its origins, all node groups "
+        "together, for 5, more than it may (limits.upstream_names: 4)")
+    assert (first.upstream_names, second.upstream_names) == (3, 1)
+    # a group gone (closed) counts no more
+    assert budget.members() == 2
+    members[0].leave()
+    assert budget.members() == 1
+    second.apply(Sub(), CLUSTER, adding("w", "v", "u"), "ipv4:10.0.0.2")
+    assert second.upstream_names == 4
+
+
+def test_a_hosts_share_counts_its_names_in_every_node_group() -> None:
+    (first, second), _, _ = grouped_indexes(total=100, per_host=3, groups=2)
+    first.apply(Sub(), CLUSTER, adding("a", "b"), "ipv4:10.0.0.1")
+    with pytest.raises(LimitExceeded) as refused:
+        second.apply(Sub(), ENDPOINT, adding("c", "d"), "ipv4:10.0.0.1")
+    assert refused.value.limit == "upstream_names_per_host"
+    assert str(refused.value) == (
+        "clients at ipv4:10.0.0.1 would hold 4 names, more than one host may "
+        "(limits.upstream_names_per_host: 3)")
+    second.apply(Sub(), ENDPOINT, adding("c"), "ipv4:10.0.0.1")
+    second.apply(Sub(), ENDPOINT, adding("c", "d"), "ipv4:10.0.0.2")  # another host's share
+
+
+def test_origin_refusals_stay_with_their_node_group() -> None:
+    (first, second), members, _ = grouped_indexes(total=100, per_host=100, groups=2)
+    members[0].refuse(CLUSTER, ["x"])
+    with pytest.raises(LimitExceeded) as refused:
+        first.apply(Sub(), CLUSTER, adding("x"), "ipv4:10.0.0.1")
+    assert refused.value.limit == ORIGIN_REFUSED
+    second.apply(Sub(), CLUSTER, adding("x"), "ipv4:10.0.0.1")
+    assert second.upstream_names == 1
