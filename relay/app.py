@@ -10,7 +10,7 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
@@ -36,9 +36,19 @@ from relay.encoding import MAX_MESSAGE_SIZE
 from relay.interest import InterestIndex
 from relay.logs import RateLimitedLog
 from relay.memory import MemoryReturn
-from relay.node_groups import MAX_GROUPS_LIMIT, NodeGroups
+from relay.node_groups import MAX_GROUPS_LIMIT, Group, NodeGroups, group_id
+from relay.persistence.entries import CorruptEntry
+from relay.persistence.groups import GroupOrigin, GroupSnapshot, StoredGroup, decode_group
 from relay.persistence.restore import Restored, restore
-from relay.persistence.stores import DirectoryStore, RedisStore, SnapshotStore, StoreError
+from relay.persistence.stores import (
+    ClearableStore,
+    DirectoryGroupRegistry,
+    DirectoryStore,
+    GroupRegistry,
+    RedisGroupRegistry,
+    RedisStore,
+    StoreError,
+)
 from relay.persistence.writer import SnapshotWriter
 from relay.protocol.limits import LIMITED_REASONS, NUMBERED_LIMITS, Limits
 from relay.protocol.view import CacheView
@@ -50,6 +60,7 @@ from relay.server.access import (
 )
 from relay.server.ecosystem import Health, add_ecosystem_services
 from relay.server.fetch import Fetcher
+from relay.server.group_fetch import GroupedFetcher
 from relay.server.rest import RestServer
 from relay.server.services import DRAINING, discovery_handlers
 from relay.server.serving import ServingContext, ServingSettings
@@ -168,33 +179,58 @@ def demand_ledger(config: RelayConfig, clock: Clock) -> DemandLedger:
                         clock.now, routes=routes(config).refusal)
 
 
-def snapshot_stores(config: RelayConfig) -> dict[str, SnapshotStore]:
+def snapshot_stores(config: RelayConfig, group: str | None = None,
+                    shared: Mapping[str, ClearableStore] | None = None
+                    ) -> dict[str, ClearableStore]:
     """Where ``config`` keeps each origin's snapshot, by origin (empty: it keeps none).
 
     Each origin has a key space of its own: the default origin's is the one a
     relay of a single origin uses (``persistence.redis.key_prefix``, or the
     directory); an authority's adds ``:authority:NAME`` to the prefix, or
-    ``authorities/NAME`` to the directory.
+    ``authorities/NAME`` to the directory. A node group's (``group``, its id)
+    is the same under ``:group:ID`` after the prefix, or ``groups/ID`` in the
+    directory, on the connections (or thread) of the relay's store of the
+    origin (``shared``: the stores this function made without ``group``).
     """
     persistence = config.persistence
     if persistence is None:
         return {}
-    stores: dict[str, SnapshotStore] = {}
+    stores: dict[str, ClearableStore] = {}
     for origin in config.origins():
+        share = None if shared is None else shared.get(origin)
         if persistence.directory is not None:
-            directory = persistence.directory if origin == DEFAULT_ORIGIN else \
-                persistence.directory / "authorities" / quote(origin, safe="").replace(".", "%2E")
-            stores[origin] = DirectoryStore(directory)
+            directory = persistence.directory
+            if group is not None:
+                directory = directory / "groups" / group
+            if origin != DEFAULT_ORIGIN:
+                directory = directory / "authorities" / \
+                    quote(origin, safe="").replace(".", "%2E")
+            stores[origin] = DirectoryStore(
+                directory, share=share if isinstance(share, DirectoryStore) else None)
             continue
         redis = persistence.redis
         assert redis is not None  # the config has exactly one store
-        password = None if redis.password_file is None else \
+        password = None if redis.password_file is None or share is not None else \
             redis.password_file.read_text().strip()
         prefix = config.snapshot_prefix()
+        if group is not None:
+            prefix += f":group:{group}"
         if origin != DEFAULT_ORIGIN:
             prefix += f":authority:{origin}"
-        stores[origin] = RedisStore(redis.url, prefix, redis.timeout, password)
+        stores[origin] = RedisStore(redis.url, prefix, redis.timeout, password,
+                                    share=share if isinstance(share, RedisStore) else None)
     return stores
+
+
+def group_registry(stores: Mapping[str, ClearableStore]) -> GroupRegistry | None:
+    """Where the node groups that have a snapshot are listed: beside the relay's
+    snapshot of its default origin (or of its first), on its connections."""
+    store = stores.get(DEFAULT_ORIGIN) or next(iter(stores.values()), None)
+    if isinstance(store, RedisStore):
+        return RedisGroupRegistry(store)
+    if isinstance(store, DirectoryStore):
+        return DirectoryGroupRegistry(store)
+    return None
 
 
 def serving_settings(config: RelayConfig, metrics: Metrics, clock: Clock, *,
@@ -267,29 +303,43 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
     private = listen is not None
     forwards = origin is not None or bool(config.origins())
     settings = serving_settings(config, metrics, clock, private=private, forwards=forwards)
+    # The snapshot: only of what an origin sent (files are their own), and
+    # only where the origin is a real one (not a --workers hub).
+    snapshots = snapshot_stores(config) if origin is None else {}
+    ledger = demand_ledger(config, clock)
     grouping = config.upstream.node_groups if config.upstream is not None else None
+    groups: NodeGroups | None = None
+    listed: GroupRegistry | None = None
     if grouping is not None and origin is None and not private:
-        # Each group's core serves as the relay's own would, without groups.
+        # Each group's core serves as the relay's own would, without groups;
+        # the demand bounds are one budget across them (see relay.demand).
         plain = settings
+        listed = group_registry(snapshots)
+        spec = grouping.spec()
 
-        def group_core(group: str, node: base_pb2.Node) -> GroupCore:
-            return GroupCore.create(config, metrics, plain, clock, group, node)
+        def group_core(group: str, key: tuple[str, ...], node: base_pb2.Node) -> GroupCore:
+            stored = StoredGroup(group, spec.key, key, node)
+            return GroupCore.create(config, metrics, plain, clock, stored, ledger,
+                                    None if listed is None else (listed, snapshots))
 
-        settings = replace(settings, groups=NodeGroups(grouping.spec(), node_proto(config),
-                                                       group_core, clock))
+        groups = NodeGroups(spec, node_proto(config), group_core, clock)
+        settings = replace(settings, groups=groups)
     core = Core.create(metrics, settings, clock)
     upstream = _origins(config, core, origin) if forwards else None
     if upstream is not None and not private:
-        core.index.limit_demand(demand_ledger(config, clock))
+        core.index.limit_demand(ledger if groups is None else
+                                ledger.member(lambda: core.index.upstream_names))
     # server.tls is for clients, not for the private socket between the processes
     tls = None if private else config.server.tls
-    fetcher = Fetcher(core.serving, clock, config.rest.lease, config.rest.wait)
+    # With node groups a fetch or REST poll is answered from its node's group,
+    # as a stream is (see relay.server.group_fetch).
+    fetcher = Fetcher(core.serving, clock, config.rest.lease, config.rest.wait) \
+        if groups is None else \
+        GroupedFetcher(core.serving, clock, groups, config.rest.lease, config.rest.wait)
     parts = RelayParts(
         clock=clock, meter_provider=provider, registry=registry, core=core,
         upstream=upstream, files=_file_source(config, core) if upstream is None else None,
-        # The snapshot: only of what an origin sent (files are their own), and
-        # only where the origin is a real one (not a --workers hub).
-        snapshots=snapshot_stores(config) if origin is None else {},
+        snapshots=snapshots, group_registry=listed,
         certificates=None if tls is None else
         WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file),
         fetcher=fetcher,
@@ -304,19 +354,44 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
 @dataclass(frozen=True)
 class GroupCore:
     """What one node group is served from (see :mod:`relay.node_groups`): a core of
-    its own, and a client per origin whose streams carry the group's node."""
+    its own, a client per origin whose streams carry the group's node, the
+    fetches and polls of its nodes, and its snapshot (with ``persistence``)."""
 
     core: Core
     origins: Origins
+    fetcher: Fetcher
+    # the group's share of the relay's demand budget
+    demand: DemandLedger
+    snapshot: GroupSnapshot | None = None
 
     @classmethod
     def create(cls, config: RelayConfig, metrics: Metrics, settings: ServingSettings,
-               clock: Clock, group: str, node: base_pb2.Node) -> GroupCore:
-        """The core of ``group``, asking every origin as ``node``."""
+               clock: Clock, group: StoredGroup, ledger: DemandLedger,
+               persisting: tuple[GroupRegistry, Mapping[str, ClearableStore]] | None
+               ) -> GroupCore:
+        """The core of ``group``, asking every origin as its node, its demand a
+        member of ``ledger``; ``persisting``: where groups are listed, and the
+        relay's stores (whose connections the group's share)."""
         core = Core.create(metrics, settings, clock)
-        origins = _origins(config, core, None, node, group)
-        core.index.limit_demand(demand_ledger(config, clock))
-        return cls(core, origins)
+        origins = _origins(config, core, None, group.node, group.id)
+        demand = ledger.member(lambda: core.index.upstream_names)
+        core.index.limit_demand(demand)
+        fetcher = Fetcher(core.serving, clock, config.rest.lease, config.rest.wait)
+        snapshot = None
+        if persisting is not None:
+            registry, shared = persisting
+            several = origins.routes.several
+            parts = {name: GroupOrigin(
+                store, ScopedCache(core.cache, origins.routes.owned_by(name)) if several
+                else core.cache, origins.routes.owned_by(name) if several else None)
+                for name, store in snapshot_stores(config, group.id, shared).items()}
+            snapshot = GroupSnapshot(group, registry, core.cache, parts, metrics, clock)
+        return cls(core, origins, fetcher, demand, snapshot)
+
+    def synced(self) -> bool:
+        """Whether every origin of the group answered once, or its snapshot serves."""
+        return self.origins.synced() or (self.snapshot is not None and
+                                         self.snapshot.restored_types() > 0)
 
     @property
     def cache(self) -> ResourceCache:
@@ -331,10 +406,26 @@ class GroupCore:
         return self.core.serving.view
 
     async def run(self) -> None:
-        """Follow the group's origins, and expire its TTLs, until cancelled."""
+        """Follow the group's origins, expire its TTLs and write its snapshot,
+        until cancelled."""
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.origins.run())
             tasks.create_task(self.core.expire_ttls())
+            if self.snapshot is not None:
+                tasks.create_task(self.snapshot.run())
+
+    async def retire(self) -> None:
+        """The group closed for good: its snapshot goes."""
+        if self.snapshot is not None:
+            await self.snapshot.forget()
+
+    async def close(self) -> None:
+        """Drop the group's leases and demand; write what is left of its snapshot."""
+        self.demand.leave()
+        await self.fetcher.aclose()
+        if self.snapshot is not None:
+            await self.snapshot.flush()
+            await self.snapshot.close()
 
 
 def _origins(config: RelayConfig, core: Core, hub: Dialer | None,
@@ -361,6 +452,15 @@ def _origins(config: RelayConfig, core: Core, hub: Dialer | None,
             config, upstream, core, dialers(upstream, key), cache, demand,
             name if group is None else f"{name}/{group}", node)
     return core.follow_origins(table, clients)
+
+
+def _origin_status(client: UpstreamClient) -> dict[str, Any]:
+    """One origin stream's state, as ``/origins`` lists it."""
+    status = client.status()
+    return {**status.to_json(),
+            "connected_since": status.since if status.connected else None,
+            "disconnected_since": None if status.connected else status.since,
+            "synced": client.synced_event.is_set()}
 
 
 def _upstream_client(config: RelayConfig, upstream: UpstreamConfig, core: Core,
@@ -396,8 +496,11 @@ class RelayParts:
     # the source of resources, exactly one: the origins (or the hub of --workers), or files
     upstream: Origins | None
     files: FileSource | None
-    # where each origin's snapshot is kept, by origin (empty: no persistence)
-    snapshots: dict[str, SnapshotStore]
+    # where each origin's snapshot is kept, by origin (empty: no persistence);
+    # with node groups, each group's is under a key space of its own beside it
+    snapshots: dict[str, ClearableStore]
+    # with node groups and persistence: where the groups with a snapshot are listed
+    group_registry: GroupRegistry | None
     # the xDS port's certificate (server.tls)
     certificates: WatchedKeyPair | None
     # one-shot fetches (gRPC Fetch*, REST polling) and the leases they hold
@@ -572,14 +675,24 @@ class Relay:
         when (Unix seconds), synced, reconnects, the last response per type."""
         if self.origins is None:
             return []
+        if self.groups is not None:
+            return self._group_origin_statuses()
+        return [_origin_status(client) for _, client in self.origins]
+
+    def _group_origin_statuses(self) -> list[dict[str, Any]]:
+        """With node groups: each group's origin streams (the relay opens none of its
+        own), each with ``group`` (its id, key shown bounded, and clients), and
+        whether it serves its snapshot; a group restored that no client joined yet
+        has no stream open."""
         statuses = []
-        for _, client in self.origins:
-            status = client.status()
-            statuses.append({
-                **status.to_json(),
-                "connected_since": status.since if status.connected else None,
-                "disconnected_since": None if status.connected else status.since,
-                "synced": client.synced_event.is_set()})
+        for group, core in self._group_cores():
+            for _, client in core.origins:
+                restored = 0 if core.snapshot is None else core.snapshot.restored_types()
+                statuses.append({
+                    **_origin_status(client),
+                    "group": {"id": group.id, "key": group.shown_key(),
+                              "clients": group.clients},
+                    "snapshot": restored > 0 and not client.synced_event.is_set()})
         return statuses
 
     def _upstream_subscription_counts(self) -> dict[tuple[str, str], int]:
@@ -608,11 +721,35 @@ class Relay:
         """Turn every gRPC health status NOT_SERVING, for good (when draining starts)."""
         await self._health.set_not_serving()
 
+    @property
+    def groups(self) -> NodeGroups | None:
+        """The node groups open (None: without ``upstream.node_groups``)."""
+        return self.serving.settings.groups
+
+    def _group_cores(self) -> list[tuple[Group, GroupCore]]:
+        """Each open node group with its core."""
+        groups = self.groups
+        found = []
+        for group in [] if groups is None else groups.groups():
+            core = group.core
+            assert isinstance(core, GroupCore)  # what build_relay makes
+            found.append((group, core))
+        return found
+
     def not_ready_reason(self) -> str | None:
-        """Why ``/ready`` says 503, or None when ready."""
+        """Why ``/ready`` says 503, or None when ready.
+
+        With node groups the relay is ready once serving: it has no origin
+        stream of its own whose sync would say it can serve, each group's
+        first client waits for its group's stream as it would for the origin,
+        and a group syncing is what every new group does (holding every
+        other group's clients off for it would take the relay out of its load
+        balancer whenever a new kind of client arrives). ``ready_detail`` and
+        ``/origins`` say how each group stands.
+        """
         if self._state is not Lifecycle.SERVING:
             return _NOT_READY[self._state]
-        if self._parts.files is not None:
+        if self._parts.files is not None or self.groups is not None:
             return None
         # Once synced, the relay stays ready while an origin is away: it
         # serves what it has cached, to new clients too. So does one that
@@ -641,14 +778,28 @@ class Relay:
 
     def serves_snapshot(self) -> bool:
         """Whether a restored snapshot is what the relay serves, until the origins answer."""
-        return any(restored.types > 0 for restored in self._restored.values())
+        return any(restored.types > 0 for restored in self._restored.values()) or any(
+            core.snapshot is not None and core.snapshot.restored_types() > 0 and
+            not core.origins.synced() for _, core in self._group_cores())
 
     def ready_detail(self) -> str:
         """What a ready relay serves, for ``/ready``'s 200 body: per origin, whether
-        it is connected (and since when), synced, or served from its snapshot."""
+        it is connected (and since when), synced, or served from its snapshot;
+        with node groups, how many groups are in each of those states."""
         if self._parts.files is not None:
             return "serving files"
+        if self.groups is not None:
+            return self._groups_detail()
         return "; ".join(self._origin_detail(name) for name in self._origin_names())
+
+    def _groups_detail(self) -> str:
+        cores = self._group_cores()
+        synced = sum(core.origins.synced() for _, core in cores)
+        snapshot = sum(not core.origins.synced() and core.synced() for _, core in cores)
+        idle = sum(group.clients == 0 for group, _ in cores)
+        return (f"serving node groups: {len(cores)} open ({idle} without clients); "
+                f"{synced} synced with their origins, {snapshot} serving a snapshot, "
+                f"{len(cores) - synced - snapshot} not yet synced (see /origins)")
 
     def _origin_detail(self, origin: str) -> str:
         assert self.origins is not None
@@ -673,7 +824,7 @@ class Relay:
                     f"not yet synced with {who}")
         return f"not yet synced with {who}"
 
-    async def _restore(self, origin: str, store: SnapshotStore) -> None:
+    async def _restore(self, origin: str, store: ClearableStore) -> None:
         """Load ``origin``'s snapshot into the cache, waiting
         ``persistence.load_timeout`` at most."""
         assert self.config.persistence is not None
@@ -702,6 +853,60 @@ class Relay:
         if restored.types:
             log.info("restored %d resources of %d types from the snapshot at %s; serving them "
                      "until the origin answers", restored.resources, restored.types, where)
+
+    async def _restore_groups(self, groups: NodeGroups) -> None:
+        """Open, not running, each node group the snapshot lists (at most
+        ``max_groups``), its resources loaded: served to the first client that
+        joins it. Groups listed under another key, or beyond ``max_groups``,
+        are deleted from the snapshot."""
+        persistence, registry = self.config.persistence, self._parts.group_registry
+        if persistence is None or registry is None:
+            return
+        timeout = persistence.load_timeout
+        try:
+            listed = await asyncio.wait_for(registry.load(), timeout)
+        except TimeoutError:
+            log.warning("node groups not restored: no answer from %s within %gs "
+                        "(persistence.load_timeout)", registry.description, timeout)
+            return
+        except StoreError as error:
+            log.warning("node groups not restored: %s", error)
+            return
+        wall, restored, resources = time.time(), 0, 0
+        for gid, entry in sorted(listed.items()):
+            try:
+                stored: StoredGroup | None = decode_group(entry)
+            except CorruptEntry as error:
+                log.warning("node group %s in %s skipped: %s", gid[:32], registry.description,
+                            error)
+                stored = None
+            group = None
+            if stored is not None and stored.id == gid == group_id(stored.key) and \
+                    stored.fields == groups.spec.key:
+                group = groups.restore(gid, stored.key, stored.node)
+            if group is None:  # another key's, corrupt, or one too many: it goes
+                await self._forget_group(gid, registry)
+                continue
+            core = group.core
+            assert isinstance(core, GroupCore) and core.snapshot is not None
+            await core.snapshot.restore(timeout, wall)
+            restored += 1
+            resources += sum(done.resources for done in core.snapshot.restored.values())
+        if restored:
+            log.info("restored %d node groups (%d resources) from %s; each is served from it "
+                     "until its origin answers, and closed after linger if no client joins",
+                     restored, resources, registry.description)
+
+    async def _forget_group(self, gid: str, registry: GroupRegistry) -> None:
+        """Delete the snapshot of a listed group that is not restored."""
+        try:
+            if len(gid) <= 64 and gid.replace("-", "").isalnum():  # a key space name
+                for store in snapshot_stores(self.config, gid, self._parts.snapshots).values():
+                    await store.clear()
+                    await store.close()
+            await registry.drop(gid)
+        except StoreError as error:
+            log.warning("node group %s not deleted from the snapshot: %s", gid[:32], error)
 
     def _origin_cache(self, origin: str) -> OriginCache:
         """The cache as ``origin`` writes it (its own names only, with several)."""
@@ -745,7 +950,11 @@ class Relay:
         if self._state is not Lifecycle.BUILT:
             raise RuntimeError(f"a relay starts once; this one is {self._state.value}")
         parts = self._parts
-        for origin, store in parts.snapshots.items():
+        if self.groups is not None:
+            # Each group keeps its own snapshot (written while it runs); the
+            # relay's stores only lend them their connections.
+            await self._restore_groups(self.groups)
+        for origin, store in parts.snapshots.items() if self.groups is None else ():
             await self._restore(origin, store)
             writer = self._snapshot_writers[origin] = SnapshotWriter(
                 self.cache, store, self.metrics, parts.clock,
@@ -763,7 +972,10 @@ class Relay:
             self._admin_port = await self.admin.start(self.config.admin)
         if self.rest is not None:
             self._rest_port = await self.rest.start()
-        if self.origins is not None:
+        if self.origins is not None and self.groups is None:
+            # With node groups every stream, fetch and poll is served by its
+            # group, whose origin streams open with its first client: the
+            # relay's own would serve nobody, so it is never opened.
             self._tasks.append(asyncio.create_task(self.origins.run(), name="upstream"))
         self._tasks.append(asyncio.create_task(self._report_ready(), name="ready"))
         self._tasks.append(asyncio.create_task(parts.core.expire_ttls(), name="ttl"))
@@ -813,7 +1025,7 @@ class Relay:
     async def _report_ready(self) -> None:
         """Turn the xDS services' gRPC health SERVING once synced, or at once
         when serving a snapshot (as ``/ready``)."""
-        if self.origins is not None:
+        if self.origins is not None and self.groups is None:
             for origin, client in self.origins:
                 if not self._origin_ready(origin):
                     await client.synced_event.wait()
@@ -834,7 +1046,8 @@ class Relay:
             await self.admin.stop()
         if self.rest is not None:
             await self.rest.stop()
-        await self._close_snapshot()
+        if self.groups is None:
+            await self._close_snapshot()
         server, self._server = self._server, None
         if server is not None:  # it was serving
             # Streams never end on their own: close them with a status the
@@ -843,8 +1056,11 @@ class Relay:
             await server.stop(grace)
         # after both servers: no fetch can take a new lease any more
         await self._parts.fetcher.aclose()
-        if self.serving.settings.groups is not None:
-            await self.serving.settings.groups.close()
+        if self.groups is not None:
+            # each group writes what is left of its snapshot, on the relay's
+            # connections: closed after them
+            await self.groups.close()
+            await self._close_snapshot()
         # Bounded: a collector that does not answer must not hold up the exit.
         self._parts.meter_provider.shutdown(timeout_millis=1000)  # type: ignore[attr-defined]
 

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from relay.clock import Clock
     from relay.interest import InterestIndex
     from relay.protocol.view import CacheView
+    from relay.server.fetch import Fetcher
 
 log = logging.getLogger("relay.groups")
 
@@ -207,12 +208,24 @@ class GroupCore(Protocol):
     @property
     def view(self) -> CacheView: ...
 
+    @property
+    def fetcher(self) -> Fetcher:
+        """Answers the group's nodes' fetches and polls (its leases in the group's index)."""
+
     async def run(self) -> None:
         """Follow the group's origins until cancelled."""
 
+    async def retire(self) -> None:
+        """The group closed for good (idle): forget what it keeps outside the
+        process (its snapshot). Not called when the relay stops."""
 
-#: Builds a group's core: (group id, the node its origin streams carry).
-CoreFactory = Callable[[str, base_pb2.Node], GroupCore]
+    async def close(self) -> None:
+        """The group is closed (after :meth:`run` ended, or without it ever
+        running): write what is left and release what it holds."""
+
+
+#: Builds a group's core: (group id, key, the node its origin streams carry).
+CoreFactory = Callable[[str, tuple[str, ...], base_pb2.Node], GroupCore]
 
 
 @dataclass(eq=False)
@@ -244,6 +257,8 @@ class NodeGroups:
         self._clock = clock
         self._groups: dict[str, Group] = {}
         self._fields = tuple(dict.fromkeys((*spec.key, *spec.copy)))
+        # groups closed for good whose cores are still retiring (see _close)
+        self._retiring: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -268,19 +283,33 @@ class NodeGroups:
                 raise LimitExceeded(MAX_GROUPS_LIMIT, (
                     f"the relay serves {len(self._groups)} node groups, its most "
                     f"(upstream.node_groups.max_groups); this client's would be a new one"))
-            group = Group(gid, key, self._make(gid, group_node(self._relay_node, node,
-                                                                self._fields)))
-            group._task = asyncio.get_running_loop().create_task(
-                group.core.run(), name=f"node-group-{gid}")
+            group = Group(gid, key, self._make(gid, key, group_node(self._relay_node, node,
+                                                                     self._fields)))
             self._groups[gid] = group
             log.info("node group %s opened for %s", gid,
                      ", ".join(f"{name}={value!r}"
                                for name, value in zip(self.spec.key, group.shown_key(),
                                                       strict=True)))
+        if group._task is None:  # new, or restored and joined for the first time
+            group._task = asyncio.get_running_loop().create_task(
+                group.core.run(), name=f"node-group-{gid}")
         if group._closing is not None:
             group._closing.cancel()
             group._closing = None
         group.clients += 1
+        return group
+
+    def restore(self, gid: str, key: tuple[str, ...], node: base_pb2.Node) -> Group | None:
+        """A group a snapshot held (``node``: what its origin streams asked as),
+        open but not running: its origin streams open when a client joins it,
+        and it closes for good ``linger`` from now if none does. None: there are
+        ``max_groups`` already."""
+        if gid in self._groups or len(self._groups) >= self.spec.max_groups:
+            return None
+        group = self._groups[gid] = Group(gid, key, self._make(gid, key, node))
+        group._closing = asyncio.get_running_loop().create_task(
+            self._close_at(group, self._clock.now() + self.spec.linger),
+            name=f"node-group-linger-{gid}")
         return group
 
     def leave(self, group: Group) -> None:
@@ -297,30 +326,55 @@ class NodeGroups:
         await self._clock.sleep(deadline - self._clock.now())
         if not group.clients:
             group._closing = None
-            self._close(group)
+            self._close(group, retire=True)
 
     def _close_an_idle_group(self) -> bool:
         """Close the idle group that lingers (the first such): whether one did."""
         for group in self._groups.values():
             if not group.clients:
-                self._close(group)
+                self._close(group, retire=True)
                 return True
         return False
 
-    def _close(self, group: Group) -> None:
+    def _close(self, group: Group, *, retire: bool) -> None:
+        """Close ``group``; ``retire``: for good (idle), its snapshot deleted too."""
         if self._groups.get(group.id) is group:
             del self._groups[group.id]
-        for task in (group._task, group._closing):
-            if task is not None:
-                task.cancel()
+        closing, group._closing = group._closing, None
+        if closing is not None and closing is not asyncio.current_task():
+            closing.cancel()
+        if group._task is not None:
+            group._task.cancel()
         log.info("node group %s closed", group.id)
+        if retire:
+            task = asyncio.get_running_loop().create_task(
+                self._retire(group), name=f"node-group-retire-{group.id}")
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, group: Group) -> None:
+        await _ended(group._task)
+        try:
+            await group.core.retire()
+        finally:
+            await group.core.close()
 
     async def close(self) -> None:
-        """Close every group (the relay stops)."""
+        """Close every group (the relay stops): each writes what is left of its
+        snapshot and keeps it, for the next start."""
         groups = list(self._groups.values())
         for group in groups:
-            self._close(group)
+            self._close(group, retire=False)
         for group in groups:
-            if group._task is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await group._task
+            await _ended(group._task)
+            with contextlib.suppress(Exception):
+                await group.core.close()
+        for task in list(self._retiring):
+            await _ended(task)
+
+
+async def _ended(task: asyncio.Task[None] | None) -> None:
+    """Wait for ``task`` (cancelled, or done) to end, whatever its outcome."""
+    if task is not None:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

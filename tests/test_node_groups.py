@@ -126,6 +126,9 @@ class FakeCore:
     view: object = None
     ran: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    # what happened to it after it ran (or did not): "retired", "closed"
+    ends: list[str] = field(default_factory=list)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
         self.ran.set()
@@ -134,11 +137,19 @@ class FakeCore:
         finally:
             self.cancelled.set()
 
+    async def retire(self) -> None:
+        self.ends.append("retired")
+
+    async def close(self) -> None:
+        self.ends.append("closed")
+        self.closed.set()
+
 
 def groups_of(spec: GroupSpec, clock: ManualClock) -> tuple[NodeGroups, dict[str, FakeCore]]:
     made: dict[str, FakeCore] = {}
 
-    def make(gid: str, node: base_pb2.Node) -> FakeCore:
+    def make(gid: str, key: tuple[str, ...], node: base_pb2.Node) -> FakeCore:
+        assert gid == group_id(key)
         made[gid] = FakeCore(node)
         return made[gid]
 
@@ -203,4 +214,49 @@ async def test_a_lingering_group_makes_room_for_a_new_one() -> None:
     fresh = groups.join(base_pb2.Node(cluster="b"))
     await made[idle.id].cancelled.wait()
     assert groups.groups() == [fresh]
+    await groups.close()
+
+
+async def test_an_idle_group_is_retired_but_a_stopping_relay_keeps_its_groups() -> None:
+    clock = ManualClock()
+    groups, made = groups_of(GroupSpec(("cluster",), linger=60.0), clock)
+    idle = groups.join(base_pb2.Node(cluster="a"))
+    busy = groups.join(base_pb2.Node(cluster="b"))
+    groups.leave(idle)
+    await clock.advance(60.0)
+    await made[idle.id].closed.wait()
+    # closed for good: its snapshot goes, then it lets go of what it holds
+    assert made[idle.id].ends == ["retired", "closed"]
+    await groups.close()
+    # the relay stopping: kept for the next start
+    assert made[busy.id].ends == ["closed"]
+
+
+async def test_a_restored_group_runs_when_joined_and_goes_after_linger_if_not() -> None:
+    clock = ManualClock()
+    groups, made = groups_of(GroupSpec(("cluster",), linger=60.0), clock)
+    node_a = base_pb2.Node(id="relay-1", cluster="a", locality=base_pb2.Locality(zone="z9"))
+    joined = groups.restore(group_id(("a",)), ("a",), node_a)
+    unjoined = groups.restore(group_id(("b",)), ("b",), base_pb2.Node(cluster="b"))
+    assert joined is not None and unjoined is not None
+    # restored as the snapshot had it: the node its streams asked as
+    assert made[joined.id].node is node_a
+    await asyncio.sleep(0)
+    assert not made[joined.id].ran.is_set()  # no origin stream until a client joins
+    assert groups.join(base_pb2.Node(cluster="a", locality=base_pb2.Locality(zone="z1"))) \
+        is joined
+    await made[joined.id].ran.wait()
+    await clock.advance(60.0)
+    await made[unjoined.id].closed.wait()
+    assert made[unjoined.id].ends == ["retired", "closed"]
+    assert not made[unjoined.id].ran.is_set()
+    assert groups.groups() == [joined]
+    await groups.close()
+
+
+async def test_restoring_stops_at_max_groups() -> None:
+    groups, _ = groups_of(GroupSpec(("cluster",), max_groups=1), ManualClock())
+    assert groups.restore(group_id(("a",)), ("a",), base_pb2.Node()) is not None
+    assert groups.restore(group_id(("b",)), ("b",), base_pb2.Node()) is None
+    assert len(groups) == 1
     await groups.close()

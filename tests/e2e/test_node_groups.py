@@ -6,27 +6,38 @@ one relay with ``upstream.node_groups: {key: [cluster]}``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Iterable, Iterator
 
 import grpc
+import pytest
 from aiohttp import ClientSession
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
+from relay.app import GroupCore, Relay, build_relay
+from relay.clock import Clock
+from relay.config import parse_config
+from relay.node_groups import group_id
+from relay.persistence.stores import RedisGroupRegistry, RedisStore
 from relay.xds_types import CLUSTER
 from tests.builders import cluster
 from tests.clock import ManualClock
 from tests.e2e.test_metrics import labels, scrape, series
 from tests.harness import (
+    ADS,
     OriginStream,
     ScriptedOrigin,
     Stack,
     XdsClient,
     eventually,
+    relay_config,
     running_stack,
 )
+from tests.redis_server import RedisServer, redis_server
 
 
 class PerClusterOrigin(ScriptedOrigin):
@@ -69,6 +80,7 @@ class PerClusterOrigin(ScriptedOrigin):
                 self.send(stream, CLUSTER, ["backend"])
 
 
+DELTA_ADS = ADS + "DeltaAggregatedResources"
 GROUPS = "node_groups: {key: [cluster], copy: [metadata.NAMESPACE], linger: 60s}"
 
 
@@ -228,6 +240,40 @@ async def test_one_groups_nack_of_its_origin_touches_only_it() -> None:
         assert origin.asked() == ["checkout", "payments"]
 
 
+async def test_the_origin_sees_one_stream_per_group_in_use_fetches_included() -> None:
+    origin, _ = await started()
+    origin.set_for("search", 3)
+    origin.set_for("xds-relay", 9)  # the relay's own node's: nobody may get it
+    async with running_stack(origin, upstream=GROUPS, rest="lease: 60s, wait: 2s") as stack:
+        checkout = await subscribe(stack, "checkout", "c-1")
+        payments = await subscribe(stack, "payments", "p-1")
+        assert timeout_of(await checkout.recv()) == 1
+        assert timeout_of(await payments.recv()) == 2
+        # a one-shot fetch (as a REST poll) is answered from its node's group
+        fetch = stack.channel.unary_unary(
+            "/envoy.service.cluster.v3.ClusterDiscoveryService/FetchClusters",
+            request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+            response_deserializer=discovery_pb2.DiscoveryResponse.FromString)
+        fetched = await fetch(discovery_pb2.DiscoveryRequest(
+            node=base_pb2.Node(id="poller", cluster="search"), resource_names=["backend"]))
+        [body] = fetched.resources
+        got = cluster_pb2.Cluster()
+        body.Unpack(got)
+        assert got.connect_timeout.seconds == 3
+        # one of the group's nodes, polling again: its own group, no new stream
+        again = await fetch(discovery_pb2.DiscoveryRequest(
+            node=base_pb2.Node(id="c-poller", cluster="checkout"), resource_names=["backend"]))
+        assert len(again.resources) == 1
+        groups = stack.relay.groups
+        assert groups is not None and len(groups) == 3
+        # exactly one origin stream per group in use, none as the relay's own node
+        # (every stream the origin saw, asking or not)
+        assert [s.log[0].node.cluster if s.log else None for s in origin.streams] == [
+            "checkout", "payments", "search"]
+        assert [status["group"]["key"] for status in stack.relay.origin_statuses()] == [
+            ["checkout"], ["payments"], ["search"]]
+
+
 async def test_without_groups_every_client_gets_the_relays_configuration() -> None:
     origin, _ = await started()
     origin.set_for("xds-relay", 9)
@@ -239,3 +285,144 @@ async def test_without_groups_every_client_gets_the_relays_configuration() -> No
         assert origin.asked() == ["xds-relay"]
         assert stack.relay.serving.settings.groups is None
         await asyncio.sleep(0)
+
+
+# -- the snapshot per group --------------------------------------------------------------
+
+_prefixes = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture
+def persistence(redis: RedisServer) -> str:
+    return (f'persistence: {{redis: {{url: "{redis.url}", '
+            f'key_prefix: "groups-{next(_prefixes)}", timeout: 1s}}}}')
+
+
+@contextlib.asynccontextmanager
+async def grouped_relay(origin_port: int, persistence: str, clock: Clock | None = None
+                        ) -> AsyncIterator[tuple[Relay, grpc.aio.Channel]]:
+    """A relay with GROUPS and ``persistence`` following ``origin_port``."""
+    text = relay_config(origin_port, upstream=GROUPS,
+                        server="batch_window: 0s" if clock is not None else "") + persistence
+    relay = build_relay(parse_config(text, "relay.yaml"), clock)
+    await relay.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
+    try:
+        yield relay, channel
+    finally:
+        await channel.close()
+        await relay.stop(0)
+
+
+async def subscribed(channel: grpc.aio.Channel, cluster_name: str, node_id: str) -> XdsClient:
+    client = XdsClient(channel, DELTA_ADS, delta=True)
+    client_node = base_pb2.Node(id=node_id, cluster=cluster_name)
+    client_node.metadata.update({"NAMESPACE": f"ns-{cluster_name}"})
+    await client.send(node=client_node, type_url=CLUSTER, resource_names_subscribe=["backend"])
+    return client
+
+
+def cores(relay: Relay) -> dict[str, GroupCore]:
+    """Each open group's core, by the cluster of its key."""
+    groups = relay.groups
+    assert groups is not None
+    found = {}
+    for group in groups.groups():
+        assert isinstance(group.core, GroupCore)
+        found[group.key[0]] = group.core
+    return found
+
+
+async def written(relay: Relay) -> None:
+    """Until every group's snapshot holds what its cache changed."""
+    for core in cores(relay).values():
+        assert core.snapshot is not None
+        for writer in core.snapshot.writers.values():
+            while writer.pending():
+                writer.written.clear()
+                await asyncio.wait_for(writer.written.wait(), 5)
+
+
+async def listed(redis: RedisServer, persistence: str) -> list[str]:
+    """The group ids the snapshot lists."""
+    prefix = persistence.split('key_prefix: "')[1].split('"')[0]
+    store = RedisStore(redis.url, prefix, 1.0)
+    try:
+        return sorted(await RedisGroupRegistry(store).load())
+    finally:
+        await store.close()
+
+
+async def test_a_warm_restart_serves_each_group_its_own_snapshot(
+        redis: RedisServer, persistence: str) -> None:
+    origin = PerClusterOrigin()
+    origin.set_for("checkout", 1)
+    origin.set_for("payments", 2)
+    origin.set_for("xds-relay", 9)  # the relay's own node's: nobody may get it
+    await origin.start()
+    async with grouped_relay(origin.port, persistence) as (relay, channel):
+        checkout = await subscribed(channel, "checkout", "c-1")
+        payments = await subscribed(channel, "payments", "p-1")
+        await checkout.ack(await checkout.recv())
+        await payments.ack(await payments.recv())
+        await written(relay)
+    # only the groups that exist are listed, each under its id (no node's values)
+    assert await listed(redis, persistence) == sorted([group_id(("checkout",)),
+                                                       group_id(("payments",))])
+    port = origin.port
+    await origin.stop()  # the origin goes away; the relay restarts meanwhile
+
+    async with grouped_relay(port, persistence) as (relay, channel):
+        assert relay.not_ready_reason() is None
+        assert relay.ready_detail() == (
+            "serving node groups: 2 open (2 without clients); 0 synced with their origins, "
+            "2 serving a snapshot, 0 not yet synced (see /origins)")
+        checkout = await subscribed(channel, "checkout", "c-2")
+        payments = await subscribed(channel, "payments", "p-2")
+        assert timeout_of(await checkout.recv()) == 1
+        assert timeout_of(await payments.recv()) == 2
+        statuses = {status["group"]["key"][0]: status for status in relay.origin_statuses()}
+        assert sorted(statuses) == ["checkout", "payments"]
+        assert {key: (status["origin"], status["synced"], status["snapshot"],
+                      status["group"]["clients"]) for key, status in statuses.items()} == {
+            "checkout": (f"default/{group_id(('checkout',))}", False, True, 1),
+            "payments": (f"default/{group_id(('payments',))}", False, True, 1)}
+
+
+async def test_a_restored_group_nobody_joins_goes_after_linger(
+        redis: RedisServer, persistence: str) -> None:
+    origin = PerClusterOrigin()
+    origin.set_for("checkout", 1)
+    origin.set_for("payments", 2)
+    await origin.start()
+    async with grouped_relay(origin.port, persistence) as (relay, channel):
+        for cluster_name in ("checkout", "payments"):
+            client = await subscribed(channel, cluster_name, f"{cluster_name}-1")
+            await client.ack(await client.recv())
+        await written(relay)
+    clock = ManualClock()
+    async with grouped_relay(origin.port, persistence, clock) as (relay, channel):
+        assert sorted(cores(relay)) == ["checkout", "payments"]
+        checkout = await subscribed(channel, "checkout", "c-2")
+        assert timeout_of(await checkout.recv()) == 1
+        await clock.advance(60.0)
+        await eventually(lambda: sorted(cores(relay)) == ["checkout"])
+        # its snapshot goes with it; the joined group's stays
+        await eventually_listed(redis, persistence, [group_id(("checkout",))])
+        # one origin stream per group in use: the relay opened none of its own,
+        # and the unjoined group none
+        assert origin.asked() == ["checkout", "checkout", "payments"]
+    await origin.stop()
+
+
+async def eventually_listed(redis: RedisServer, persistence: str, expected: list[str]) -> None:
+    deadline = asyncio.get_running_loop().time() + 5
+    while (found := await listed(redis, persistence)) != expected:
+        assert asyncio.get_running_loop().time() < deadline, found
+        await asyncio.sleep(0.02)
