@@ -30,6 +30,17 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.fanout
 
+# Flame graphs (py-spy) of the relay under the fan-out and big-client loads:
+# benchmarks/results/profile-*.svg and profile.md (benchmarks/profile.py).
+PROFILE_STAMP := $(VENV)/.installed-profile
+.PHONY: profile
+profile: $(PROFILE_STAMP)
+	$(BIN)/python -m benchmarks.profile
+
+$(PROFILE_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[profile]'
+	touch $(PROFILE_STAMP)
+
 $(RUN_STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "xds-relay needs Python 3.11 or newer as $(PYTHON)"; exit 1; }

@@ -1,4 +1,5 @@
-"""What ``make run`` and ``make test`` install on a fresh machine (dry runs: ``make -n``)."""
+"""What ``make run``, ``make test`` and ``make profile`` install on a fresh machine
+(dry runs: ``make -n``)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,8 @@ def test_make_run_installs_the_relay_without_the_test_tools(tmp_path: Path) -> N
 
 def test_make_test_installs_the_test_tools(tmp_path: Path) -> None:
     assert _installs("test", tmp_path / "venv")[-1] == "--quiet -e '.[test]'"
+
+
+def test_make_profile_installs_py_spy_beside_the_test_tools(tmp_path: Path) -> None:
+    assert _installs("profile", tmp_path / "venv")[-2:] == ["--quiet -e '.[test]'",
+                                                           "--quiet -e '.[profile]'"]
