@@ -92,17 +92,22 @@ def _times(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def table(rows: Sequence[tuple[str, Comparison]], first_column: str = "") -> str:
-    """A Markdown table: one row per figure, relay / bare / ratio columns."""
+def table(rows: Sequence[tuple[str, Comparison]], first_column: str = "",
+          baseline: str = "bare") -> str:
+    """A Markdown table: one row per figure, relay / bare / ratio columns (the
+    bare server's headed ``baseline``: e.g. ``forwarder``, for a comparison
+    whose ``"bare"`` is :mod:`benchmarks.forwarder`)."""
     width = max([len(first_column), *(len(label) for label, _ in rows)])
-    head = (f"| {first_column:<{width}} | relay min | relay median | bare min | bare median "
-            f"| ratio min | ratio median |")
+    head = (f"| {first_column:<{width}} | relay min | relay median | {baseline} min "
+            f"| {baseline} median | ratio min | ratio median |")
     lines = [head, f"| {'-' * width} |" + " ---: |" * 6]
     for label, c in rows:
         lines.append(
             f"| {label:<{width}} | {_number(c['relay']['min']):>9} "
-            f"| {_number(c['relay']['median']):>12} | {_number(c['bare']['min']):>8} "
-            f"| {_number(c['bare']['median']):>11} | {_times(c['ratio']['min']):>9} "
+            f"| {_number(c['relay']['median']):>12} "
+            f"| {_number(c['bare']['min']):>{len(baseline) + 4}} "
+            f"| {_number(c['bare']['median']):>{len(baseline) + 7}} "
+            f"| {_times(c['ratio']['min']):>9} "
             f"| {_times(c['ratio']['median']):>12} |")
     return "\n".join(lines)
 
