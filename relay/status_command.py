@@ -258,8 +258,14 @@ def protocol_of(client: Mapping[str, Any]) -> str:
 def origin_lines(origins: Sequence[Mapping[str, Any]], now: float) -> list[str]:
     """One line per origin after a header: its name, the server in use (and
     whether that is a fallback), connected or not and since when (UTC, and
-    how long ago from ``now``), whether synced, and its reconnects."""
-    rows = [["ORIGIN", "SERVER", "STATE", "SYNCED", "RECONNECTS"]]
+    how long ago from ``now``), whether synced, and its reconnects.
+
+    With node groups each line is one group's stream to one origin (its name
+    is ``ORIGIN/GROUP ID``): GROUP is the group's key values and its clients,
+    and SYNCED says ``snapshot`` while a restored snapshot serves it."""
+    grouped = any(isinstance(origin.get("group"), Mapping) for origin in origins)
+    rows = [["ORIGIN", *(["GROUP"] if grouped else []), "SERVER", "STATE", "SYNCED",
+             "RECONNECTS"]]
     for origin in origins:
         server = _printable(str(origin.get("server", "")))
         if origin.get("fallback"):
@@ -269,10 +275,26 @@ def origin_lines(origins: Sequence[Mapping[str, Any]], now: float) -> list[str]:
         state = "CONNECTED" if connected else "DISCONNECTED"
         if isinstance(since, int | float):
             state += f" since {_when(since, now)}"
-        rows.append([_printable(str(origin.get("origin", ""))), server, state,
-                     "yes" if origin.get("synced") else "no",
-                     str(origin.get("reconnects", _NOTHING))])
+        synced = "yes" if origin.get("synced") else \
+            "snapshot" if origin.get("snapshot") else "no"
+        rows.append([_printable(str(origin.get("origin", ""))),
+                     *([_group_cell(origin.get("group"), True)] if grouped else []),
+                     server, state, synced, str(origin.get("reconnects", _NOTHING))])
     return _table(rows)
+
+
+def _group_cell(group: object, clients: bool = False) -> str:
+    """A node group as a cell: its key's values (``-``: not grouped); with
+    ``clients``, how many streams it serves."""
+    if not isinstance(group, Mapping):
+        return _NOTHING
+    key = group.get("key")
+    values = [str(value) for value in key] if isinstance(key, list) else []
+    text = _cut(_printable(",".join(values)) or '""', _MESSAGE_WIDTH)
+    if clients and isinstance(group.get("clients"), int):
+        count = group["clients"]
+        text += f" ({count} client{'s' if count != 1 else ''})"
+    return text
 
 
 def _when(stamp: float, now: float) -> str:
@@ -294,16 +316,19 @@ def _age(seconds: float) -> str:
 
 
 def summary_lines(clients: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per stream after a header: node, peer, protocol, (worker), one
-    column per type (its sync state and the version the client holds) and the
-    last NACK. ``-``: nothing (the stream does not subscribe to the type)."""
+    """One line per stream after a header: node, peer, protocol, (worker),
+    (with node groups, GROUP: its group's key values), one column per type
+    (its sync state and the version the client holds) and the last NACK.
+    ``-``: nothing (the stream does not subscribe to the type)."""
     if not clients:
         return ["no clients are connected"]
     type_urls = sorted({t for client in clients for t in _types(client)},
                        key=lambda t: (push_rank(t), t))
     workers = any("worker" in client for client in clients)
+    grouped = any("group" in client for client in clients)
     header = ["NODE", "PEER", "PROTOCOL", *(["WORKER"] if workers else []),
-              *(short_name(t) for t in type_urls), "LAST NACK"]
+              *(["GROUP"] if grouped else []), *(short_name(t) for t in type_urls),
+              "LAST NACK"]
     rows = [header]
     for client in clients:
         types = _types(client)
@@ -311,6 +336,8 @@ def summary_lines(clients: Sequence[Mapping[str, Any]]) -> list[str]:
                _printable(str(client.get("peer", ""))), protocol_of(client)]
         if workers:
             row.append(str(client.get("worker", _NOTHING)))
+        if grouped:
+            row.append(_group_cell(client.get("group")))
         row += [_type_cell(types[t]) if t in types else _NOTHING for t in type_urls]
         row.append(_last_nack_cell(types))
         rows.append(row)
@@ -334,6 +361,9 @@ def detail_lines(clients: Sequence[Mapping[str, Any]], now: float | None = None
                 f"protocol {protocol_of(client)}")
         if "worker" in client:
             head += f"  worker {client['worker']}"
+        group = client.get("group")
+        if isinstance(group, Mapping):
+            head += f"  group {_printable(str(group.get('id', '')))} ({_group_cell(group)})"
         lines.append(head)
         times = [f"{what} {_when(client[key], now)}" for key, what in (
             ("connected_since", "connected" if client.get("protocol") != "rest"

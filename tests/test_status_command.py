@@ -427,3 +427,42 @@ def test_detail_counts_every_name_a_rest_poller_polls_for() -> None:
                                                        subscribed_count=250)},
                                  protocol="rest")], NOW)
     assert "    subscribed: 250 names" in lines
+
+
+# -- node groups --------------------------------------------------------------------
+
+
+def test_summary_has_a_group_column_with_node_groups() -> None:
+    lines = summary_lines([
+        client("a", {}, group={"id": "g-0a1b2c3d4e5f", "key": ["checkout", "shop"]}),
+        client("b", {}, group={"id": "g-ffffffffffff", "key": ["payments", ""]}),
+        client("poller", {}, protocol="rest"),  # a REST poller: no stream, no group shown
+    ])
+    assert lines == ["NODE    PEER                PROTOCOL  GROUP          LAST NACK",
+                     "a       ipv4:10.0.0.1:5000  delta     checkout,shop  -",
+                     "b       ipv4:10.0.0.1:5000  delta     payments,      -",
+                     "poller  ipv4:10.0.0.1:5000  rest      -              -"]
+
+
+def test_origins_of_node_groups_name_each_groups_key_clients_and_snapshot() -> None:
+    assert origin_lines([
+        origin("default/g-0a1b2c3d4e5f",
+               group={"id": "g-0a1b2c3d4e5f", "key": ["checkout"], "clients": 2}),
+        origin("default/g-ffffffffffff", connected=False, connected_since=None,
+               synced=False, snapshot=True,
+               group={"id": "g-ffffffffffff", "key": ["payments"], "clients": 1}),
+    ], NOW) == [
+        "ORIGIN                  GROUP                 SERVER    STATE"
+        "                                             SYNCED    RECONNECTS",
+        "default/g-0a1b2c3d4e5f  checkout (2 clients)  cp:18000  CONNECTED since "
+        "2023-11-14T22:11:15Z (2m05s ago)  yes       0",
+        "default/g-ffffffffffff  payments (1 client)   cp:18000  DISCONNECTED"
+        "                                      snapshot  0",
+    ]
+
+
+def test_detail_names_the_streams_group() -> None:
+    [head, *_] = detail_lines([client("a", {}, group={"id": "g-0a1b2c3d4e5f",
+                                                      "key": ["checkout"]})], NOW)
+    assert head == ("node a  peer ipv4:10.0.0.1:5000  protocol delta  "
+                    "group g-0a1b2c3d4e5f (checkout)")

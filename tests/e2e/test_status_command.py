@@ -351,3 +351,44 @@ async def test_status_lists_the_clients_of_every_worker(
         for node_id, worker in sorted(placement.items())]
     assert set(placement.values()) == {1, 2}
 
+
+
+async def test_status_of_a_relay_with_node_groups_shows_each_streams_group(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from envoy.config.core.v3 import base_pb2
+
+    from relay.node_groups import group_id
+
+    origin = ScriptedOrigin()
+    origin.set(cluster("a"), version="v1")
+    groups = "node_groups: {key: [cluster, metadata.NAMESPACE]}"
+    async with running_stack(origin, upstream=groups) as stack:
+        for node_id, service, namespace in (("c-1", "checkout", "shop"),
+                                            ("c-2", "checkout", "shop"),
+                                            ("p-1", "payments", "bank")):
+            client_node = base_pb2.Node(id=node_id, cluster=service)
+            client_node.metadata.update({"NAMESPACE": namespace})
+            client = stack.client(delta=True)
+            await client.send(node=client_node, type_url=CLUSTER,
+                              resource_names_subscribe=["a"])
+            await client.ack(await client.recv())
+        admin = f"http://127.0.0.1:{stack.relay.admin_port}"
+        await eventually(lambda: all(c["types"][CLUSTER]["sync"] == "synced"
+                                     for c in stack.relay.serving.client_statuses()))
+        code, out, err = await status(capsys, "--admin", admin)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    blank = lines.index("")
+    origins, clients = columns(lines[:blank]), columns(lines[blank + 1:])
+    checkout, payments = group_id(("checkout", "shop")), group_id(("payments", "bank"))
+    assert [row[:3] for row in origins] == [
+        ["ORIGIN", "GROUP", "SERVER"],
+        [f"default/{checkout}", "checkout,shop (2 clients)", f"127.0.0.1:{origin.port}"],
+        [f"default/{payments}", "payments,bank (1 client)", f"127.0.0.1:{origin.port}"]]
+    assert [[row[3].split(" ")[0], *row[4:]] for row in origins[1:]] == [
+        ["CONNECTED", "yes", "0"], ["CONNECTED", "yes", "0"]]
+    assert [[row[0], row[3], row[4]] for row in clients] == [
+        ["NODE", "GROUP", "Cluster"],
+        ["c-1", "checkout,shop", "SYNCED (v1)"],
+        ["c-2", "checkout,shop", "SYNCED (v1)"],
+        ["p-1", "payments,bank", "SYNCED (v1)"]]
