@@ -4,7 +4,8 @@ For each N, runs alternate between servers, each in its own process: the
 relay (``xds-relay run``, following a scripted origin in this process over
 Delta ADS) and two baselines, the bare ``grpc.aio`` server of
 :mod:`benchmarks.bare` (pre-encoded bytes) with the relay's gRPC server
-options (``bare``) and with gRPC's defaults (``bare-default``): what the
+options (``bare``) and with gRPC's defaults (``bare-default``; but for
+its queue of calls, see :mod:`benchmarks.bare`): what the
 relay's options cost shows between the two. The same worker processes'
 code is the client of all: N delta streams (one gRPC connection each, like
 N Envoys) subscribe to one ClusterLoadAssignment and ACK what they get.
