@@ -5,7 +5,9 @@
   synced with its origin; all NOT_SERVING once it drains;
 * server reflection, so that ``grpcurl`` and friends can list and call them;
 * CSDS (``envoy.service.status.v3.ClientStatusDiscoveryService``): what each
-  connected client holds, computed by :mod:`relay.server.status`;
+  connected client holds, computed by :mod:`relay.server.status`; with node
+  groups each client is compared with its group's cache, and its
+  ``client_scope`` is its group's id (see :func:`grouped_client_status`);
 * LRS (``envoy.service.load_stats.v3.LoadReportingService``): load reports
   forwarded to the origins, by :mod:`relay.server.load_reports`.
 
@@ -26,7 +28,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from relay.server.load_reports import LRS_SERVICE, load_report_handlers
 from relay.server.serving import ServingContext
-from relay.server.status import UnsupportedMatcher, client_status
+from relay.server.status import UnsupportedMatcher, client_config, client_status, node_predicate
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
 if TYPE_CHECKING:
@@ -91,10 +93,39 @@ class _Reflection(reflection.aio.ReflectionServicer):  # type: ignore[misc]
             yield response
 
 
+def grouped_client_status(request: csds_pb2.ClientStatusRequest,
+                          serving: ServingContext) -> csds_pb2.ClientStatusResponse:
+    """CSDS with node groups: each selected stream's ClientConfig against the
+    cache of its group (where its resources are), ``client_scope`` its group's
+    id (as ``/clients``, ``/origins`` and the origin label name it).
+
+    ``client_scope`` rather than node metadata: ``node`` stays the node the
+    client sent, as without groups, and ``client_scope`` is the field CSDS
+    has for the scope (here: the group's origin streams and cache) the
+    config is used in. Raises :class:`UnsupportedMatcher` as
+    :func:`client_status` does.
+    """
+    selected = node_predicate(request.node_matchers)
+    contents = not request.exclude_resource_contents
+    chosen = sorted(((stream.session.snapshot(), stream) for stream in list(serving.streams)),
+                    key=lambda item: (item[0].node_id, item[1].peer))
+    configs = []
+    for snapshot, stream in chosen:
+        if not selected(snapshot.node):
+            continue
+        config = client_config(snapshot, stream.cache, contents)
+        if stream.group is not None:
+            config.client_scope = stream.group.id
+        configs.append(config)
+    return csds_pb2.ClientStatusResponse(config=configs)
+
+
 def _csds_handlers(serving: ServingContext) -> grpc.GenericRpcHandler:
     async def answer(request: csds_pb2.ClientStatusRequest,
                      context: grpc.aio.ServicerContext) -> csds_pb2.ClientStatusResponse:
         try:
+            if serving.settings.groups is not None:
+                return grouped_client_status(request, serving)
             return client_status(request, serving.snapshots(), serving.cache)
         except UnsupportedMatcher as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))

@@ -274,6 +274,49 @@ async def test_the_origin_sees_one_stream_per_group_in_use_fetches_included() ->
             ["checkout"], ["payments"], ["search"]]
 
 
+async def test_csds_shows_each_clients_group_and_what_its_group_sent() -> None:
+    from envoy.admin.v3 import config_dump_shared_pb2
+    from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
+    from envoy.type.matcher.v3 import node_pb2, string_pb2
+
+    origin, _ = await started()
+    async with running_stack(origin, upstream=GROUPS) as stack:
+        checkout = await subscribe(stack, "checkout", "c-1")
+        payments = await subscribe(stack, "payments", "p-1")
+        await checkout.ack(await checkout.recv())
+        await payments.ack(await payments.recv())
+        stub = csds_pb2_grpc.ClientStatusDiscoveryServiceStub(stack.channel)
+
+        def bodies(response: csds_pb2.ClientStatusResponse) -> dict[str, tuple[str, int]]:
+            found = {}
+            for config in response.config:
+                [entry] = config.generic_xds_configs
+                got = cluster_pb2.Cluster()
+                entry.xds_config.Unpack(got)
+                found[config.node.id] = (config.client_scope, got.connect_timeout.seconds)
+            return found
+
+        deadline = asyncio.get_running_loop().time() + 5
+        while True:
+            response = await stub.FetchClientStatus(csds_pb2.ClientStatusRequest())
+            if len(response.config) == 2 and all(
+                    config.generic_xds_configs and config.generic_xds_configs[0].client_status
+                    == config_dump_shared_pb2.ClientResourceStatus.ACKED
+                    for config in response.config):
+                break
+            assert asyncio.get_running_loop().time() < deadline, response
+            await asyncio.sleep(0.01)
+        # each client's own group's resource, scoped by its group; its node as it sent it
+        assert bodies(response) == {"c-1": (group_id(("checkout",)), 1),
+                                    "p-1": (group_id(("payments",)), 2)}
+        assert {config.node.cluster for config in response.config} == {"checkout", "payments"}
+        # node matchers select as without groups
+        only = csds_pb2.ClientStatusRequest(node_matchers=[node_pb2.NodeMatcher(
+            node_id=string_pb2.StringMatcher(exact="p-1"))])
+        assert bodies(await stub.FetchClientStatus(only)) == {
+            "p-1": (group_id(("payments",)), 2)}
+
+
 async def test_without_groups_every_client_gets_the_relays_configuration() -> None:
     origin, _ = await started()
     origin.set_for("xds-relay", 9)
