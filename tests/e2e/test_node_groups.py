@@ -317,6 +317,31 @@ async def test_csds_shows_each_clients_group_and_what_its_group_sent() -> None:
             "p-1": (group_id(("payments",)), 2)}
 
 
+async def test_a_group_syncing_leaves_the_relay_ready_and_origins_list_it() -> None:
+    origin, _ = await started()
+    origin.auto = False  # the origin takes streams and answers nothing
+    async with running_stack(origin, upstream=GROUPS) as stack:
+        admin = f"http://127.0.0.1:{stack.relay.admin_port}"
+        async with ClientSession() as http:
+            async with http.get(f"{admin}/ready") as reply:
+                assert (reply.status, await reply.text()) == (
+                    200, "ready: serving node groups: 0 open (0 without clients); 0 synced "
+                         "with their origins, 0 serving a snapshot, 0 not yet synced "
+                         "(see /origins)\n")
+            await subscribe(stack, "checkout", "c-1")
+            await eventually(lambda: origin.asked() == ["checkout"])
+            async with http.get(f"{admin}/ready") as reply:
+                assert (reply.status, await reply.text()) == (
+                    200, "ready: serving node groups: 1 open (0 without clients); 0 synced "
+                         "with their origins, 0 serving a snapshot, 1 not yet synced "
+                         "(see /origins)\n")
+            async with http.get(f"{admin}/origins") as reply:
+                [listed] = (await reply.json())["origins"]
+        gid = group_id(("checkout",))
+        assert (listed["origin"], listed["group"], listed["synced"], listed["snapshot"]) == (
+            f"default/{gid}", {"id": gid, "key": ["checkout"], "clients": 1}, False, False)
+
+
 async def test_without_groups_every_client_gets_the_relays_configuration() -> None:
     origin, _ = await started()
     origin.set_for("xds-relay", 9)
