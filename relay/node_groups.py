@@ -257,8 +257,9 @@ class NodeGroups:
         self._clock = clock
         self._groups: dict[str, Group] = {}
         self._fields = tuple(dict.fromkeys((*spec.key, *spec.copy)))
-        # groups closed for good whose cores are still retiring (see _close)
-        self._retiring: set[asyncio.Task[None]] = set()
+        # by group id: groups closed for good whose cores are still retiring (see
+        # _close); a group of the same key opened meanwhile runs once it is done
+        self._retiring: dict[str, asyncio.Task[None]] = {}
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -292,12 +293,18 @@ class NodeGroups:
                                                       strict=True)))
         if group._task is None:  # new, or restored and joined for the first time
             group._task = asyncio.get_running_loop().create_task(
-                group.core.run(), name=f"node-group-{gid}")
+                self._run(group), name=f"node-group-{gid}")
         if group._closing is not None:
             group._closing.cancel()
             group._closing = None
         group.clients += 1
         return group
+
+    async def _run(self, group: Group) -> None:
+        """Run ``group``'s core, once a closed group of its key has retired (whose
+        snapshot it would otherwise lose to the retiring one's deletion)."""
+        await _ended(self._retiring.get(group.id))
+        await group.core.run()
 
     def restore(self, gid: str, key: tuple[str, ...], node: base_pb2.Node) -> Group | None:
         """A group a snapshot held (``node``: what its origin streams asked as),
@@ -347,12 +354,15 @@ class NodeGroups:
             group._task.cancel()
         log.info("node group %s closed", group.id)
         if retire:
-            task = asyncio.get_running_loop().create_task(
-                self._retire(group), name=f"node-group-retire-{group.id}")
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+            before = self._retiring.get(group.id)
+            task = self._retiring[group.id] = asyncio.get_running_loop().create_task(
+                self._retire(group, before), name=f"node-group-retire-{group.id}")
+            task.add_done_callback(
+                lambda done: self._retiring.pop(group.id, None)
+                if self._retiring.get(group.id) is done else None)
 
-    async def _retire(self, group: Group) -> None:
+    async def _retire(self, group: Group, before: asyncio.Task[None] | None) -> None:
+        await _ended(before)  # the same key's group retiring earlier
         await _ended(group._task)
         try:
             await group.core.retire()
@@ -369,7 +379,7 @@ class NodeGroups:
             await _ended(group._task)
             with contextlib.suppress(Exception):
                 await group.core.close()
-        for task in list(self._retiring):
+        for task in list(self._retiring.values()):
             await _ended(task)
 
 

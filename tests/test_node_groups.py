@@ -129,6 +129,7 @@ class FakeCore:
     # what happened to it after it ran (or did not): "retired", "closed"
     ends: list[str] = field(default_factory=list)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    gate: asyncio.Event | None = None  # what retiring waits for (None: nothing)
 
     async def run(self) -> None:
         self.ran.set()
@@ -138,6 +139,8 @@ class FakeCore:
             self.cancelled.set()
 
     async def retire(self) -> None:
+        if self.gate is not None:
+            await self.gate.wait()
         self.ends.append("retired")
 
     async def close(self) -> None:
@@ -259,4 +262,25 @@ async def test_restoring_stops_at_max_groups() -> None:
     assert groups.restore(group_id(("a",)), ("a",), base_pb2.Node()) is not None
     assert groups.restore(group_id(("b",)), ("b",), base_pb2.Node()) is None
     assert len(groups) == 1
+    await groups.close()
+
+
+async def test_a_group_reopened_while_its_old_self_retires_runs_after_it() -> None:
+    clock = ManualClock()
+    groups, made = groups_of(GroupSpec(("cluster",), linger=60.0), clock)
+    old = groups.join(base_pb2.Node(cluster="a"))
+    old_core = made[old.id]
+    old_core.gate = asyncio.Event()
+    groups.leave(old)
+    await clock.advance(60.0)
+    await old_core.cancelled.wait()
+    new = groups.join(base_pb2.Node(cluster="a"))
+    assert new is not old and made[new.id] is not old_core
+    for _ in range(5):
+        await asyncio.sleep(0)
+    # its snapshot would go with the old one's deletion: it waits for it
+    assert not made[new.id].ran.is_set() and old_core.ends == []
+    old_core.gate.set()
+    await made[new.id].ran.wait()
+    assert old_core.ends == ["retired", "closed"]
     await groups.close()
