@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Iterable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -22,7 +23,12 @@ from relay.app import GroupCore, Relay, build_relay
 from relay.clock import Clock
 from relay.config import parse_config
 from relay.node_groups import group_id
-from relay.persistence.stores import RedisGroupRegistry, RedisStore
+from relay.persistence.stores import (
+    DirectoryGroupRegistry,
+    DirectoryStore,
+    RedisGroupRegistry,
+    RedisStore,
+)
 from relay.xds_types import CLUSTER
 from tests.builders import cluster
 from tests.clock import ManualClock
@@ -372,6 +378,13 @@ def persistence(redis: RedisServer) -> str:
             f'key_prefix: "groups-{next(_prefixes)}", timeout: 1s}}}}')
 
 
+@pytest.fixture(params=["redis", "directory"])
+def either_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "redis":
+        return str(request.getfixturevalue("persistence"))
+    return f'persistence: {{directory: "{tmp_path / "snapshot"}"}}'
+
+
 @contextlib.asynccontextmanager
 async def grouped_relay(origin_port: int, persistence: str, clock: Clock | None = None
                         ) -> AsyncIterator[tuple[Relay, grpc.aio.Channel]]:
@@ -419,6 +432,12 @@ async def written(relay: Relay) -> None:
 
 async def listed(redis: RedisServer, persistence: str) -> list[str]:
     """The group ids the snapshot lists."""
+    if "directory:" in persistence:
+        directory = DirectoryStore(Path(persistence.split('directory: "')[1].split('"')[0]))
+        try:
+            return sorted(await DirectoryGroupRegistry(directory).load())
+        finally:
+            await directory.close()
     prefix = persistence.split('key_prefix: "')[1].split('"')[0]
     store = RedisStore(redis.url, prefix, 1.0)
     try:
@@ -428,7 +447,8 @@ async def listed(redis: RedisServer, persistence: str) -> list[str]:
 
 
 async def test_a_warm_restart_serves_each_group_its_own_snapshot(
-        redis: RedisServer, persistence: str) -> None:
+        redis: RedisServer, either_store: str) -> None:
+    persistence = either_store
     origin = PerClusterOrigin()
     origin.set_for("checkout", 1)
     origin.set_for("payments", 2)
