@@ -35,6 +35,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.constraints import (
     EMPTY_PARAMS,
+    UNCONSTRAINED,
     Constraints,
     Locator,
     Params,
@@ -252,6 +253,25 @@ class ResourceCache:
         if entry.complete or (own is not None and own.absent):
             return ABSENT
         return UNKNOWN
+
+    def served_to_all(self, type_url: str, names: Iterable[str]) -> dict[str, CachedResource]:
+        """Those of ``names`` whose own record holds one variant, unconstrained,
+        with it: what :meth:`variants` gives and every subscriber gets,
+        whatever its parameters. Looked up together, in one loop: a response
+        of thousands of names costs no call per name. The others (aliases,
+        variants with constraints, absent or unknown names) are left out."""
+        entry = self._types.get(type_url)
+        if entry is None or not entry.synced:
+            return {}
+        records = entry.records
+        served: dict[str, CachedResource] = {}
+        for name in names:
+            record = records.get(name)
+            if record is not None and len(variants := record.variants) == 1:
+                for only in variants.values():
+                    if only.constraints is UNCONSTRAINED:
+                        served[name] = only
+        return served
 
     def error(self, type_url: str, name: str,
               params: Params) -> discovery_pb2.ResourceError | None:

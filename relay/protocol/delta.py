@@ -14,12 +14,13 @@ goes back to the client as it spelled it (see :mod:`relay.protocol.spelling`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.cache import ABSENT, UNKNOWN
+from relay.cache import ABSENT, UNKNOWN, Missing
 from relay.constraints import params_of
 from relay.encoding import field_size, text_size
 from relay.protocol.cycle import OWED
@@ -61,6 +62,14 @@ class DeltaResponsePlan:
 
 
 _NOTHING: set[str] = set()  # never added to
+_DO_NOT_CACHE = operator.attrgetter("do_not_cache")
+_DELTA_ENTRY = operator.attrgetter("delta_entry")
+_NAME_AND_VERSION = operator.attrgetter("name", "version")
+
+# A page of at least this many names looks them up together first (see
+# DeltaSubscription._lookups); a push of a few changed names, the fan-out,
+# asks one by one.
+PREFETCH_FROM = 32
 
 # The most names one piece of a request carries (see :func:`split_request`).
 MAX_NAMES_PER_PIECE = 2_000
@@ -250,7 +259,9 @@ class DeltaSubscription(SubscriptionState):
         full_at: str | None = None  # the first name the response had no room for
         held_now, unanswered = self._held, self._unanswered or _NOTHING
         resend = self._resend or _NOTHING
-        for name, found in self._looked_up(view, candidates, errors, budget):
+        all_new = self._all_new(view, candidates, budget)
+        for name, found in () if all_new is not None else \
+                self._lookups(view, candidates, errors, budget):
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
@@ -280,6 +291,8 @@ class DeltaSubscription(SubscriptionState):
                     resend.discard(name)
                 held_now[name] = found
             unanswered.discard(name)
+        if all_new is not None:
+            resources = all_new
         if full_at is not None:
             self._leave_for_next(candidates, full_at)
         # (emptied sets go back to None: an idle stream keeps none)
@@ -291,6 +304,53 @@ class DeltaSubscription(SubscriptionState):
         return self._emit(nonces, resources, list(removed), list(removed_names.values()),
                           errors, heartbeats)
 
+    def _all_new(self, view: ResourceView, candidates: list[str], budget: ResponseBudget
+                 ) -> list[CachedResource] | None:
+        """The resources of a page that sends every name of it, when that is
+        plain to see: a page of many names the client subscribed to and holds
+        none of, each a resource every subscriber gets (no variants, aliases,
+        errors, globs or do-not-cache), all fitting in ``budget``. What the
+        loop of :meth:`_next_page` would send, name by name, found with a few
+        operations on whole sets instead (a big client's pages, the first
+        time); None where the loop must look (it then does all of it)."""
+        type_url = self._type_url
+        if len(candidates) < PREFETCH_FROM or self._globs is not None or \
+                self._errors_sent or view.has_errors(type_url) or \
+                not (self._wildcard or self._names.issuperset(candidates)) or \
+                not self._held.keys().isdisjoint(candidates):
+            return None
+        served = view.served_to_all(type_url, candidates)
+        if len(served) != len(candidates):  # (candidates are distinct)
+            return None
+        resources = list(served.values())
+        if any(map(_DO_NOT_CACHE, resources)) or \
+                not budget.take_all(sum(map(len, map(_DELTA_ENTRY, resources)))):
+            return None
+        self._held.update(served)
+        for names in (self._unanswered, self._resend):
+            if names:
+                names.difference_update(candidates)
+        return resources
+
+    def _lookups(self, view: ResourceView, candidates: list[str],
+                 errors: list[discovery_pb2.ResourceError], budget: ResponseBudget
+                 ) -> Iterable[tuple[str, CachedResource | Missing]]:
+        """What :meth:`_looked_up` gives, for a page of many names without
+        globs or the origin's errors (a big client's, nearly always) in one
+        list built at once, the resources every subscriber gets found in one
+        look at the cache (see :meth:`ResourceView.served_to_all
+        <relay.protocol.view.ResourceView.served_to_all>`)."""
+        type_url = self._type_url
+        if len(candidates) < PREFETCH_FROM or self._globs is not None or \
+                self._errors_sent or view.has_errors(type_url):
+            return self._looked_up(view, candidates, errors, budget)
+        served = view.served_to_all(type_url, candidates).get
+        lookup, wildcard, names = view.lookup, self._wildcard, self._names
+        locator_params, node_params = self._locator_params, self._node_params
+        return [(name, served(name) or
+                 lookup(type_url, name, locator_params.get(name, node_params)))
+                for name in candidates if wildcard or name in names]
+
     def _emit(self, nonces: NonceSource, resources: list[CachedResource], removed: list[str],
               removed_names: list[discovery_pb2.ResourceName],
               errors: list[discovery_pb2.ResourceError],
@@ -298,7 +358,7 @@ class DeltaSubscription(SubscriptionState):
         """The response, under a new nonce, with every name as the client
         asked for it (see :mod:`relay.protocol.spelling`)."""
         nonce = nonces.next()
-        self._cycle.sent(nonce, "", tuple((r.name, r.version) for r in resources))
+        self._cycle.sent(nonce, "", tuple(map(_NAME_AND_VERSION, resources)))
         plan = DeltaResponsePlan(self._type_url, nonce, resources, removed, removed_names,
                                  errors, heartbeats)
         return plan if self._spelled is None else respelled(plan, self._spelled)

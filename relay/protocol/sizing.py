@@ -58,6 +58,15 @@ class ResponseBudget:
         self._empty = False
         return True
 
+    def take_all(self, size: int) -> bool:
+        """Whether entries of ``size`` bytes in all fit (no first-entry
+        exception: they are several); if they do, they are counted."""
+        if size > self._left:
+            return False
+        self._left -= size
+        self._empty = self._empty and not size
+        return True
+
     def count(self, size: int) -> None:
         """Count an entry that goes whether it fits or not (an origin error
         already marked as passed on)."""

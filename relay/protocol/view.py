@@ -5,7 +5,7 @@ not have)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Protocol
 
 from cachetools import LRUCache
@@ -32,6 +32,12 @@ class ResourceView(Protocol):
 
     def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
         """The variant of ``name`` a subscriber with ``params`` gets, or why there is none."""
+
+    def served_to_all(self, type_url: str, names: Iterable[str]) -> Mapping[str, CachedResource]:
+        """Those of ``names`` that every subscriber gets as the same resource,
+        whatever its parameters, with it (what :meth:`lookup` gives each); the
+        others may be left out. For a response of thousands of names: one
+        call, not one per name."""
 
     def names(self, type_url: str) -> Iterable[str]:
         """Every name of the type that exists."""
@@ -113,6 +119,9 @@ class CacheView:
             return ABSENT
         return UNKNOWN
 
+    def served_to_all(self, type_url: str, names: Iterable[str]) -> Mapping[str, CachedResource]:
+        return self._cache.served_to_all(type_url, names)
+
     def names(self, type_url: str) -> Iterable[str]:
         return self._cache.names(type_url)
 
@@ -178,6 +187,13 @@ class ScopedView:
                 not self._scope.may_read(found.name):
             return ABSENT  # an alias of a Secret the client may not have
         return found
+
+    def served_to_all(self, type_url: str, names: Iterable[str]) -> Mapping[str, CachedResource]:
+        served = self._view.served_to_all(type_url, names)
+        if type_url != self._type_url:
+            return served
+        # (a resource under its own name: never an alias of one outside the scope)
+        return {name: found for name, found in served.items() if self._scope.may_read(name)}
 
     def names(self, type_url: str) -> Iterable[str]:
         names = self._view.names(type_url)

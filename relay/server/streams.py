@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import operator
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
@@ -35,6 +36,8 @@ from relay.server.status import StreamTimes
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.downstream")
+
+_RECEIVED = operator.attrgetter("received")
 
 __all__ = ["DownstreamStream", "XdsProtocol", "encode_plan"]
 
@@ -80,11 +83,8 @@ class DownstreamStream:
         self.connected_since = time.time()
         self._answered_at: dict[str, tuple[float | None, float | None]] = {}
 
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
+    # (hashed and compared by identity, object's own: in C, not a Python
+    # __hash__ called on every set and dict operation of the fan-out)
 
     @property
     def protocol(self) -> XdsProtocol:
@@ -183,7 +183,7 @@ class DownstreamStream:
         metrics = self.serving.metrics
         metrics.push(self.protocol, plan.type_url)
         if plan.resources:
-            newest = max(r.received for r in plan.resources)
+            newest = max(map(_RECEIVED, plan.resources))
             if newest > self._requested_at.get(plan.type_url, 0.0):
                 metrics.push_latency.record(time.monotonic() - newest,
                                             short_name(plan.type_url))

@@ -50,6 +50,9 @@ class FakeView:
             return self._resources[name]
         return ABSENT if name in self._absent or self.complete else UNKNOWN
 
+    def served_to_all(self, type_url: str, names: Iterable[str]) -> dict[str, CachedResource]:
+        return {name: self._resources[name] for name in names if name in self._resources}
+
     def has_errors(self, type_url: str) -> bool:
         return bool(self.errors)
 

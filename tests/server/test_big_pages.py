@@ -1,0 +1,195 @@
+"""A big client's pages: found with whole-set operations, the same bytes as name by name.
+
+A delta client subscribing to thousands of cached names gets them over pages
+(see :data:`relay.protocol.subscription.MAX_NAMES_PER_RESPONSE`). A page the
+client holds none of, whose every name is a resource all subscribers get, is
+built without a lookup per name (``DeltaSubscription._all_new``); a page that
+is not so looks its names up together first (``DeltaSubscription._lookups``).
+Both must send exactly what the name-by-name loop sends, which is what they
+are checked against here (the loop is forced by raising ``PREFETCH_FROM``),
+and must do the work they claim: counted, not timed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.cache import Update
+from relay.constraints import compile_constraints
+from relay.core import Core
+from relay.protocol import delta
+from relay.protocol.view import CacheView
+from relay.resource import CachedResource
+from relay.server.streams import DownstreamStream
+from relay.xds_types import ENDPOINT
+from tests.builders import endpoints, pack
+
+Delta = discovery_pb2.DeltaDiscoveryRequest
+Response = discovery_pb2.DeltaDiscoveryResponse
+
+N = 6_000  # three pages
+
+
+def names(n: int = N, prefix: str = "cla") -> list[str]:
+    return [f"{prefix}-{i:05d}" for i in range(n)]
+
+
+def resource(name: str, version: str = "1", do_not_cache: bool = False) -> CachedResource:
+    made = CachedResource.from_message(ENDPOINT, pack(endpoints(name, 80, 81)), name, version)
+    made.resource.cache_control.do_not_cache = do_not_cache
+    return made
+
+
+def warm(core: Core, resources: list[CachedResource], complete: bool = False) -> None:
+    core.cache.apply(ENDPOINT, Update(resources, complete=complete))
+
+
+def served(stream: DownstreamStream) -> Iterator[Response]:
+    """Every response due, each ACKed, until none is."""
+    while due := list(stream.ready_responses()):
+        for raw in due:
+            response = Response.FromString(raw)
+            yield response
+            stream.handle_request(Delta(type_url=ENDPOINT, response_nonce=response.nonce))
+
+
+def subscribe(core: Core, subscribed: list[str], **request: object) -> list[Response]:
+    stream = DownstreamStream(core.serving, "delta", "peer")
+    stream.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=subscribed,
+                                **request))  # type: ignore[arg-type]
+    return list(served(stream))
+
+
+# Each scenario: a warm core, and what a client subscribes (with what it says it holds).
+Scenario = Callable[[], tuple[Core, list[str], dict[str, object]]]
+
+
+def all_cached() -> tuple[Core, list[str], dict[str, object]]:
+    core = Core.create()
+    warm(core, [resource(name) for name in names()])
+    return core, names(), {}
+
+
+def some_unknown_some_absent() -> tuple[Core, list[str], dict[str, object]]:
+    core = Core.create()
+    cached = names()
+    warm(core, [resource(name) for name in cached[::3]])
+    core.cache.apply(ENDPOINT, Update(removed=cached[1::3]))  # absent; the rest unknown
+    return core, cached, {}
+
+
+def complete_type_with_missing_names() -> tuple[Core, list[str], dict[str, object]]:
+    core = Core.create()
+    warm(core, [resource(name) for name in names()[:-100]], complete=True)
+    return core, names(), {}
+
+
+def held_already() -> tuple[Core, list[str], dict[str, object]]:
+    core = Core.create()
+    warm(core, [resource(name) for name in names()])
+    # the client holds every other one of them at the current version, a few at an old one
+    held = {name: "1" for name in names()[::2]} | {name: "0" for name in names()[1:50:2]}
+    return core, names(), {"initial_resource_versions": held}
+
+
+def some_do_not_cache() -> tuple[Core, list[str], dict[str, object]]:
+    core = Core.create()
+    warm(core, [resource(name, do_not_cache=i % 500 == 0) for i, name in enumerate(names())])
+    return core, names(), {}
+
+
+def in_one_page_of_aliases() -> tuple[Core, list[str], dict[str, object]]:
+    core = Core.create()
+    aliased = resource("cla-target")
+    aliased.resource.aliases.extend(["alias-a", "alias-b"])
+    warm(core, [resource(name) for name in names(200)] + [aliased])
+    return core, ["alias-a", *names(200), "alias-b", "cla-target"], {}
+
+
+def constrained(name: str, env: str) -> CachedResource:
+    """Variant ``env`` of ``name``: for subscribers whose ``env`` parameter is ``env``."""
+    constraints = discovery_pb2.DynamicParameterConstraints(
+        constraint={"key": "env", "value": env})
+    origin = discovery_pb2.Resource(version=env, resource=pack(endpoints(name, 80)))
+    origin.resource_name.name = name
+    origin.resource_name.dynamic_parameter_constraints.CopyFrom(constraints)
+    return CachedResource(ENDPOINT, name, env, origin, compile_constraints(constraints))
+
+
+def some_with_variants() -> tuple[Core, list[str], dict[str, object]]:
+    core = Core.create()
+    # every 100th name: one variant for prod, one for canary, and none unconstrained;
+    # every 100th from the 50th: one for prod only
+    warm(core, [resource(name) for i, name in enumerate(names()) if i % 50] +
+         [constrained(name, env) for name in names()[::100] for env in ("prod", "canary")] +
+         [constrained(name, "prod") for name in names()[50::100]])
+    params = base_pb2.Node(id="client", dynamic_parameters={
+        ENDPOINT: {"params": {"env": "canary"}}})
+    return core, names(), {"node": params}
+
+
+SCENARIOS = [all_cached, some_unknown_some_absent, complete_type_with_missing_names,
+             held_already, some_do_not_cache, in_one_page_of_aliases, some_with_variants]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
+def test_a_big_page_sends_what_the_name_by_name_loop_sends(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    core, subscribed, request = scenario()
+    fast = subscribe(core, subscribed, **request)
+    core, subscribed, request = scenario()
+    monkeypatch.setattr(delta, "PREFETCH_FROM", 10**9)  # every page: name by name
+    slow = subscribe(core, subscribed, **request)
+    assert fast == slow
+    assert sum(len(r.resources) for r in fast) > 0
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, cls: type, method: str) -> list[int]:
+    calls = [0]
+    original = getattr(cls, method)
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(cls, method, counted)
+    return calls
+
+
+def test_a_fresh_big_client_is_served_without_a_lookup_per_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    core, subscribed, _ = all_cached()
+    lookups = count_calls(monkeypatch, CacheView, "lookup")
+    together = count_calls(monkeypatch, CacheView, "served_to_all")
+    responses = subscribe(core, subscribed)
+    assert [len(r.resources) for r in responses] == [2_500, 2_500, 1_000]
+    assert lookups[0] == 0
+    assert together[0] == 3  # once per page
+
+
+def test_a_page_with_names_not_served_to_all_looks_up_only_those(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    core, subscribed, _ = some_unknown_some_absent()
+    lookups = count_calls(monkeypatch, CacheView, "lookup")
+    responses = subscribe(core, subscribed)
+    assert sum(len(r.resources) for r in responses) == len(subscribed[::3])
+    assert sum(len(r.removed_resources) for r in responses) == len(subscribed[1::3])
+    # The cached third is found together; the absent and unknown rest, one by one.
+    assert lookups[0] == N - len(subscribed[::3])
+
+
+def test_a_small_push_looks_names_up_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    core, subscribed, _ = all_cached()
+    stream = DownstreamStream(core.serving, "delta", "peer")
+    stream.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=subscribed))
+    list(served(stream))
+    lookups = count_calls(monkeypatch, CacheView, "lookup")
+    together = count_calls(monkeypatch, CacheView, "served_to_all")
+    warm(core, [resource(name, "2") for name in subscribed[:3]])
+    [push] = served(stream)
+    assert [r.name for r in push.resources] == subscribed[:3]
+    assert (lookups[0], together[0]) == (3, 0)
