@@ -38,7 +38,13 @@ from relay.logs import RateLimitedLog
 from relay.memory import MemoryReturn
 from relay.node_groups import MAX_GROUPS_LIMIT, Group, NodeGroups, group_id
 from relay.persistence.entries import CorruptEntry
-from relay.persistence.groups import GroupOrigin, GroupSnapshot, StoredGroup, decode_group
+from relay.persistence.groups import (
+    GroupOrigin,
+    GroupSnapshot,
+    StoredGroup,
+    decode_group,
+    forget_group,
+)
 from relay.persistence.restore import Restored, restore
 from relay.persistence.stores import (
     ClearableStore,
@@ -310,6 +316,7 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
     grouping = config.upstream.node_groups if config.upstream is not None else None
     groups: NodeGroups | None = None
     listed: GroupRegistry | None = None
+    wall = relay_wall(clock)
     if grouping is not None and origin is None and not private:
         # Each group's core serves as the relay's own would, without groups;
         # the demand bounds are one budget across them (see relay.demand).
@@ -320,7 +327,7 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
         def group_core(group: str, key: tuple[str, ...], node: base_pb2.Node) -> GroupCore:
             stored = StoredGroup(group, spec.key, key, node)
             return GroupCore.create(config, metrics, plain, clock, stored, ledger,
-                                    None if listed is None else (listed, snapshots))
+                                    None if listed is None else (listed, snapshots), wall)
 
         groups = NodeGroups(spec, node_proto(config), group_core, clock)
         settings = replace(settings, groups=groups)
@@ -339,7 +346,7 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
     parts = RelayParts(
         clock=clock, meter_provider=provider, registry=registry, core=core,
         upstream=upstream, files=_file_source(config, core) if upstream is None else None,
-        snapshots=snapshots, group_registry=listed,
+        snapshots=snapshots, group_registry=listed, wall=wall,
         certificates=None if tls is None else
         WatchedKeyPair(tls.cert_file, tls.key_file, tls.client_ca_file),
         fetcher=fetcher,
@@ -367,11 +374,12 @@ class GroupCore:
     @classmethod
     def create(cls, config: RelayConfig, metrics: Metrics, settings: ServingSettings,
                clock: Clock, group: StoredGroup, ledger: DemandLedger,
-               persisting: tuple[GroupRegistry, Mapping[str, ClearableStore]] | None
-               ) -> GroupCore:
+               persisting: tuple[GroupRegistry, Mapping[str, ClearableStore]] | None,
+               wall: Callable[[], float] = time.time) -> GroupCore:
         """The core of ``group``, asking every origin as its node, its demand a
         member of ``ledger``; ``persisting``: where groups are listed, and the
-        relay's stores (whose connections the group's share)."""
+        relay's stores (whose connections the group's share); ``wall``: the wall
+        clock as the relay's ``clock`` runs (see :func:`relay_wall`)."""
         core = Core.create(metrics, settings, clock)
         origins = _origins(config, core, None, group.node, group.id)
         demand = ledger.member(lambda: core.index.upstream_names)
@@ -385,7 +393,8 @@ class GroupCore:
                 store, ScopedCache(core.cache, origins.routes.owned_by(name)) if several
                 else core.cache, origins.routes.owned_by(name) if several else None)
                 for name, store in snapshot_stores(config, group.id, shared).items()}
-            snapshot = GroupSnapshot(group, registry, core.cache, parts, metrics, clock)
+            snapshot = GroupSnapshot(group, registry, core.cache, parts, metrics, clock,
+                                     _group_linger(config), wall)
         return cls(core, origins, fetcher, demand, snapshot)
 
     def synced(self) -> bool:
@@ -405,14 +414,14 @@ class GroupCore:
     def view(self) -> CacheView:
         return self.core.serving.view
 
-    async def run(self) -> None:
-        """Follow the group's origins, expire its TTLs and write its snapshot,
-        until cancelled."""
+    async def run(self, clients: Callable[[], int]) -> None:
+        """Follow the group's origins, expire its TTLs and write its snapshot
+        (``clients()``: the streams it serves now), until cancelled."""
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.origins.run())
             tasks.create_task(self.core.expire_ttls())
             if self.snapshot is not None:
-                tasks.create_task(self.snapshot.run())
+                tasks.create_task(self.snapshot.run(clients))
 
     async def retire(self) -> None:
         """The group closed for good: its snapshot goes."""
@@ -452,6 +461,19 @@ def _origins(config: RelayConfig, core: Core, hub: Dialer | None,
             config, upstream, core, dialers(upstream, key), cache, demand,
             name if group is None else f"{name}/{group}", node)
     return core.follow_origins(table, clients)
+
+
+def _group_linger(config: RelayConfig) -> float:
+    grouping = config.upstream.node_groups if config.upstream is not None else None
+    assert grouping is not None
+    return grouping.linger
+
+
+def relay_wall(clock: Clock) -> Callable[[], float]:
+    """The wall clock as ``clock`` runs: the time now, moved on as ``clock`` moves
+    (what a snapshot compares across relays, on the relay's own timers)."""
+    offset = time.time() - clock.now()
+    return lambda: clock.now() + offset
 
 
 def _origin_status(client: UpstreamClient) -> dict[str, Any]:
@@ -501,6 +523,8 @@ class RelayParts:
     snapshots: dict[str, ClearableStore]
     # with node groups and persistence: where the groups with a snapshot are listed
     group_registry: GroupRegistry | None
+    # the wall clock as ``clock`` runs (see relay_wall)
+    wall: Callable[[], float]
     # the xDS port's certificate (server.tls)
     certificates: WatchedKeyPair | None
     # one-shot fetches (gRPC Fetch*, REST polling) and the leases they hold
@@ -880,12 +904,14 @@ class Relay:
                 log.warning("node group %s in %s skipped: %s", gid[:32], registry.description,
                             error)
                 stored = None
-            group = None
-            if stored is not None and stored.id == gid == group_id(stored.key) and \
-                    stored.fields == groups.spec.key:
-                group = groups.restore(gid, stored.key, stored.node)
-            if group is None:  # another key's, corrupt, or one too many: it goes
-                await self._forget_group(gid, registry)
+            group, why = None, "its entry is unreadable"
+            if stored is not None and stored.id == gid == group_id(stored.key):
+                why = "it was grouped by other fields than upstream.node_groups.key's"
+                if stored.fields == groups.spec.key:
+                    why = "restoring it would pass upstream.node_groups.max_groups"
+                    group = groups.restore(gid, stored.key, stored.node)
+            if group is None:
+                await self._forget_group(gid, registry, why)
                 continue
             core = group.core
             assert isinstance(core, GroupCore) and core.snapshot is not None
@@ -897,16 +923,20 @@ class Relay:
                      "until its origin answers, and closed after linger if no client joins",
                      restored, resources, registry.description)
 
-    async def _forget_group(self, gid: str, registry: GroupRegistry) -> None:
-        """Delete the snapshot of a listed group that is not restored."""
+    async def _forget_group(self, gid: str, registry: GroupRegistry, why: str) -> None:
+        """Delete the snapshot of a listed group that is not restored (unless a
+        relay sharing the snapshot served it lately: see ``forget_group``)."""
+        # only an id the relay made names key spaces (folders); another is dropped alone
+        named = len(gid) <= 64 and gid.replace("-", "").isalnum()
+        stores = snapshot_stores(self.config, gid, self._parts.snapshots) if named else {}
         try:
-            if len(gid) <= 64 and gid.replace("-", "").isalnum():  # a key space name
-                for store in snapshot_stores(self.config, gid, self._parts.snapshots).values():
-                    await store.clear()
-                    await store.close()
-            await registry.drop(gid)
+            await forget_group(registry, gid, stores, _group_linger(self.config),
+                               self._parts.wall(), why)
         except StoreError as error:
             log.warning("node group %s not deleted from the snapshot: %s", gid[:32], error)
+        finally:
+            for store in stores.values():
+                await store.close()
 
     def _origin_cache(self, origin: str) -> OriginCache:
         """The cache as ``origin`` writes it (its own names only, with several)."""

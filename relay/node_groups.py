@@ -212,8 +212,9 @@ class GroupCore(Protocol):
     def fetcher(self) -> Fetcher:
         """Answers the group's nodes' fetches and polls (its leases in the group's index)."""
 
-    async def run(self) -> None:
-        """Follow the group's origins until cancelled."""
+    async def run(self, clients: Callable[[], int]) -> None:
+        """Follow the group's origins until cancelled (``clients()``: how many
+        streams the group serves now)."""
 
     async def retire(self) -> None:
         """The group closed for good (idle): forget what it keeps outside the
@@ -304,7 +305,7 @@ class NodeGroups:
         """Run ``group``'s core, once a closed group of its key has retired (whose
         snapshot it would otherwise lose to the retiring one's deletion)."""
         await _ended(self._retiring.get(group.id))
-        await group.core.run()
+        await group.core.run(lambda: group.clients)
 
     def restore(self, gid: str, key: tuple[str, ...], node: base_pb2.Node) -> Group | None:
         """A group a snapshot held (``node``: what its origin streams asked as),

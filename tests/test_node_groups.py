@@ -4,6 +4,7 @@ group's origin stream carries, and the groups open (see relay.node_groups)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -130,8 +131,10 @@ class FakeCore:
     ends: list[str] = field(default_factory=list)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     gate: asyncio.Event | None = None  # what retiring waits for (None: nothing)
+    clients: Callable[[], int] | None = None  # what it runs with: its group's clients
 
-    async def run(self) -> None:
+    async def run(self, clients: Callable[[], int]) -> None:
+        self.clients = clients
         self.ran.set()
         try:
             await asyncio.Event().wait()
@@ -165,6 +168,9 @@ async def test_clients_of_one_key_share_a_group() -> None:
     second = groups.join(client_node(NAMESPACE="other"))
     third = groups.join(base_pb2.Node(cluster="payments"))
     assert first is second and first is not third
+    await made[first.id].ran.wait()
+    counted = made[first.id].clients
+    assert counted is not None and counted() == 2  # runs knowing its clients
     assert (len(groups), sorted(groups.sizes())) == (2, [1, 2])
     assert made[first.id].node.cluster == "checkout"
     await groups.close()

@@ -17,6 +17,13 @@ Bounded: a group is written only once a client joined it; a group closed for
 being idle (``linger`` after its last client left, or to make room under
 ``max_groups``) has its snapshot deleted, and so does a restored group that
 no client joins within ``linger``. A relay that stops keeps them all.
+
+Replicas of a zone share one snapshot (one key prefix), so one replica's
+idle group may be another's busy one. While a group has clients its entry
+is *seen*: its ``seen_at`` (wall time) is written again every
+:func:`seen_every` (a third of ``linger``). A group is deleted only when its
+entry was not seen for two of those: no replica served it since this one's
+last client left (``linger`` ago), so none serves it now.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ import base64
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from envoy.config.core.v3 import base_pb2
 from google.protobuf import message
@@ -45,6 +53,16 @@ log = logging.getLogger("relay.persistence")
 
 #: How long a stopping relay waits for a group's last writes.
 FLUSH_TIMEOUT = 2.0
+#: The shortest time between two writes of a group's ``seen_at``, in seconds.
+MIN_SEEN_EVERY = 1.0
+
+
+def seen_every(linger: float) -> float:
+    """How often a group with clients says so (``seen_at``): a third of
+    ``linger``, so that a replica whose last client left ``linger`` ago
+    last said so two periods before another replica's group could be
+    thought gone (see :meth:`GroupSnapshot.forget`)."""
+    return max(linger / 3, MIN_SEEN_EVERY)
 
 
 @dataclass(frozen=True)
@@ -55,13 +73,15 @@ class StoredGroup:
     fields: tuple[str, ...]  # upstream.node_groups.key when it was written
     key: tuple[str, ...]
     node: base_pb2.Node  # what its origin streams ask as
+    # when (wall clock) a relay last served it clients (None: not yet written)
+    seen_at: float | None = None
 
 
 def encode_group(group: StoredGroup) -> bytes:
     """The registry entry of ``group`` (JSON; the node as base64 protobuf)."""
     return json.dumps({"id": group.id, "fields": list(group.fields), "key": list(group.key),
-                       "node": base64.b64encode(group.node.SerializeToString()).decode()},
-                      sort_keys=True).encode()
+                       "node": base64.b64encode(group.node.SerializeToString()).decode(),
+                       "seen_at": group.seen_at}, sort_keys=True).encode()
 
 
 def decode_group(entry: bytes) -> StoredGroup:
@@ -69,11 +89,14 @@ def decode_group(entry: bytes) -> StoredGroup:
     try:
         data = json.loads(entry)
         node = base_pb2.Node.FromString(base64.b64decode(data["node"], validate=True))
-        fields, key = data["fields"], data["key"]
+        fields, key, seen_at = data["fields"], data["key"], data.get("seen_at")
         if not isinstance(data["id"], str) or not all(
                 isinstance(value, str) for value in [*fields, *key]):
             raise ValueError("id, fields and key are strings")
-        return StoredGroup(data["id"], tuple(fields), tuple(key), node)
+        if seen_at is not None and not isinstance(seen_at, int | float):
+            raise ValueError("seen_at is a number")
+        return StoredGroup(data["id"], tuple(fields), tuple(key), node,
+                           None if seen_at is None else float(seen_at))
     except (ValueError, KeyError, TypeError, message.DecodeError) as error:
         raise CorruptEntry(f"not a node group entry: {error}") from None
 
@@ -88,13 +111,42 @@ class GroupOrigin:
     owns: Callable[[str], bool] | None = None
 
 
+async def forget_group(registry: GroupRegistry, gid: str,
+                       stores: Mapping[str, ClearableStore], linger: float, wall_now: float,
+                       why: str) -> bool:
+    """Delete the snapshot of group ``gid`` (its ``stores``) and its entry, unless
+    a relay served it clients lately (``why`` says why this one would delete it,
+    for the log). Whether it did. Raises :class:`StoreError`."""
+    entry = await registry.get(gid)
+    if entry is not None:
+        with contextlib.suppress(CorruptEntry):
+            seen_at = decode_group(entry).seen_at
+            if seen_at is not None and seen_at > wall_now - 2 * seen_every(linger):
+                log.info("node group %s kept in the snapshot although %s: a relay sharing "
+                         "it served it clients %.0fs ago", gid, why, max(0.0, wall_now - seen_at))
+                return False
+    for store in stores.values():
+        await store.clear()
+    await registry.drop(gid)
+    log.info("node group %s deleted from the snapshot: %s", gid, why)
+    return True
+
+
 class GroupSnapshot:
     """One group's snapshot: restored into its cache, written back while the
-    group runs, deleted once it closed for good."""
+    group runs, deleted once it closed for good (see :func:`forget_group`).
+
+    ``wall`` is the wall clock as the relay's ``clock`` runs (``seen_at`` is
+    compared across replicas, and with the group's ``linger``, on the relay's
+    clock); ``linger`` is ``node_groups.linger``.
+    """
 
     def __init__(self, group: StoredGroup, registry: GroupRegistry, cache: ResourceCache,
-                 origins: Mapping[str, GroupOrigin], metrics: Metrics, clock: Clock) -> None:
+                 origins: Mapping[str, GroupOrigin], metrics: Metrics, clock: Clock,
+                 linger: float, wall: Callable[[], float] = time.time) -> None:
         self.group = group
+        self.linger = linger
+        self._wall = wall
         self._registry = registry
         self._cache = cache
         self._origins = dict(origins)
@@ -132,21 +184,32 @@ class GroupSnapshot:
         """Types restored, all origins together (0: nothing to serve from it)."""
         return sum(done.types for done in self.restored.values())
 
-    async def run(self) -> None:
-        """Keep the snapshot in step with the cache (the group has clients):
-        the registry says the group exists, the writers write what changes."""
+    async def run(self, clients: Callable[[], int]) -> None:
+        """Keep the snapshot in step with the cache, from when the group's first
+        client joined: the writers write what changes; while ``clients()``, the
+        registry lists the group as seen now (every :func:`seen_every`)."""
         for writer in self.writers.values():
             self._cache.add_listener(writer.on_cache_change)
-        try:
-            await self._registry.put(self.group.id, encode_group(self.group))
-        except StoreError as error:
-            # its resources are still written: a later write of the entry
-            # (the group's next run) makes them restorable
-            log.warning("node group %s not listed in %s: %s", self.group.id,
-                        self._registry.description, error)
         async with asyncio.TaskGroup() as tasks:
             for origin, writer in self.writers.items():
                 tasks.create_task(writer.run(), name=f"snapshot-{self.group.id}-{origin}")
+            tasks.create_task(self._say_seen(clients), name=f"snapshot-{self.group.id}-seen")
+
+    async def _say_seen(self, clients: Callable[[], int]) -> None:
+        failing = False
+        while True:
+            if clients():
+                try:
+                    await self._registry.put(self.group.id, encode_group(
+                        replace(self.group, seen_at=self._wall())))
+                    failing = False
+                except StoreError as error:
+                    # its resources are still written; the next turn lists it
+                    if not failing:
+                        log.warning("node group %s not listed in %s: %s", self.group.id,
+                                    self._registry.description, error)
+                    failing = True
+            await self._clock.sleep(seen_every(self.linger))
 
     async def flush(self) -> None:
         """Write what is left (the relay stops), :data:`FLUSH_TIMEOUT` at most;
@@ -158,12 +221,14 @@ class GroupSnapshot:
                 *(writer.write_pending() for writer in self.writers.values())), FLUSH_TIMEOUT)
 
     async def forget(self) -> None:
-        """Delete the group's snapshot and its registry entry (it closed for good)."""
+        """The group closed for good here: its snapshot and registry entry go,
+        unless another relay sharing them served it lately (see
+        :func:`forget_group`)."""
         self._forgotten = True
         try:
-            for part in self._origins.values():
-                await part.store.clear()
-            await self._registry.drop(self.group.id)
+            await forget_group(self._registry, self.group.id,
+                               {name: part.store for name, part in self._origins.items()},
+                               self.linger, self._wall(), "it closed, idle")
         except StoreError as error:
             log.warning("node group %s: snapshot not deleted: %s", self.group.id, error)
 

@@ -361,6 +361,9 @@ class GroupRegistry(Protocol):
     async def load(self) -> dict[str, bytes]:
         """Every group's entry, by group id; raises :class:`StoreError`."""
 
+    async def get(self, group: str) -> bytes | None:
+        """``group``'s entry (None: not listed); raises :class:`StoreError`."""
+
     async def put(self, group: str, entry: bytes) -> None:
         """Write ``group``'s entry; raises :class:`StoreError`."""
 
@@ -382,6 +385,12 @@ class RedisGroupRegistry:
             found: dict[bytes, bytes] = await asyncio.wait_for(
                 self._store._client.hgetall(self._hash), self._store.timeout)
         return {key.decode(errors="replace"): value for key, value in found.items()}
+
+    async def get(self, group: str) -> bytes | None:
+        with self._store._errors("read node group"):
+            found: bytes | None = await asyncio.wait_for(
+                self._store._client.hget(self._hash, group), self._store.timeout)
+        return found
 
     async def put(self, group: str, entry: bytes) -> None:
         with self._store._errors("write node group"):
@@ -415,6 +424,16 @@ class DirectoryGroupRegistry:
                 with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                     found[folder.name] = (folder / "group.json").read_bytes()
         return found
+
+    async def get(self, group: str) -> bytes | None:
+        found: bytes | None = await self._store._run("read node group", self._get, group)
+        return found
+
+    def _get(self, group: str) -> bytes | None:
+        try:
+            return (self.folder / group / "group.json").read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     async def put(self, group: str, entry: bytes) -> None:
         await self._store._run("write node group", self._put, group, entry)

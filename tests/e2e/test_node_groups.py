@@ -514,3 +514,58 @@ async def eventually_listed(redis: RedisServer, persistence: str, expected: list
     while (found := await listed(redis, persistence)) != expected:
         assert asyncio.get_running_loop().time() < deadline, found
         await asyncio.sleep(0.02)
+
+
+async def test_replicas_sharing_a_snapshot_keep_a_group_another_one_serves(
+        redis: RedisServer, persistence: str) -> None:
+    from relay.persistence.groups import decode_group
+
+    origin = PerClusterOrigin()
+    origin.set_for("payments", 2)
+    await origin.start()
+    gid = group_id(("payments",))
+    prefix = persistence.split('key_prefix: "')[1].split('"')[0]
+
+    async def seen_at() -> float | None:
+        store = RedisStore(redis.url, prefix, 1.0)
+        try:
+            entry = await RedisGroupRegistry(store).get(gid)
+        finally:
+            await store.close()
+        return None if entry is None else decode_group(entry).seen_at
+
+    async def seen_since(moment: float) -> None:
+        deadline = asyncio.get_running_loop().time() + 5
+        while ((found := await seen_at()) or 0.0) < moment:
+            assert asyncio.get_running_loop().time() < deadline, found
+            await asyncio.sleep(0.02)
+
+    clock = ManualClock()  # one clock: both replicas' time moves together
+    async with grouped_relay(origin.port, persistence, clock) as (one, one_channel), \
+            grouped_relay(origin.port, persistence, clock) as (other, other_channel):
+        leaving = await subscribed(one_channel, "payments", "p-1")
+        staying = await subscribed(other_channel, "payments", "p-2")
+        await leaving.ack(await leaving.recv())
+        await staying.ack(await staying.recv())
+        await written(one)
+        await written(other)
+        wall = other._parts.wall
+        leaving.close()
+        await eventually(lambda: cores(one)["payments"] and one.groups is not None and
+                         one.groups.sizes() == [0])
+        for _ in range(3):  # linger (60s) in steps of the period groups are seen in (20s)
+            moment = wall()
+            await clock.advance(20.0)
+            if cores(one):
+                await seen_since(moment + 20.0)  # the other replica's group said so
+        await eventually(lambda: cores(one) == {})
+        # the replica whose group closed left the snapshot to the one serving it
+        assert await listed(redis, persistence) == [gid]
+        assert sorted(cores(other)) == ["payments"]
+        store = RedisStore(redis.url, f"{prefix}:group:{gid}", 1.0)
+        try:
+            kept = await store.load()
+        finally:
+            await store.close()
+        assert kept is not None and list(kept.entries[CLUSTER]) == ["backend"]
+    await origin.stop()

@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import pytest
 from envoy.config.core.v3 import base_pb2
 
+from relay.cache import ResourceCache
 from relay.persistence.entries import CorruptEntry
-from relay.persistence.groups import StoredGroup, decode_group, encode_group
+from relay.persistence.groups import (
+    GroupOrigin,
+    GroupSnapshot,
+    StoredGroup,
+    decode_group,
+    encode_group,
+    forget_group,
+    seen_every,
+)
+from relay.persistence.stores import (
+    DirectoryGroupRegistry,
+    DirectoryStore,
+    SnapshotBatch,
+    TypeState,
+)
+from relay.telemetry import new_metrics, prometheus_provider
+from relay.xds_types import CLUSTER
+from tests.clock import ManualClock
 
 
 def test_an_entry_reads_back_as_written() -> None:
     node = base_pb2.Node(id="relay-1", cluster="checkout")
     node.metadata.update({"NAMESPACE": "shop", "LABELS": {"app": "cart"}})
     group = StoredGroup("g-0123456789ab", ("cluster", "metadata.NAMESPACE"),
-                        ("checkout", "shop"), node)
+                        ("checkout", "shop"), node, 1234.5)
     assert decode_group(encode_group(group)) == group
 
 
@@ -29,3 +52,72 @@ def test_a_bad_entry_says_why(entry: bytes, why: str) -> None:
     with pytest.raises(CorruptEntry) as bad:
         decode_group(entry)
     assert str(bad.value) == why
+
+
+# -- deleting a group's snapshot, and saying it is seen ------------------------------------
+
+
+def _group(seen_at: float | None = None) -> StoredGroup:
+    return StoredGroup("g-0123456789ab", ("cluster",), ("checkout",),
+                       base_pb2.Node(id="relay-1", cluster="checkout"), seen_at)
+
+
+@pytest.fixture
+async def stores(tmp_path: Path) -> AsyncIterator[tuple[DirectoryStore, DirectoryStore]]:
+    """The relay's store and, sharing its thread, the group's."""
+    relay = DirectoryStore(tmp_path)
+    group = DirectoryStore(tmp_path / "groups" / "g-0123456789ab", share=relay)
+    await group.write(SnapshotBatch(upserts={CLUSTER: {"backend": b"entry"}},
+                                    types={CLUSTER: TypeState()}, written_at=1.0))
+    yield relay, group
+    await relay.close()
+
+
+@pytest.mark.parametrize(("seen_ago", "deleted"), [
+    (None, True),     # never seen (written by no relay with clients)
+    (10.0, False),    # another relay served it 10s ago: kept
+    (199.0, False),   # within two periods of a third of linger (300s)
+    (201.0, True),    # nobody since: it goes
+])
+async def test_a_group_is_deleted_unless_a_relay_served_it_lately(
+        stores: tuple[DirectoryStore, DirectoryStore], seen_ago: float | None,
+        deleted: bool) -> None:
+    relay, group = stores
+    registry = DirectoryGroupRegistry(relay)
+    now = 10_000.0
+    await registry.put("g-0123456789ab", encode_group(
+        _group(None if seen_ago is None else now - seen_ago)))
+    assert await forget_group(registry, "g-0123456789ab", {"default": group}, 300.0, now,
+                              "it closed, idle") is deleted
+    assert (await group.load() is None) is deleted
+    assert (await registry.get("g-0123456789ab") is None) is deleted
+
+
+async def test_a_running_group_says_it_is_seen_while_it_has_clients(
+        stores: tuple[DirectoryStore, DirectoryStore]) -> None:
+    relay, group = stores
+    registry = DirectoryGroupRegistry(relay)
+    clock = ManualClock()
+    snapshot = GroupSnapshot(_group(), registry, ResourceCache(clock.now),
+                             {"default": GroupOrigin(group, ResourceCache(clock.now))},
+                             new_metrics(prometheus_provider()[0]), clock, linger=30.0,
+                             wall=lambda: clock.now() + 5_000)
+    clients = 1
+    running = asyncio.create_task(snapshot.run(lambda: clients))
+
+    async def seen_at() -> float | None:
+        for _ in range(100):
+            await asyncio.sleep(0)
+        entry = await registry.get("g-0123456789ab")
+        return None if entry is None else decode_group(entry).seen_at
+
+    assert seen_every(30.0) == 10.0
+    assert await seen_at() == 6_000.0  # at once: the group's first client joined
+    await clock.advance(10.0)
+    assert await seen_at() == 6_010.0
+    clients = 0
+    await clock.advance(10.0)
+    assert await seen_at() == 6_010.0  # no client: not seen
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running

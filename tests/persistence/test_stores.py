@@ -199,6 +199,8 @@ async def test_the_group_registry_lists_puts_and_drops(store: SnapshotStore) -> 
     await registry.put("g-2", b'{"two": 2}')
     await registry.put("g-1", b'{"one": 2}')
     assert await registry.load() == {"g-1": b'{"one": 2}', "g-2": b'{"two": 2}'}
+    assert (await registry.get("g-1"), await registry.get("g-3")) == (b'{"one": 2}', None)
     await registry.drop("g-1")
     await registry.drop("g-3")  # never listed: harmless
     assert await registry.load() == {"g-2": b'{"two": 2}'}
+    assert await registry.get("g-1") is None
