@@ -414,6 +414,10 @@ class UpstreamClient:
                 else:
                     outcome = self.state.on_unusable(checked)
                 self._apply(response.type_url, outcome, outbox)
+                # Nothing here keeps a response once it is applied: awaiting the
+                # next one with these bound would keep this one (megabytes, and
+                # objects here and there in the heap that a trim cannot return).
+                del response, checked, outcome
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 self._refused(error.details() or "")
