@@ -13,8 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from relay.constraints import Locator
+from relay.constraints import EMPTY_PARAMS, Locator
 from relay.upstream.deadlines import Deadlines, SettleDue
+
+#: A locator as the maps below key it: a plain name is the name itself, whose
+#: string the subscription holds anyway; only a name with parameters is a
+#: :class:`Locator` (a client of 100,000 plain names settling would otherwise
+#: hold 100,000 tuples of 72 bytes each).
+_Key = str | Locator
+
+
+def _key(locator: Locator) -> _Key:
+    return locator if locator.params else locator.name
+
+
+def _locator(key: _Key) -> Locator:
+    return Locator(key, EMPTY_PARAMS) if isinstance(key, str) else key
 
 
 class Settling:
@@ -28,9 +42,9 @@ class Settling:
         self.grace = grace
         self._deadlines = deadlines
         # locators no response has followed yet, with when they were subscribed
-        self._unsettled: dict[str, dict[Locator, float]] = {}
+        self._unsettled: dict[str, dict[_Key, float]] = {}
         # locators a response followed too soon: answered at the time given
-        self._settling: dict[str, dict[Locator, float]] = {}
+        self._settling: dict[str, dict[_Key, float]] = {}
 
     def new_stream(self) -> None:
         """A new stream: nothing subscribed on it yet."""
@@ -40,15 +54,17 @@ class Settling:
     def subscribed(self, type_url: str, locators: Iterable[Locator], now: float) -> None:
         unsettled = self._unsettled.setdefault(type_url, {})
         for locator in locators:
-            unsettled.pop(locator, None)  # kept in the order they were subscribed
-            unsettled[locator] = now
+            key = _key(locator)
+            unsettled.pop(key, None)  # kept in the order they were subscribed
+            unsettled[key] = now
 
     def unsubscribed(self, type_url: str, locators: Iterable[Locator]) -> None:
         unsettled = self._unsettled.get(type_url, {})
         settling = self._settling.get(type_url, {})
         for locator in locators:
-            unsettled.pop(locator, None)
-            settling.pop(locator, None)
+            key = _key(locator)
+            unsettled.pop(key, None)
+            settling.pop(key, None)
 
     def on_response(self, type_url: str, now: float) -> list[Locator]:
         """A response of the type arrived: the locators it answers (subscribed
@@ -57,10 +73,10 @@ class Settling:
         unsettled = self._unsettled.pop(type_url, {})
         settling = self._settling.setdefault(type_url, {})
         last_due = None
-        for locator, subscribed_at in unsettled.items():
+        for key, subscribed_at in unsettled.items():
             due = subscribed_at + self.grace
-            settling.pop(locator, None)  # kept in the order they come due
-            settling[locator] = due
+            settling.pop(key, None)  # kept in the order they come due
+            settling[key] = due
             if due > now and due != last_due:
                 # one deadline for every locator of the type due at once
                 self._deadlines.add(SettleDue(type_url, due))
@@ -85,15 +101,15 @@ class Settling:
     def _settled(self, type_url: str, now: float) -> list[Locator]:
         settling = self._settling.get(type_url, {})
         due = []
-        for locator, at in settling.items():
+        for key, at in settling.items():
             if at > now:
                 break
-            due.append(locator)
-        for locator in due:
-            del settling[locator]
+            due.append(key)
+        for key in due:
+            del settling[key]
         if not settling:
             self._settling.pop(type_url, None)
-        return due
+        return [_locator(key) for key in due]
 
     def unanswered_names(self, is_answered: Callable[[str, Locator], bool]
                          ) -> dict[str, set[str]]:
@@ -102,8 +118,9 @@ class Settling:
         says); all those no response has followed when none is new."""
         suspects: dict[str, set[str]] = {}
         waiting: dict[str, set[str]] = {}
-        for type_url, locators in self._unsettled.items():
-            for locator in locators:
+        for type_url, keys in self._unsettled.items():
+            for key in keys:
+                locator = _locator(key)
                 waiting.setdefault(type_url, set()).add(locator.name)
                 if not is_answered(type_url, locator):
                     suspects.setdefault(type_url, set()).add(locator.name)

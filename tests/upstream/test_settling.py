@@ -6,6 +6,7 @@ from relay.constraints import Locator, params_of
 from relay.upstream.deadlines import Deadlines, SettleDue
 from relay.upstream.settling import Settling
 from relay.xds_types import CLUSTER, ENDPOINT
+from tests.allocations import traced
 
 GRACE = 0.5
 A, B = Locator("a"), Locator("b")
@@ -65,3 +66,18 @@ def test_unanswered_names_are_those_answered_nowhere_else_or_else_all_waiting() 
         {ENDPOINT: {"b"}}
     assert settling.unanswered_names(lambda _type_url, _locator: True) == \
         {ENDPOINT: {"a", "b"}}
+
+
+def test_a_plain_name_settling_costs_its_table_slots_not_a_locator() -> None:
+    names = [f"made-up-{i}" for i in range(20_000)]
+    settling, _ = make()
+    with traced() as held:
+        settling.subscribed(ENDPOINT, (Locator(name) for name in names), 10.0)
+        unsettled = held() / len(names)
+        settling.on_response(ENDPOINT, 10.1)  # too soon: they settle on a deadline
+        waiting = held() / len(names)
+    # A Locator kept for each cost 72 bytes more (56 with CPython's allocator).
+    assert unsettled < 50 and waiting < 80, (unsettled, waiting)
+    settled = settling.due(10.0 + GRACE)[ENDPOINT]
+    assert settled[:2] == [Locator(names[0]), Locator(names[1])] and len(settled) == 20_000
+    assert settling.unanswered_names(lambda _t, _l: False) == {}
