@@ -280,6 +280,36 @@ async def test_the_origin_sees_one_stream_per_group_in_use_fetches_included() ->
             ["checkout"], ["payments"], ["search"]]
 
 
+async def test_rest_pollers_get_their_own_groups_configuration() -> None:
+    import json
+
+    origin, _ = await started()
+    origin.set_for("xds-relay", 9)  # the relay's own node's: nobody may get it
+    rest = 'address: "127.0.0.1:0", lease: 60s, wait: 2s'
+    async with running_stack(origin, upstream=GROUPS, rest=rest) as stack, \
+            ClientSession() as http:
+
+        async def poll(cluster_name: str, version: str = "") -> tuple[int, int | None, str]:
+            body = {"node": {"id": f"poller-{cluster_name}", "cluster": cluster_name},
+                    "resourceNames": ["backend"], "versionInfo": version}
+            async with http.post(f"http://127.0.0.1:{stack.relay.rest_port}"
+                                 "/v3/discovery:clusters", data=json.dumps(body),
+                                 headers={"Content-Type": "application/json"}) as reply:
+                if reply.status != 200:
+                    return reply.status, None, version
+                answer = await reply.json()
+            [resource] = answer["resources"]
+            return 200, int(resource["connectTimeout"].rstrip("s")), answer["versionInfo"]
+
+        status, timeout, checkout_version = await poll("checkout")
+        assert (status, timeout) == (200, 1)
+        assert (await poll("payments"))[:2] == (200, 2)
+        # polled again with the version it holds: nothing new (its group's lease held)
+        assert (await poll("checkout", checkout_version))[:2] == (304, None)
+        assert origin.asked() == ["checkout", "payments"]
+        assert len(origin.streams) == 2  # none as the relay's own node
+
+
 async def test_csds_shows_each_clients_group_and_what_its_group_sent() -> None:
     from envoy.admin.v3 import config_dump_shared_pb2
     from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
