@@ -40,16 +40,15 @@ def length_delimited_field(number: int, payload: bytes) -> bytes:
 
 def encode_delta_response(head: discovery_pb2.DeltaDiscoveryResponse,
                           entries: Iterable[bytes]) -> bytes:
-    """``head`` (everything but ``resources``) plus pre-encoded resource entries."""
-    fields: bytes = head.SerializeToString()
-    return fields + b"".join(entries)
+    """``head`` (everything but ``resources``) plus pre-encoded resource entries
+    (joined with the head in one copy: a response may be megabytes)."""
+    return b"".join([head.SerializeToString(), *entries])
 
 
 def encode_sotw_response(head: discovery_pb2.DiscoveryResponse,
                          entries: Iterable[bytes]) -> bytes:
     """``head`` (everything but ``resources``) plus pre-encoded resource entries."""
-    fields: bytes = head.SerializeToString()
-    return fields + b"".join(entries)
+    return b"".join([head.SerializeToString(), *entries])
 
 
 # -- sizes, for keeping requests under a peer's message limit ------------------

@@ -330,6 +330,10 @@ class Session:
         if not (names or locators):
             return  # an ACK, most often
         with_params = locator_size("", node_params) if node_params else 0
+        # (a character is at most four bytes: checked for the longest name
+        # first, in C, most requests need no look at each)
+        if names and 4 * max(map(len, names)) + 8 + with_params <= limit:
+            names = ()
         for name in names:
             # A character is at most four bytes: most names need no encoding.
             if 4 * len(name) + 8 + with_params > limit and \
