@@ -664,7 +664,8 @@ class Relay:
         if groups is not None:
             self.metrics.observe_node_groups(groups.sizes, self._parts.registry)
         self.metrics.observe_state(
-            self.cache.counts, self.serving.subscription_counts,
+            self._cache_counts if groups is not None else self.cache.counts,
+            self.serving.subscription_counts,
             self._upstream_subscription_counts if self.origins is not None else None)
         self.metrics.observe(
             "xds_relay_ready", "1 while /ready says ready (serving what it has), 0 otherwise",
@@ -720,10 +721,23 @@ class Relay:
         return statuses
 
     def _upstream_subscription_counts(self) -> dict[tuple[str, str], int]:
-        """Per (origin, type URL): locators subscribed on the origin's stream."""
+        """Per (origin, type URL): locators subscribed on the origin's stream; with
+        node groups, on each group's (``ORIGIN/GROUP ID``)."""
         assert self.origins is not None
-        return {(origin, type_url): count for origin, client in self.origins
+        clients = [client for _, client in self.origins] if self.groups is None else \
+            [client for _, core in self._group_cores() for _, client in core.origins]
+        return {(client.origin, type_url): count for client in clients
                 for type_url, count in client.state.subscription_counts().items()}
+
+    def _cache_counts(self) -> dict[str, tuple[int, int]]:
+        """:meth:`ResourceCache.counts` of every open node group's cache together
+        (a resource two groups hold counts twice: it is cached twice)."""
+        out = self.cache.counts()
+        for _, core in self._group_cores():
+            for type_url, (names, variants) in core.cache.counts().items():
+                had = out.get(type_url, (0, 0))
+                out[type_url] = (had[0] + names, had[1] + variants)
+        return out
 
     def _count_from_zero(self) -> None:
         """Start at 0 the series that alerts take ``increase()`` of, rather

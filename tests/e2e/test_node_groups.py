@@ -152,6 +152,12 @@ async def test_a_third_client_of_a_group_is_answered_from_cache() -> None:
             clients = (await reply.json())["clients"]
         groups = {c["node_id"]: c["group"]["key"] for c in clients}
         assert groups == {"c-1": ["checkout"], "c-2": ["checkout"], "p-1": ["payments"]}
+        # the cache and upstream gauges count every group's (the relay's own holds nothing)
+        samples = await scrape(stack.relay.admin_port)
+        assert series(samples, "xds_relay_cache_resources") == {labels(type="Cluster"): 2}
+        assert series(samples, "xds_relay_upstream_subscriptions") == {
+            labels(origin=f"default/{group_id((name,))}", type="Cluster"): 1
+            for name in ("checkout", "payments")}
 
 
 async def test_the_last_client_leaving_closes_its_groups_stream_after_linger() -> None:
