@@ -378,8 +378,8 @@ class NodeGroups:
             self._close(group, retire=False)
         for group in groups:
             await _ended(group._task)
-            with contextlib.suppress(Exception):
-                await group.core.close()
+        # together: each may wait for its store (a stopping relay waits for the slowest)
+        await asyncio.gather(*(group.core.close() for group in groups), return_exceptions=True)
         for task in list(self._retiring.values()):
             await _ended(task)
 
