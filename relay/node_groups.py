@@ -311,10 +311,16 @@ class NodeGroups:
         """A group a snapshot held (``node``: what its origin streams asked as),
         open but not running: its origin streams open when a client joins it,
         and it closes for good ``linger`` from now if none does. None: there are
-        ``max_groups`` already."""
+        ``max_groups`` already.
+
+        Its streams ask as this relay's node with the key and copy fields of
+        ``node`` (those its first client gave): the rest is this relay's own
+        (its id, locality, metadata), not that of the relay that wrote the
+        snapshot, which may be another replica or an older configuration."""
         if gid in self._groups or len(self._groups) >= self.spec.max_groups:
             return None
-        group = self._groups[gid] = Group(gid, key, self._make(gid, key, node))
+        made = group_node(self._relay_node, node, self._fields)
+        group = self._groups[gid] = Group(gid, key, self._make(gid, key, made))
         group._closing = asyncio.get_running_loop().create_task(
             self._close_at(group, self._clock.now() + self.spec.linger),
             name=f"node-group-linger-{gid}")
