@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import sys
 
 from relay.cache import ABSENT, ResourceCache, Update
 from relay.constraints import EMPTY_PARAMS, params_of
 from relay.interest import Interest, InterestIndex
 from relay.upstream.deadlines import Deadlines, LingerEnds, WildcardLingerEnds
-from relay.upstream.targets import Lingering, Targets
+from relay.upstream.targets import TOGETHER, Lingering, Targets
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.allocations import traced
 from tests.upstream.test_upstream_state import Sub
@@ -84,6 +85,39 @@ def test_past_the_bound_the_oldest_stop_lingering_at_once() -> None:
     assert lingering.count() == 3 and lingering.types() == {ENDPOINT}
 
 
+def test_past_the_bound_the_oldest_departure_is_cut_first_and_each_batch_keeps_its_time(
+        ) -> None:
+    b, c, d, e = (f"made-up-{letter}" for letter in "bcde")
+    deadlines = Deadlines()
+    lingering = Lingering(deadlines, limit=3, together=2.0)
+    lingering.start(ENDPOINT, 0.0, 30.0, ["a"])  # a departure of its own
+    lingering.start(ENDPOINT, 5.0, 35.0, [b, c])  # a client leaving, learnt in slices
+    lingering.start(ENDPOINT, 6.5, 36.5, [d])  # within 2 s: the same departure
+    assert lingering.due(6.5) == [(ENDPOINT, ["a"])]  # the oldest departure, whole
+    lingering.start(ENDPOINT, 8.0, 38.0, [e])
+    [(_, [lowest])] = lingering.due(8.0)  # of one departure: the lowest in memory
+    assert lowest is min((b, c, d, e), key=id)
+    for at, names in ((35.0, [b, c]), (36.5, [d]), (38.0, [e])):  # each batch its own time
+        rest = sorted(n for n in names if n is not lowest)
+        assert [(t, sorted(due)) for t, due in lingering.due(at)] == \
+            ([(ENDPOINT, rest)] if rest else [])
+    assert lingering.count() == 0
+    assert Targets(ResourceCache(), 30.0, Deadlines()).lingering.together == TOGETHER
+
+
+def test_past_the_bound_the_names_kept_of_a_departure_are_those_highest_in_memory() -> None:
+    names = [f"made-up-{i}" for i in range(1000)]
+    random.Random(23).shuffle(names)  # let go in another order than they lie in memory
+    lingering = Lingering(Deadlines(), limit=100, together=5.0)
+    for start in range(0, 1000, 200):  # in slices, as a departure comes
+        lingering.start(ENDPOINT, start / 1000, 30.0 + start / 1000, names[start:start + 200])
+    assert lingering.count() == 100
+    [(_, cut)] = lingering.due(1.0)  # cut short: at once
+    kept = [name for name, _ in lingering.entries(ENDPOINT)]
+    assert sorted(kept, key=id) == sorted(names, key=id)[-100:]
+    assert sorted(cut) == sorted(set(names) - set(kept))
+
+
 def test_a_lingering_name_costs_a_list_slot() -> None:
     names = [f"made-up-{i}" for i in range(20_000)]
     lingering = Lingering(Deadlines())
@@ -122,12 +156,12 @@ def test_past_linger_names_the_oldest_go_at_the_next_tick_and_the_rest_linger() 
     index.remove(first)
     assert targets.sync(ENDPOINT, index, 1.0,
                         targets.interest_changed(ENDPOINT, index, 1.0, {"a", "b"})).is_empty()
-    index.remove(second)
-    assert targets.sync(ENDPOINT, index, 2.0,
-                        targets.interest_changed(ENDPOINT, index, 2.0, {"c", "d"})).is_empty()
-    assert deadlines.next(targets.lingering.stands) == 2.0  # one of a and b: now
-    [(type_url, due)] = targets.lingering.due(2.0)
-    change = targets.sync(type_url, index, 2.0, due)
+    index.remove(second)  # later than TOGETHER: a batch of its own
+    assert targets.sync(ENDPOINT, index, 10.0,
+                        targets.interest_changed(ENDPOINT, index, 10.0, {"c", "d"})).is_empty()
+    assert deadlines.next(targets.lingering.stands) == 10.0  # one of a and b: now
+    [(type_url, due)] = targets.lingering.due(10.0)
+    change = targets.sync(type_url, index, 10.0, due)
     assert len(change.unsubscribe) == 1 and set(change.unsubscribe) < {"a", "b"}
     assert [n for n in "abcd" if cache.variants(ENDPOINT, n) is ABSENT] == [
         n for n in "abcd" if n not in change.unsubscribe]
@@ -135,8 +169,8 @@ def test_past_linger_names_the_oldest_go_at_the_next_tick_and_the_rest_linger() 
     [(type_url, due)] = targets.lingering.due(31.0)
     assert set(targets.sync(type_url, index, 31.0, due).unsubscribe) == {"a", "b"} - set(
         change.unsubscribe)
-    [(type_url, due)] = targets.lingering.due(32.0)
-    assert set(targets.sync(type_url, index, 32.0, due).unsubscribe) == {"c", "d"}
+    [(type_url, due)] = targets.lingering.due(40.0)
+    assert set(targets.sync(type_url, index, 40.0, due).unsubscribe) == {"c", "d"}
     assert targets.subscription(ENDPOINT) is None
     assert [n for n in "abcd" if cache.variants(ENDPOINT, n) is ABSENT] == []
 
@@ -166,13 +200,13 @@ def test_a_new_stream_subscribes_what_lingers_and_not_what_is_due() -> None:
     index.update(subs[0], ENDPOINT, Interest(frozenset({"a"})))
     index.update(subs[1], ENDPOINT, Interest(frozenset({"b"}), False, frozenset({("b", CANARY)})))
     targets.sync(ENDPOINT, index, 0.0, {"a", "b"})
-    for now, sub in enumerate(subs, start=1):
+    for now, sub in zip((1.0, 10.0), subs, strict=True):  # (further apart than TOGETHER)
         index.remove(sub)
         targets.sync(ENDPOINT, index, now,
                      targets.interest_changed(ENDPOINT, index, now, None))
     assert targets.lingering.count() == 2  # each once, though every name was looked at
     assert targets.new_stream(index) == [ENDPOINT]
-    sub = targets.resubscribe(ENDPOINT, index, 10.0)
+    sub = targets.resubscribe(ENDPOINT, index, 20.0)
     assert sub is not None and sub.locators == {"a": {EMPTY_PARAMS}, "b": {CANARY}}
     targets.lingering.due(31.0)  # a's linger ends, not yet synced
     assert targets.new_stream(index) == [ENDPOINT]
