@@ -27,7 +27,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.rpc import code_pb2, status_pb2
 
-from relay.constraints import Params
+from relay.constraints import EMPTY_PARAMS, Params
 from relay.encoding import locator_size, pair_size, text_size
 from relay.xds_types import WILDCARD, short_name
 
@@ -116,6 +116,9 @@ class RequestCutter:
         return request
 
 
+_PLAIN = frozenset({EMPTY_PARAMS})  # the parameter sets of a plain name
+
+
 def split_requests(change: SubscriptionChange, limit: int,
                    node: base_pb2.Node | None = None) -> Split:
     """``change`` as requests of at most ``limit`` bytes each; ``node`` goes in the first.
@@ -139,7 +142,11 @@ def split_requests(change: SubscriptionChange, limit: int,
             ("resource_names_subscribe", "resource_locators_subscribe", change.subscribe),
             ("resource_names_unsubscribe", "resource_locators_unsubscribe", change.unsubscribe)):
         for name in sorted(locators):
-            for params in sorted(locators[name], key=sorted):
+            params_set = locators[name]
+            if params_set == _PLAIN:
+                builder.add_name(names_field, name)  # a plain name: nearly always
+                continue
+            for params in sorted(params_set, key=sorted):
                 if params:
                     builder.add_locator(locators_field, name, params)
                 else:
