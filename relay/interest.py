@@ -113,13 +113,85 @@ class _Subscription:
     host: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Shared:
     """The holders of a name two or more subscribers hold, and how many of
-    them use each parameter set (the name's share of the union)."""
+    them use each parameter set (the name's share of the union).
 
-    subscribers: set[Subscriber]
-    counts: dict[Params, int]
+    Never changed once made (``counts`` is never written either): the names
+    one change gives the same holders share one (see :class:`_Regrouping`),
+    and a change to a name's holders puts another in its place. A client
+    subscribing to the 100,000 names another holds costs a few of these, not
+    100,000 sets and dicts.
+    """
+
+    subscribers: frozenset[Subscriber]
+    counts: Mapping[Params, int]
+
+
+class _Regrouping:
+    """The :class:`_Shared` groups one change to one subscriber's interest
+    makes, each made once: every name that had the same holders (with the
+    same parameters) gets the same new group."""
+
+    __slots__ = ("_made", "_subscriber")
+
+    def __init__(self, subscriber: Subscriber) -> None:
+        self._subscriber = subscriber
+        self._made: dict[tuple[object, ...], Subscriber | _Shared] = {}
+
+    def joined(self, found: Subscriber | _Shared, theirs: Params | None,
+               params: Params) -> _Shared:
+        """The holders ``found`` (one subscriber holding with ``theirs``, or
+        a group) and the subscriber, holding with ``params``."""
+        key = (found, theirs, params)
+        made = self._made.get(key)
+        if made is None:
+            if isinstance(found, _Shared):
+                members, counts = found.subscribers | {self._subscriber}, dict(found.counts)
+            else:
+                assert theirs is not None
+                members, counts = frozenset((found, self._subscriber)), {theirs: 1}
+            counts[params] = counts.get(params, 0) + 1
+            made = self._made[key] = _Shared(members, counts)
+        assert isinstance(made, _Shared)
+        return made
+
+    def left(self, found: _Shared, params: Params) -> Subscriber | _Shared:
+        """The holders ``found`` without the subscriber (which held with
+        ``params``): the one left, or a group."""
+        key = ("left", found, params)
+        made = self._made.get(key)
+        if made is None:
+            members = found.subscribers - {self._subscriber}
+            if len(members) == 1:
+                [made] = members  # held by one again: the subscriber itself is the holder
+            else:
+                counts = _counted(found.counts, params, -1)
+                made = _Shared(members, counts)
+            self._made[key] = made
+        return made
+
+    def moved(self, found: _Shared, old: Params, new: Params) -> _Shared:
+        """The holders ``found``, the subscriber holding with ``new`` instead of ``old``."""
+        key = ("moved", found, old, new)
+        made = self._made.get(key)
+        if made is None:
+            counts = _counted(_counted(found.counts, old, -1), new, 1)
+            made = self._made[key] = _Shared(found.subscribers, counts)
+        assert isinstance(made, _Shared)
+        return made
+
+
+def _counted(counts: Mapping[Params, int], params: Params, by: int) -> dict[Params, int]:
+    """A copy of ``counts`` with that of ``params`` changed ``by`` (gone at 0)."""
+    out = dict(counts)
+    count = out.get(params, 0) + by
+    if count:
+        out[params] = count
+    else:
+        del out[params]
+    return out
 
 
 #: The parameter sets of a name held by plain subscriptions only: one frozenset
@@ -198,11 +270,12 @@ class InterestIndex:
             else (None, "")
         holders = self._holders[type_url]
         touched: list[str] = []
+        regrouping = _Regrouping(subscriber)
         if change.removed:
-            self._drop(subscriber, type_url, mine, holders, change, touched, ledger, holder)
+            self._drop(regrouping, type_url, mine, holders, change, touched, ledger, holder)
         if change.added:
-            self._add(subscriber, type_url, mine, holders, change.added, touched,
-                      ledger, holder)
+            self._add(subscriber, regrouping, type_url, mine, holders, change.added,
+                      touched, ledger, holder)
         if change.globs or type_url in self._globs:
             self._note_globs(type_url, holders, change.globs, touched)
         if change.removed:
@@ -212,7 +285,8 @@ class InterestIndex:
         if (touched or wildcard_changed) and self._upward is not None:
             self._upward.interest_changed(type_url, touched)
 
-    def _add(self, subscriber: Subscriber, type_url: str, mine: _Subscription,
+    def _add(self, subscriber: Subscriber, regrouping: _Regrouping, type_url: str,
+             mine: _Subscription,
              holders: dict[str, Subscriber | _Shared], added: Mapping[str, Params],
              touched: list[str], ledger: DemandLedger | None, holder: str) -> None:
         """``subscriber`` now holds ``added`` (new, or with other parameters).
@@ -229,7 +303,7 @@ class InterestIndex:
             if had is not None:
                 if had != params:  # other parameters (said to be removed or not): they are
                     names[name] = params
-                    self._reparameterize(holders, name, had, params, touched)
+                    self._reparameterize(regrouping, holders, name, had, params, touched)
                 continue  # (or already subscribed so)
             names[name] = params
             if ledger is not None:
@@ -240,20 +314,21 @@ class InterestIndex:
                 union += 1
                 touched.append(name)
                 continue
-            if not isinstance(found, _Shared):
-                other = theirs.get(found)
-                if other is None:
-                    other = theirs[found] = self._per_subscriber[found][type_url].names
-                found = holders[name] = _Shared({found}, {other[name]: 1})
-            found.subscribers.add(subscriber)
-            counts = found.counts
-            count = counts.get(params, 0)
-            counts[params] = count + 1
-            if not count:
+            if isinstance(found, _Shared):
+                holders[name] = regrouping.joined(found, None, params)
+                if params not in found.counts:
+                    touched.append(name)
+                continue
+            other = theirs.get(found)
+            if other is None:
+                other = theirs[found] = self._per_subscriber[found][type_url].names
+            their_params = other[name]
+            holders[name] = regrouping.joined(found, their_params, params)
+            if params != their_params:
                 touched.append(name)
         self._union_names += union
 
-    def _drop(self, subscriber: Subscriber, type_url: str, mine: _Subscription,
+    def _drop(self, regrouping: _Regrouping, type_url: str, mine: _Subscription,
               holders: dict[str, Subscriber | _Shared], change: InterestChange,
               touched: list[str], ledger: DemandLedger | None, holder: str) -> None:
         """``subscriber`` no longer holds what ``change`` removes (but what it
@@ -275,11 +350,9 @@ class InterestIndex:
                 union += 1
                 touched.append(name)
                 continue
-            found.subscribers.discard(subscriber)
-            self._uncount(found, name, params, touched)
-            if len(found.subscribers) == 1:
-                # Held by one again: the subscriber itself is the holder.
-                [holders[name]] = found.subscribers
+            holders[name] = regrouping.left(found, params)
+            if found.counts[params] == 1:
+                touched.append(name)  # the last holder with these parameters
         self._union_names -= union
 
     def _set_wildcard(self, subscriber: Subscriber, type_url: str, mine: _Subscription,
@@ -395,27 +468,19 @@ class InterestIndex:
     # ``touched`` gets the name whenever the union changes for it: a parameter
     # set gained or lost.
 
-    def _reparameterize(self, holders: dict[str, Subscriber | _Shared], name: str,
-                        old: Params, new: Params, touched: list[str]) -> None:
+    @staticmethod
+    def _reparameterize(regrouping: _Regrouping, holders: dict[str, Subscriber | _Shared],
+                        name: str, old: Params, new: Params, touched: list[str]) -> None:
         """A holder of ``name`` now uses ``new`` parameters instead of ``old``."""
         found = holders[name]
         if not isinstance(found, _Shared):
             touched.append(name)  # one set gone, another come
             return
-        self._uncount(found, name, old, touched)
-        count = found.counts.get(new, 0)
-        found.counts[new] = count + 1
-        if not count:
-            touched.append(name)
-
-    @staticmethod
-    def _uncount(shared: _Shared, name: str, params: Params, touched: list[str]) -> None:
-        left = shared.counts[params] - 1
-        if left:
-            shared.counts[params] = left
-        else:
-            del shared.counts[params]
-            touched.append(name)
+        holders[name] = regrouping.moved(found, old, new)
+        if found.counts[old] == 1:
+            touched.append(name)  # the last holder with the old parameters
+        if new not in found.counts:
+            touched.append(name)  # the first with the new
 
     def _params_of(self, type_url: str, name: str,
                    found: Subscriber | _Shared) -> frozenset[Params]:
