@@ -19,9 +19,9 @@ times every group's ``NAME`` changes at once and every client notes it. Per
 run:
 
 * ``origin_streams``: streams the origin saw opened by the end of the storm
-  (the relay's own stream, which asks for nothing when its clients are
-  grouped, included); ``origin_streams_asking``: those that asked for
-  something (one per group is right); ``origin_connections``: TCP
+  (with groups, a relay before fad97e5 opened one of its own too, asking for
+  nothing); ``origin_streams_asking``: those that asked for something (one
+  per group is right); ``origin_connections``: TCP
   connections open to the origin then (the streams are multiplexed on
   them); ``storm_origin_requests``: requests that changed a subscription;
 * ``storm_all_ms``: from the storm's start until every client had its first

@@ -39,8 +39,8 @@ class PerNodeOrigin(ScriptedOrigin):
         return stream.log[0].node.cluster
 
     def asking(self) -> list[OriginStream]:
-        """The streams that asked for something (a relay's own stream, which serves
-        no client while its clients are grouped, asks for nothing)."""
+        """The streams that asked for something (one that asks for nothing serves no
+        client, as a relay's own stream did when it still opened one with groups)."""
         return [s for s in self.streams if s.log]
 
     def asked(self) -> list[str]:

@@ -73,8 +73,10 @@ class Groups:
 
     def assert_one_stream_per_group(self, *groups: str) -> None:
         """The origin saw one stream per group, asking for ``svc``'s chain once, as the
-        relay's node (its id) with the group's cluster."""
+        relay's node (its id) with the group's cluster; no other stream (the relay opens
+        none as its own node when its clients are grouped)."""
         assert self.origin.asked() == sorted(groups)
+        assert len(self.origin.streams) == len(groups)
         for group in groups:
             assert self.asked(group) == CHAIN, group
             [stream] = self.origin.streams_of(group)
