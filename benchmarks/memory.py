@@ -16,7 +16,10 @@ the largest from then until *after*, 5 s after the client has left.
   once the relay is quiet (under 20 % of a core for 0.25 s) and 1 s more
   (*held*), it leaves (cancels its stream, closes its channel). The relay's
   origin stays subscribed to the names for ``upstream.linger`` (30 s) after,
-  for a client that comes back: *after linger* is 5 s after that.
+  for a client that comes back: *after linger* is 5 s after that, and
+  *lingering* 1 s before it ends (memory given back, what lingers still
+  held), with the time the RSS was first back within 10 % of *before*: on a
+  loaded machine a relay takes more than 5 s to let go of such a client.
 * ``sotw-names``: the same over SotW, the last name ``bench`` (SotW says
   nothing of names that do not exist); answered once no response has come
   for 1 s after the first.
@@ -374,6 +377,8 @@ async def _names_phase(protocol: str, relay: RelayUnderTest, sampler: RssSampler
     await asyncio.sleep(max(0.0, left + AFTER_S - time.monotonic()))
     after = _after(sampler, relay)
     at_after = await relay.snapshot("after")
+    await asyncio.sleep(max(0.0, left + LINGER_S - 1.0 - time.monotonic()))
+    lingering = _after(sampler, relay)
     await asyncio.sleep(max(0.0, left + LINGER_S + AFTER_S - time.monotonic()))
     after_linger = _after(sampler, relay)
     at_after_linger = await relay.snapshot("after-linger")
@@ -381,11 +386,24 @@ async def _names_phase(protocol: str, relay: RelayUnderTest, sampler: RssSampler
             "rss_before_mib": before, "rss_peak_mib": sampler.peak_since(start),
             "rss_held_mib": held, "rss_after_mib": after,
             "rss_after_linger_mib": after_linger, "client": outcome,
+            "rss_lingering_mib": lingering,
+            "back_within_s": back_within(sampler, left, before),
             "since_left": timeline(sampler, left),
             "units": settings.names, "unit": "name",
             "breakdown": None if base is None else {"base": base, "held": at_held,
                                                     "after": at_after,
                                                     "after-linger": at_after_linger}}
+
+
+def back_within(sampler: RssSampler, left: float, before: float | None) -> float | None:
+    """Seconds from the client leaving until the RSS was first back within
+    ``BACK_WITHIN`` of ``before`` (None: not before the linger ended). On a
+    loaded machine the relay takes longer to let go of a client, and this
+    tells that from memory that does not come back."""
+    if before is None:
+        return None
+    return next((round(at - left, 1) for at, rss in sampler.samples
+                 if left <= at < left + LINGER_S and rss <= before * (1 + BACK_WITHIN)), None)
 
 
 def timeline(sampler: RssSampler, left: float, step: float = 0.5) -> list[tuple[float, float]]:
@@ -549,6 +567,17 @@ def _client(row: dict[str, Any]) -> str:
     return str(got)
 
 
+def _lingering(row: dict[str, Any]) -> str:
+    """Left 1 s before the linger ends (memory given back, what lingers still
+    there), and when the RSS was first back within BACK_WITHIN."""
+    before, lingering = row["rss_before_mib"], row.get("rss_lingering_mib")
+    if before is None or lingering is None:
+        return "-"
+    back = row.get("back_within_s")
+    return (f"{lingering - before:.1f} ({(lingering - before) / before:+.0%}); "
+            f"{'never' if back is None else f'{back} s'}")
+
+
 def _left_after_linger(row: dict[str, Any]) -> str:
     before, after = row["rss_before_mib"], row.get("rss_after_linger_mib")
     if before is None or after is None:
@@ -558,9 +587,10 @@ def _left_after_linger(row: dict[str, Any]) -> str:
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["| phase | sent | RSS before / peak / held / after (MiB) | peak cost (MiB) "
-             "| held per unit | left after 5 s (MiB, %) | left after linger + 5 s (MiB, %) "
+             "| held per unit | left after 5 s (MiB, %) | left while lingering (MiB, %); "
+             "back within 10 % after | left after linger + 5 s (MiB, %) "
              "| relay CPU (s) | target met | client got |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: | --- |"]
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: | --- |"]
     for row in rows:
         share = row["left_share"]
         per_unit = row["per_unit_bytes"]
@@ -572,7 +602,8 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"| {_n(row['peak_cost_mib'], 1)} "
             f"| {unit} "
             f"| {_n(row['left_mib'], 1)} ({'-' if share is None else f'{share:+.0%}'}) "
-            f"| {_left_after_linger(row)} | {_n(row.get('relay_cpu_s'), 1)} | {_target(row)} "
+            f"| {_lingering(row)} | {_left_after_linger(row)} "
+            f"| {_n(row.get('relay_cpu_s'), 1)} | {_target(row)} "
             f"| {_client(row)} |")
     return "\n".join(lines)
 
