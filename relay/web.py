@@ -195,24 +195,36 @@ class _Connection(web.RequestHandler):
     def request_ended(self) -> None:
         """The request is answered: wait for the next one."""
         if self._deadline is not None and not self._closed:
-            self._deadline.request_ended(self._when())
-            self._arm()
+            now = self._when()
+            self._deadline.request_ended(now)
+            self._arm(now + self._shared.limits.header_timeout)
 
-    def _arm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _arm(self, by: float | None = None) -> None:
+        """Have the timer fire by the deadline (and by ``by``). A timer set
+        for sooner is left: it finds nothing overdue then, and is set again.
+        A request moves the deadline three times, and a timer cancelled and
+        made anew each time cost more than the rest of what the connection
+        does; an idle connection's timer is set no later than the next
+        request's header deadline could be, so that a request keeps it."""
         assert self._deadline is not None
         when = self._deadline.deadline
-        if when is not None and not self._closed:
-            self._timer = self._call_at(when, self._on_deadline)
+        if when is None or self._closed:
+            return  # (a timer set finds nothing overdue)
+        if by is not None and by < when:
+            when = by
+        timer = self._timer
+        if timer is not None:
+            if timer.when() <= when:
+                return
+            timer.cancel()
+        self._timer = self._call_at(when, self._on_deadline)
 
     def _on_deadline(self) -> None:
         self._timer = None
         assert self._deadline is not None
         phase = self._deadline.overdue(self._when())
-        if phase is None:  # woken a little early
-            self._arm()
+        if phase is None:  # woken early: the deadline moved on (or there is none now)
+            self._arm(self._when() + self._shared.limits.header_timeout)
             return
         shared, host = self._shared, self._host or "unknown"
         if phase is Phase.HEADERS:

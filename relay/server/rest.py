@@ -99,13 +99,25 @@ DRAINING = "the relay is draining; poll another replica"
 _JSON = "application/json"
 
 
-#: How many answers the REST server keeps to give again to the same poll
-#: (a few hundred bytes each: the plan is the lease's, shared).
+#: How many answers the REST server keeps to give again to the same poll,
+#: and the bytes of their keys at most (a poll's body, up to
+#: :data:`BODY_KEPT`; a digest of a longer one).
 ANSWERS_KEPT = 4096
+ANSWER_KEYS_SIZE = 32 * 1024 * 1024
+BODY_KEPT = 64 * 1024
 
 # A poll as the answers kept know it: its type, the client's certificate
-# identity (None: none asked), and a digest of its body.
-_AnswerKey: TypeAlias = tuple[str, PeerIdentity | None, bytes]
+# identity (None: none asked), and its body, or the SHA-256 of a longer one
+# (True: a digest).
+_AnswerKey: TypeAlias = tuple[str, PeerIdentity | None, bytes, bool]
+
+
+def _answer_key(type_url: str, identity: PeerIdentity | None, body: bytes) -> _AnswerKey:
+    """The key of a poll's answer: the body itself when short (a dict hashes
+    it several times faster than a digest is made, and compares it exactly)."""
+    if len(body) <= BODY_KEPT:
+        return type_url, identity, body, False
+    return type_url, identity, hashlib.sha256(body).digest(), True
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +356,7 @@ class RestServer:
         self._listener: Listener | None = None
         # the latest answers, by poll (see _again), the least recently used first
         self._answers: OrderedDict[_AnswerKey, _Answer] = OrderedDict()
+        self._answer_keys_size = 0
         #: polls answered again without being decoded or fetched (tests count them)
         self.answered_again = 0
 
@@ -401,8 +414,7 @@ class RestServer:
             body = await _read_body(request, held, self._limits.body_timeout)
             if isinstance(body, str):
                 return self._unread(peer, body)
-            key: _AnswerKey = (type_url, identity,
-                               hashlib.blake2b(body, digest_size=16).digest())
+            key = _answer_key(type_url, identity, body)
             again = self._again(key, peer)
             if again is None:
                 discovery_request = decode_request(body)
@@ -444,6 +456,7 @@ class RestServer:
         served, poll = answer.served, answer.poll
         if not self._fetcher.unchanged(served):
             del self._answers[key]
+            self._answer_keys_size -= len(key[2])
             return None
         plan, lease = served.plan, served.lease
         if poll.version_info and poll.version_info == plan.version_info:
@@ -460,10 +473,12 @@ class RestServer:
 
     def _remember(self, key: _AnswerKey, answer: _Answer) -> None:
         answers = self._answers
+        if answers.pop(key, None) is None:
+            self._answer_keys_size += len(key[2])
         answers[key] = answer
-        answers.move_to_end(key)
-        while len(answers) > ANSWERS_KEPT:
-            answers.popitem(last=False)
+        while len(answers) > ANSWERS_KEPT or self._answer_keys_size > ANSWER_KEYS_SIZE:
+            forgotten, _ = answers.popitem(last=False)
+            self._answer_keys_size -= len(forgotten[2])
 
     def _answered(self, peer: str, type_url: str, poll: _Poll, outcome: FetchOutcome,
                   status: int) -> None:
@@ -569,12 +584,20 @@ async def _read_body(request: web.BaseRequest, held: HeldBody, timeout: float
             request.transport is not None:
         # The client waits for this before sending its body (curl does past 1 MiB).
         request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    content = request.content
     try:
-        async with asyncio.timeout(timeout):
-            async for chunk in request.content.iter_any():
-                refused = held.add(chunk)
-                if refused is not None:
-                    return refused
+        if content.is_eof():
+            # The whole body came with the headers (a poll's usually does):
+            # taken at once, with no timer to start and stop.
+            refused = held.add(content.read_nowait())
+            if refused is not None:
+                return refused
+        else:
+            async with asyncio.timeout(timeout):
+                async for chunk in content.iter_any():
+                    refused = held.add(chunk)
+                    if refused is not None:
+                        return refused
     except TimeoutError:
         return "body_timeout"
     except ConnectionError:
