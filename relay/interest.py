@@ -113,26 +113,29 @@ class _Subscription:
     host: str | None = None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)
 class _Shared:
     """The holders of a name two or more subscribers hold, and how many of
     them use each parameter set (the name's share of the union).
 
-    Never changed once made (``counts`` is never written either): the names
-    one change gives the same holders share one (see :class:`_Regrouping`),
-    and a change to a name's holders puts another in its place. A client
-    subscribing to the 100,000 names another holds costs a few of these, not
-    100,000 sets and dicts.
+    One group serves every name with the same holders that one change made
+    so (see :class:`_Regrouping`): a client subscribing to the 100,000 names
+    another holds costs a few groups, not 100,000 sets and dicts. ``uses``
+    counts the names it serves: a group of one name changes in place (a
+    thousand streams joining one name cost what they did), a group of more
+    is copied first (its other names keep their holders).
     """
 
-    subscribers: frozenset[Subscriber]
-    counts: Mapping[Params, int]
+    subscribers: set[Subscriber]
+    counts: dict[Params, int]
+    uses: int = 0
 
 
 class _Regrouping:
-    """The :class:`_Shared` groups one change to one subscriber's interest
-    makes, each made once: every name that had the same holders (with the
-    same parameters) gets the same new group."""
+    """The holder groups one change to one subscriber's interest makes, each
+    made once: every name that had the same holders (with the same
+    parameters) gets the same new group. Each method returns what holds the
+    name now, its ``uses`` counted; the caller puts it in the name's place."""
 
     __slots__ = ("_made", "_subscriber")
 
@@ -148,14 +151,19 @@ class _Regrouping:
         made = self._made.get(key)
         if made is None:
             if isinstance(found, _Shared):
-                members, counts = found.subscribers | {self._subscriber}, dict(found.counts)
+                if found.uses == 1:  # this name's own: changed in place
+                    found.subscribers.add(self._subscriber)
+                    found.counts[params] = found.counts.get(params, 0) + 1
+                    return found
+                made = _Shared({*found.subscribers, self._subscriber},
+                               _counted(found.counts, params, 1))
             else:
                 assert theirs is not None
-                members, counts = frozenset((found, self._subscriber)), {theirs: 1}
-            counts[params] = counts.get(params, 0) + 1
-            made = self._made[key] = _Shared(members, counts)
-        assert isinstance(made, _Shared)
-        return made
+                made = _Shared({found, self._subscriber}, _counted({theirs: 1}, params, 1))
+            self._made[key] = made
+        joined = _moved_to(found, made)
+        assert isinstance(joined, _Shared)
+        return joined
 
     def left(self, found: _Shared, params: Params) -> Subscriber | _Shared:
         """The holders ``found`` without the subscriber (which held with
@@ -163,14 +171,18 @@ class _Regrouping:
         key = ("left", found, params)
         made = self._made.get(key)
         if made is None:
-            members = found.subscribers - {self._subscriber}
-            if len(members) == 1:
-                [made] = members  # held by one again: the subscriber itself is the holder
+            if len(found.subscribers) == 2:
+                # held by one again: the subscriber itself is the holder
+                [made] = found.subscribers - {self._subscriber}
+            elif found.uses == 1:
+                found.subscribers.discard(self._subscriber)
+                found.counts = _counted(found.counts, params, -1)
+                return found
             else:
-                counts = _counted(found.counts, params, -1)
-                made = _Shared(members, counts)
+                made = _Shared(found.subscribers - {self._subscriber},
+                               _counted(found.counts, params, -1))
             self._made[key] = made
-        return made
+        return _moved_to(found, made)
 
     def moved(self, found: _Shared, old: Params, new: Params) -> _Shared:
         """The holders ``found``, the subscriber holding with ``new`` instead of ``old``."""
@@ -178,9 +190,22 @@ class _Regrouping:
         made = self._made.get(key)
         if made is None:
             counts = _counted(_counted(found.counts, old, -1), new, 1)
-            made = self._made[key] = _Shared(found.subscribers, counts)
-        assert isinstance(made, _Shared)
-        return made
+            if found.uses == 1:
+                found.counts = counts
+                return found
+            made = self._made[key] = _Shared(set(found.subscribers), counts)
+        moved = _moved_to(found, made)
+        assert isinstance(moved, _Shared)
+        return moved
+
+
+def _moved_to(found: Subscriber | _Shared, made: _Shared | Subscriber) -> _Shared | Subscriber:
+    """A name held by ``found`` is held by ``made`` now: the groups' uses counted."""
+    if isinstance(found, _Shared):
+        found.uses -= 1
+    if isinstance(made, _Shared):
+        made.uses += 1
+    return made
 
 
 def _counted(counts: Mapping[Params, int], params: Params, by: int) -> dict[Params, int]:
@@ -315,9 +340,9 @@ class InterestIndex:
                 touched.append(name)
                 continue
             if isinstance(found, _Shared):
-                holders[name] = regrouping.joined(found, None, params)
-                if params not in found.counts:
+                if params not in found.counts:  # (asked first: the group may change)
                     touched.append(name)
+                holders[name] = regrouping.joined(found, None, params)
                 continue
             other = theirs.get(found)
             if other is None:
@@ -350,9 +375,9 @@ class InterestIndex:
                 union += 1
                 touched.append(name)
                 continue
-            holders[name] = regrouping.left(found, params)
-            if found.counts[params] == 1:
+            if found.counts[params] == 1:  # (asked first: the group may change)
                 touched.append(name)  # the last holder with these parameters
+            holders[name] = regrouping.left(found, params)
         self._union_names -= union
 
     def _set_wildcard(self, subscriber: Subscriber, type_url: str, mine: _Subscription,
@@ -476,11 +501,12 @@ class InterestIndex:
         if not isinstance(found, _Shared):
             touched.append(name)  # one set gone, another come
             return
-        holders[name] = regrouping.moved(found, old, new)
+        # (asked first: the group may change)
         if found.counts[old] == 1:
             touched.append(name)  # the last holder with the old parameters
         if new not in found.counts:
             touched.append(name)  # the first with the new
+        holders[name] = regrouping.moved(found, old, new)
 
     def _params_of(self, type_url: str, name: str,
                    found: Subscriber | _Shared) -> frozenset[Params]:

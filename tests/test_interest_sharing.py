@@ -74,3 +74,25 @@ def test_a_holder_changing_parameters_of_shared_names() -> None:
     # A change reaches both holders of a shared name, once each.
     index.on_cache_change(CacheChange(ENDPOINT, frozenset(NAMES[8:12])))
     assert first.seen == second.seen == [(ENDPOINT, frozenset(NAMES[8:12]), False)]
+
+
+def test_streams_joining_and_leaving_one_name_change_its_group_in_place() -> None:
+    # The fan-out: a thousand streams subscribe to one name, one by one. Its
+    # group serves it alone: changed in place, never copied (a copy per
+    # stream would cost the square of the streams).
+    index = InterestIndex()
+    streams = [Sub() for _ in range(1_000)]
+    index.apply(streams[0], ENDPOINT, InterestChange(added={"x": EMPTY_PARAMS}))
+    index.apply(streams[1], ENDPOINT, InterestChange(added={"x": EMPTY_PARAMS}))
+    group = index._holders[ENDPOINT]["x"]
+    for stream in streams[2:]:
+        index.apply(stream, ENDPOINT, InterestChange(added={"x": EMPTY_PARAMS}))
+    assert index._holders[ENDPOINT]["x"] is group
+    for stream in streams[:-2]:
+        index.remove(stream)
+    assert index._holders[ENDPOINT]["x"] is group
+    index.on_cache_change(CacheChange(ENDPOINT, frozenset({"x"})))
+    assert [len(stream.seen) for stream in streams[-3:]] == [0, 1, 1]
+    index.remove(streams[-2])
+    assert index._holders[ENDPOINT]["x"] is streams[-1]
+    assert index.wanted_params(ENDPOINT, "x") == frozenset({EMPTY_PARAMS})
