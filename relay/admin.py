@@ -42,6 +42,7 @@ from relay.errors import RelayError
 from relay.logs import RateLimitedLog, log_level, set_log_level
 from relay.redaction import redacted
 from relay.server.access import REFUSAL_LOG_INTERVAL
+from relay.server.status import ClientRecords
 from relay.web import FollowedTLS, Listener, listen, quiet_malformed_requests
 from relay.xds_types import PUSH_ORDER, message_class, short_name
 
@@ -197,11 +198,18 @@ class AdminServer:
         taken from ``clients``; after every :data:`CLIENT_RESOURCES_PER_TURN`
         resources listed, the loop runs what waits: 200 clients of 5,000
         names each take seconds to list, and no client of the relay waits for
-        all of them.
+        all of them. Clients given as :class:`~relay.server.status.ClientRecords`
+        let the loop run within a big client's record too, at each of its slices.
         """
         parts: list[str] = []
         listed = 0
-        for client in self.clients():
+        records = self.clients()
+        taken = records.slices() if isinstance(records, ClientRecords) else records
+        for client in taken:
+            if client is None:  # a slice of a big client's record: the others' turn
+                listed = 0
+                await asyncio.sleep(0)
+                continue
             parts.append(textwrap.indent(json.dumps(client, indent=2), "    "))
             listed += 1 + sum(len(state.get("versions", ())) + len(state.get("unsynced", ()))
                               for state in client.get("types", {}).values())

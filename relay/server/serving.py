@@ -32,7 +32,7 @@ from relay.protocol.view import CacheView
 from relay.server.access import REFUSAL_LOG_INTERVAL, Access
 from relay.server.plans import PlanEncoder
 from relay.server.pollers import PollerBook
-from relay.server.status import client_summary
+from relay.server.status import ClientRecords, client_summary_slices
 from relay.telemetry import Metrics
 from relay.xds_types import short_name
 
@@ -324,18 +324,24 @@ class ServingContext:
         seen lately (see :mod:`relay.server.pollers`)."""
         return list(self.iter_client_statuses())
 
-    def iter_client_statuses(self) -> Iterator[dict[str, Any]]:
+    def iter_client_statuses(self) -> ClientRecords:
         """:meth:`client_statuses` one client at a time, each built as it is
         taken: a caller may let others run between them (the streams open
-        when it started are listed, each as it is when its turn comes)."""
-        streams = sorted(list(self._streams), key=lambda s: (s.node_id, s.peer))
-        for stream in streams:
-            summary = client_summary(stream.session.snapshot(), stream.peer, stream.cache,
-                                     stream.times())
-            if stream.group is not None:
-                summary["group"] = {"id": stream.group.id, "key": stream.group.shown_key()}
-            yield summary
-        yield from self.pollers.summaries()
+        when it started are listed, each as it is when its turn comes), and
+        within a big client's, between the slices of
+        :meth:`~relay.server.status.ClientRecords.slices`."""
+
+        def parts() -> Iterator[dict[str, Any] | None]:
+            streams = sorted(list(self._streams), key=lambda s: (s.node_id, s.peer))
+            for stream in streams:
+                summary = yield from client_summary_slices(
+                    stream.session.snapshot(), stream.peer, stream.cache, stream.times())
+                if stream.group is not None:
+                    summary["group"] = {"id": stream.group.id, "key": stream.group.shown_key()}
+                yield summary
+            yield from self.pollers.summaries()
+
+        return ClientRecords(parts())
 
 
 def client_host(peer: str) -> str | None:

@@ -18,9 +18,9 @@ of a type shares the fate of the latest response of that type.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from envoy.admin.v3 import config_dump_shared_pb2
 from envoy.config.core.v3 import base_pb2
@@ -40,6 +40,7 @@ from relay.protocol.snapshot import (
 from relay.redaction import redacted
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
+T = TypeVar("T")
 GenericXdsConfig = csds_pb2.ClientConfig.GenericXdsConfig
 # per type URL, the per-type service whose streams are fixed to it
 _SERVICES = {service.type_url: service.service for service in PER_TYPE_SERVICES}
@@ -155,8 +156,57 @@ class StreamTimes:
         return max(acks, default=None), max(nacks, default=None)
 
 
+#: Resources a ``/clients`` record compares with the cache between two of
+#: :func:`client_summary_slices`' pauses (a few milliseconds of the loop).
+RESOURCES_PER_SLICE = 1_000
+
+
+class ClientRecords:
+    """``/clients`` records, each built as it is taken.
+
+    Iterated, whole records (an iterator). :meth:`slices` gives the same
+    records with ``None`` between slices of a record's making as well (see
+    :func:`client_summary_slices`): a caller that can let others run there
+    does, so that a client of 5,000 resources does not hold the loop for
+    all of them at once. ``parts`` makes them, with those ``None``.
+    """
+
+    def __init__(self, parts: Iterator[dict[str, Any] | None]) -> None:
+        self._parts = parts
+
+    def __iter__(self) -> ClientRecords:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        for part in self._parts:
+            if part is not None:
+                return part
+        raise StopIteration
+
+    def slices(self) -> Iterator[dict[str, Any] | None]:
+        """The records left, with ``None`` wherever the loop may run others."""
+        return self._parts
+
+
 def client_summary(snapshot: SessionSnapshot, peer: str, cache: ResourceCache,
                    times: StreamTimes | None = None) -> dict[str, Any]:
+    """:func:`client_summary_slices`, made in one go."""
+    return _made(client_summary_slices(snapshot, peer, cache, times))
+
+
+def _made(slices: Generator[None, None, T]) -> T:
+    """What a generator of slices returns, all its slices made at once."""
+    while True:
+        try:
+            next(slices)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+def client_summary_slices(snapshot: SessionSnapshot, peer: str, cache: ResourceCache,
+                          times: StreamTimes | None = None,
+                          per_slice: int = RESOURCES_PER_SLICE
+                          ) -> Generator[None, None, dict[str, Any]]:
     """What ``/clients`` shows of one stream: per type, what it subscribes to,
     holds, ACKed and last NACKed, and how that compares with the cache.
 
@@ -168,9 +218,14 @@ def client_summary(snapshot: SessionSnapshot, peer: str, cache: ResourceCache,
     With ``times``, the stream has ``connected_since``, ``acked_at`` and
     ``nacked_at`` (its last ACK and NACK of any type), and each type its own
     ``acked_at`` and ``nacked_at``: Unix seconds, null for never.
+
+    The record is what the generator returns; it yields (``None``) after
+    each ``per_slice`` resources compared with the cache, where its caller
+    may let others run (the comparison reads the cache as it is then).
     """
     answered = {} if times is None else times.answered
     types: dict[str, Any] = {}
+    budget = _Slices(per_slice)
     for state in snapshot.types:
         nack = state.last_nack
         rejected: dict[str, Any] | None = None
@@ -180,7 +235,7 @@ def client_summary(snapshot: SessionSnapshot, peer: str, cache: ResourceCache,
                 rejected["versions"] = dict(nack.resources)
             else:
                 rejected["version"] = nack.version_info
-        sync, unsynced = type_sync(state, cache)
+        sync, unsynced = yield from _type_sync_slices(state, cache, budget)
         types[state.type_url] = {
             "subscribed": list(state.subscribed),
             "wildcard": state.wildcard,
@@ -255,10 +310,35 @@ def type_sync(state: TypeSnapshot, cache: ResourceCache) -> tuple[str, dict[str,
     parameters select is not in the snapshot. CSDS reports the same resource
     statuses; it does not compare with the cache.
     """
+    return _made(_type_sync_slices(state, cache, _Slices(RESOURCES_PER_SLICE)))
+
+
+class _Slices:
+    """Counts the resources compared, saying when a slice's worth is done."""
+
+    __slots__ = ("_left", "_size")
+
+    def __init__(self, size: int) -> None:
+        self._size = self._left = max(1, size)
+
+    def done(self, count: int) -> bool:
+        """``count`` more compared: True when a slice is full (counting starts again)."""
+        self._left -= count
+        if self._left > 0:
+            return False
+        self._left = self._size
+        return True
+
+
+def _type_sync_slices(state: TypeSnapshot, cache: ResourceCache, budget: _Slices
+                      ) -> Generator[None, None, tuple[str, dict[str, Any]]]:
+    """:func:`type_sync`, yielding whenever ``budget`` says a slice is done."""
     unsynced: dict[str, Any] = {}
     sync = _Sync(stale=state.in_flight is not None)
     seen: set[str] = set()
     for resource in state.resources:
+        if budget.done(1):
+            yield
         subscribed_as = resource.subscribed_as or resource.name
         seen.add(subscribed_as)
         known, cached = _cached_version(cache, state.type_url, subscribed_as,
@@ -268,7 +348,10 @@ def type_sync(state: TypeSnapshot, cache: ResourceCache) -> tuple[str, dict[str,
         unsynced[subscribed_as] = _unsynced_entry(resource, subscribed_as, known, cached)
         sync.count(resource.status, cached)
     if state.wildcard:
-        for name, cached in _cached_not_held(cache, state.type_url, seen):
+        for name, cached in _cached_not_held(cache, state.type_url, seen, budget):
+            if name is None:
+                yield
+                continue
             unsynced[name] = {"status": ResourceStatus.REQUESTED.value, "cached_version": cached}
             sync.count(ResourceStatus.REQUESTED, cached)
     return sync.verdict(), unsynced
@@ -318,11 +401,14 @@ def _unsynced_entry(resource: ResourceState, subscribed_as: str, known: bool,
     return entry
 
 
-def _cached_not_held(cache: ResourceCache, type_url: str,
-                     seen: set[str]) -> Iterator[tuple[str, str]]:
+def _cached_not_held(cache: ResourceCache, type_url: str, seen: set[str], budget: _Slices
+                     ) -> Iterator[tuple[str, str] | tuple[None, None]]:
     """The names of a type the cache has (unconstrained) and the snapshot does
-    not, with their versions: what a wildcard subscription was not sent yet."""
+    not, with their versions: what a wildcard subscription was not sent yet;
+    ``(None, None)`` whenever ``budget`` says a slice is done."""
     for name in cache.names(type_url):
+        if budget.done(1):
+            yield None, None
         if name in seen:
             continue
         known, cached = _cached_version(cache, type_url, name, None)
