@@ -309,14 +309,14 @@ class DeltaSubscription(SubscriptionState):
         """The resources of a page that sends every name of it, when that is
         plain to see: a page of many names the client subscribed to and holds
         none of, each a resource every subscriber gets (no variants, aliases,
-        errors, globs or do-not-cache), all fitting in ``budget``. What the
+        errors or do-not-cache), all fitting in ``budget``: the names
+        subscribed, or the members of a glob collection. What the
         loop of :meth:`_next_page` would send, name by name, found with a few
         operations on whole sets instead (a big client's pages, the first
         time); None where the loop must look (it then does all of it)."""
         type_url = self._type_url
-        if len(candidates) < PREFETCH_FROM or self._globs is not None or \
-                self._errors_sent or view.has_errors(type_url) or \
-                not (self._wildcard or self._names.issuperset(candidates)) or \
+        if len(candidates) < PREFETCH_FROM or self._errors_sent or \
+                view.has_errors(type_url) or not self._covers_all(candidates) or \
                 not self._held.keys().isdisjoint(candidates):
             return None
         served = view.served_to_all(type_url, candidates)
@@ -331,6 +331,16 @@ class DeltaSubscription(SubscriptionState):
             if names:
                 names.difference_update(candidates)
         return resources
+
+    def _covers_all(self, names: list[str]) -> bool:
+        """Whether the subscription covers every one of ``names`` (see
+        :meth:`_covers`): a glob collection's members, by their collection."""
+        if self._wildcard:
+            return True
+        subscribed, globs = self._names, self._globs
+        if globs is None:
+            return subscribed.issuperset(names)
+        return all(name in subscribed or collection_of(name) in globs for name in names)
 
     def _lookups(self, view: ResourceView, candidates: list[str],
                  errors: list[discovery_pb2.ResourceError], budget: ResponseBudget

@@ -132,8 +132,25 @@ def some_with_variants() -> tuple[Core, list[str], dict[str, object]]:
     return core, names(), {"node": params}
 
 
-SCENARIOS = [all_cached, some_unknown_some_absent, complete_type_with_missing_names,
-             held_already, some_do_not_cache, in_one_page_of_aliases, some_with_variants]
+GLOB = "xdstp://auth/envoy.config.endpoint.v3.ClusterLoadAssignment/pool/*"
+
+
+def members(n: int = N) -> list[str]:
+    return [GLOB.replace("*", f"m-{i:05d}") for i in range(n)]
+
+
+def a_glob_collection() -> tuple[Core, list[str], dict[str, object]]:
+    core = Core.create()
+    # its members, one of another collection, and classic names
+    other = GLOB.replace("/pool/*", "/other/m-1")
+    warm(core, [resource(name) for name in [*members(), other, *names(10)]])
+    # (it says it holds a name it never subscribes, which is not sent)
+    return core, [GLOB, *names(10)], {"initial_resource_versions": {other: "0"}}
+
+
+SCENARIOS = [a_glob_collection, all_cached, some_unknown_some_absent,
+             complete_type_with_missing_names, held_already, some_do_not_cache,
+             in_one_page_of_aliases, some_with_variants]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
@@ -171,6 +188,15 @@ def test_a_fresh_big_client_is_served_without_a_lookup_per_name(
     assert together[0] == 3  # once per page
 
 
+def test_a_glob_subscriber_is_served_without_a_lookup_per_member(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    core, subscribed, _ = a_glob_collection()
+    lookups = count_calls(monkeypatch, CacheView, "lookup")
+    responses = subscribe(core, subscribed)
+    assert sum(len(r.resources) for r in responses) == N + 10
+    assert lookups[0] == 0
+
+
 def test_a_page_with_names_not_served_to_all_looks_up_only_those(
         monkeypatch: pytest.MonkeyPatch) -> None:
     core, subscribed, _ = some_unknown_some_absent()
@@ -193,3 +219,23 @@ def test_a_small_push_looks_names_up_one_by_one(monkeypatch: pytest.MonkeyPatch)
     [push] = served(stream)
     assert [r.name for r in push.resources] == subscribed[:3]
     assert (lookups[0], together[0]) == (3, 0)
+
+
+def unsubscribing_while_paged(core: Core) -> list[Response]:
+    """Subscribes N names, and with the first page's ACK unsubscribes some
+    that wait for a later page: they must not be sent."""
+    stream = DownstreamStream(core.serving, "delta", "peer")
+    stream.handle_request(Delta(type_url=ENDPOINT, resource_names_subscribe=names()))
+    [first] = [Response.FromString(raw) for raw in stream.ready_responses()]
+    stream.handle_request(Delta(type_url=ENDPOINT, response_nonce=first.nonce,
+                                resource_names_unsubscribe=names()[3_000:3_100]))
+    return [first, *served(stream)]
+
+
+def test_names_unsubscribed_while_they_wait_for_a_page_are_not_sent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = unsubscribing_while_paged(all_cached()[0])
+    monkeypatch.setattr(delta, "PREFETCH_FROM", 10**9)
+    assert fast == unsubscribing_while_paged(all_cached()[0])
+    sent = [r.name for response in fast for r in response.resources]
+    assert len(sent) == N - 100 and names()[3_000] not in sent
