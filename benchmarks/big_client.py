@@ -36,8 +36,12 @@ Runs alternate between the bare server and a fresh relay, each phase with a
 timeout; a refused subscription is reported with its gRPC status instead of
 a time. Figures are min and median over runs, with relay / bare.
 
+The relay runs from ``--relay-src`` (default: this checkout; a git worktree
+of another commit measures that commit with this checkout's clients and
+baselines).
+
 Usage: ``python -m benchmarks.big_client [--resources 1000,10000,100000] [--runs 3]
-[--timeout 120]``
+[--timeout 120] [--relay-src DIR]``
 Writes tables to stdout and JSON to ``benchmarks/results/big_client.json``.
 """
 
@@ -68,7 +72,7 @@ from benchmarks.processes import (
     wait_for_worker,
     workers,
 )
-from benchmarks.report import Comparison, compare, table, values, write_results
+from benchmarks.report import Comparison, compare, revision, table, values, write_results
 from relay.xds_types import ENDPOINT
 
 TICK_MS = 20
@@ -296,9 +300,10 @@ async def measure_bare(bare: BareProcess, resources: int, timeout: float) -> dic
         return await run.finish(probe, clients)
 
 
-async def measure_relay(origin: BareProcess, resources: int, timeout: float
-                        ) -> dict[str, Any]:
-    async with relay_process("big-client-bench", origin.port, drain_period=0) as relay, \
+async def measure_relay(origin: BareProcess, resources: int, timeout: float,
+                        src: Path | None = None) -> dict[str, Any]:
+    async with relay_process("big-client-bench", origin.port, drain_period=0,
+                             src=src) as relay, \
             workers(probe_main, 1, 1, relay.target) as probe, \
             workers(client_main, 2, 2, relay.target, resources) as clients:
         run = Run("relay", relay.process.pid, timeout, origin.pid)
@@ -354,7 +359,8 @@ async def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
                     if kind == "bare":
                         figures = await measure_bare(bare, resources, args.timeout)
                     else:
-                        figures = await measure_relay(origin, resources, args.timeout)
+                        figures = await measure_relay(origin, resources, args.timeout,
+                                                      args.relay_src)
                     runs[kind].append(figures)
                     print(json.dumps({"resources": resources, "run": run, **figures}),
                           flush=True)
@@ -375,14 +381,21 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds a phase (a join, a leave's aftermath) may take")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/big_client.json"))
+    parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
+                        metavar="DIR", help="run the relay from this source tree (default: "
+                                            "the checkout holding this script)")
     args = parser.parse_args()
+    args.relay_src = args.relay_src.resolve()
+    commit = revision(args.relay_src)
+    print(f"relay at {commit} ({args.relay_src})", flush=True)
     results = asyncio.run(run_all(args))
     for result in results:
         rows = [(label, result["summary"][label]) for label, _, _ in ROWS]
         print(f"\nK = {result['resources']}, {args.runs} runs each:\n{table(rows, 'figure')}")
         for error in result["errors"]:
             print(f"  {error}")
-    write_results(args.out, "benchmarks.big_client", runs=args.runs, results=results)
+    write_results(args.out, "benchmarks.big_client", runs=args.runs, results=results,
+                  relay_src=str(args.relay_src), revision=commit)
 
 
 if __name__ == "__main__":
