@@ -24,6 +24,18 @@ the time each request took and the bytes it carried:
 process with N streams, with no console and with one polling
 ``/console/data`` once a second, runs alternating.
 
+**/clients** (``--wildcard STREAMSxCLUSTERS``, e.g. ``200x5000``): a real
+:class:`~relay.server.serving.ServingContext` with STREAMS delta streams
+(:class:`~relay.server.streams.DownstreamStream`, no gRPC: each request
+handled and each response ACKed in this process) subscribed to the wildcard
+of CLUSTERS clusters, and an admin server whose ``/clients`` lists them as a
+relay's does (``iter_client_statuses``). While ``/clients`` is asked and
+read over HTTP, a 1 ms timer measures every time the event loop was held:
+the longest, p90 and median hold of ``--runs`` requests (wall time, and
+the CPU time the loop's thread spent in each: the code's own, whatever the
+machine's load), and how long each took. Run it from another tree (``PYTHONPATH=that tree python
+benchmarks/console.py --wildcard ...``) for a before and after.
+
 **Screenshot** (``--screenshot PATH``): a relay with a few real gRPC
 clients (one NACKing, one not answering yet) in headless Chromium, as the
 console tests drive it (:mod:`tests.console.browser`), saved as PNG.
@@ -41,6 +53,7 @@ import json
 import statistics
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -122,18 +135,26 @@ async def console_server(clients: int, resources: int) -> AsyncIterator[tuple[in
 
 class LoopWatch:
     """The longest the event loop went without running a 1 ms timer: what a
-    client of the relay would have waited while the console worked."""
+    client of the relay would have waited while the console worked; every
+    such wait in ``holds``, and in ``cpu_holds`` the CPU time this thread
+    spent in it (on a loaded machine a wait is also the time the process
+    was not running at all: the CPU time is the code's own)."""
 
     def __init__(self) -> None:
         self.longest = 0.0
+        self.holds: list[float] = []
+        self.cpu_holds: list[float] = []
         self._task: asyncio.Task[None] | None = None
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            before = loop.time()
+            before, cpu = loop.time(), time.thread_time()
             await asyncio.sleep(0.001)
-            self.longest = max(self.longest, loop.time() - before - 0.001)
+            held = max(0.0, loop.time() - before - 0.001)
+            self.holds.append(held)
+            self.cpu_holds.append(time.thread_time() - cpu)
+            self.longest = max(self.longest, held)
 
     def __enter__(self) -> LoopWatch:
         self._task = asyncio.create_task(self._watch())
@@ -246,6 +267,88 @@ def print_cost(result: dict[str, Any]) -> None:
           f"(max({MIN_AGE}, cost / {DUTY})), in chunks: the loop waited at most "
           f"{result['loop_blocked_at_most_ms']} ms for it; sampler reading: "
           f"{result['sampler_reading_us']} us a second")
+
+
+# -- /clients of big wildcard streams ---------------------------------------------------------
+
+
+def wildcard_streams(streams: int, clusters: int) -> tuple[Any, Any]:
+    """A serving context whose cache has ``clusters`` clusters and ``streams``
+    delta streams holding all of them (wildcard, every response ACKed)."""
+    from relay.core import Core
+    from relay.server.streams import DownstreamStream
+
+    serving = Core.create().serving
+    serving.cache.apply(CLUSTER, Update([
+        CachedResource(CLUSTER, f"cluster-{i:05d}", "v1",
+                       discovery_pb2.Resource(name=f"cluster-{i:05d}", version="v1"))
+        for i in range(clusters)], complete=True))
+    for number in range(streams):
+        stream = DownstreamStream(serving, "delta", f"ipv4:10.0.{number // 256}.{number % 256}:1")
+        serving.join(stream)
+        stream.handle_request(discovery_pb2.DeltaDiscoveryRequest(
+            node=base_pb2.Node(id=f"envoy-{number:03d}"), type_url=CLUSTER,
+            resource_names_subscribe=["*"]))
+        while True:
+            responses = [discovery_pb2.DeltaDiscoveryResponse.FromString(body)
+                         for body in stream.ready_responses()]
+            if not responses:
+                break
+            for response in responses:
+                stream.handle_request(discovery_pb2.DeltaDiscoveryRequest(
+                    type_url=CLUSTER, response_nonce=response.nonce))
+    return serving, serving.cache
+
+
+async def clients_lag(streams: int, clusters: int, runs: int) -> dict[str, Any]:
+    """``/clients`` of ``streams`` wildcard streams of ``clusters`` clusters:
+    how long the loop was held while it was built, and how long it took."""
+    started = time.perf_counter()
+    serving, cache = wildcard_streams(streams, clusters)
+    setup_s = time.perf_counter() - started
+    admin = AdminServer(cache, None, lambda: None, serving.iter_client_statuses,
+                        lambda: "simulated")
+    port = await admin.start(AdminConfig(address="127.0.0.1:0"))
+    tune_gc()
+    holds: list[float] = []
+    cpu_holds: list[float] = []
+    longest: list[float] = []
+    took: list[float] = []
+    size = 0
+
+    def get() -> tuple[float, bytes]:
+        """/clients, read and decoded in a thread of its own: the loop's holds are the relay's."""
+        started = time.perf_counter()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/clients", timeout=600) as reply:
+            body = reply.read()
+        return (time.perf_counter() - started) * 1000, body
+
+    try:
+        for _ in range(runs):
+            with LoopWatch() as watch:
+                await asyncio.sleep(0.01)
+                ms, body = await asyncio.to_thread(get)
+            assert len(json.loads(body)["clients"]) == streams
+            took.append(ms)
+            size = len(body)
+            holds += watch.holds
+            cpu_holds += watch.cpu_holds
+            longest.append(watch.longest * 1000)
+    finally:
+        await admin.stop()
+
+    def figures(kind: str, waits: list[float]) -> dict[str, Any]:
+        ordered = sorted(waits)
+        return {f"{kind}_max_ms": round(ordered[-1] * 1000, 1),
+                f"{kind}_p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))] * 1000, 1),
+                f"{kind}_median_ms": round(statistics.median(ordered) * 1000, 2),
+                f"{kind}s_over_50ms": sum(1 for held in ordered if held > 0.05)}
+
+    return {"streams": streams, "clusters": clusters, "runs": runs,
+            "setup_s": round(setup_s, 1), "clients_bytes": size,
+            "clients_ms": [round(ms) for ms in took],
+            "hold_max_per_run_ms": [round(ms, 1) for ms in longest],
+            **figures("hold", holds), **figures("cpu_hold", cpu_holds)}
 
 
 # -- fan-out with a console open ------------------------------------------------------------
@@ -375,12 +478,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--screenshot", type=Path, help="only save the console's screenshot")
     parser.add_argument("--json", type=Path, help="write the figures there too")
+    parser.add_argument("--wildcard", metavar="STREAMSxCLUSTERS",
+                        help="the loop's holds while /clients lists STREAMS wildcard "
+                             "streams of CLUSTERS clusters (e.g. 200x5000)")
     args = parser.parse_args()
     if args.screenshot is not None:
         asyncio.run(screenshot(args.screenshot))
         return
     results: dict[str, Any] = {}
-    if args.fanout:
+    if args.wildcard:
+        streams, clusters = (int(n) for n in args.wildcard.split("x"))
+        results["clients"] = asyncio.run(clients_lag(streams, clusters, args.runs))
+        print(json.dumps(results["clients"]), flush=True)
+    elif args.fanout:
         results["fanout"] = asyncio.run(fanout(args.fanout, args.runs, args.rounds,
                                                args.workers))
         print_fanout(args.fanout, results["fanout"])

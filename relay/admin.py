@@ -201,7 +201,9 @@ class AdminServer:
         all of them. Clients given as :class:`~relay.server.status.ClientRecords`
         let the loop run within a big client's record too, at each of its slices.
         """
-        parts: list[str] = []
+        # each client's text as bytes at once: joining and encoding all of
+        # them at the end held the loop for as long as tens of MB take
+        parts: list[bytes] = []
         listed = 0
         records = self.clients()
         taken = records.slices() if isinstance(records, ClientRecords) else records
@@ -210,7 +212,7 @@ class AdminServer:
                 listed = 0
                 await asyncio.sleep(0)
                 continue
-            parts.append(textwrap.indent(json.dumps(client, indent=2), "    "))
+            parts.append(textwrap.indent(json.dumps(client, indent=2), "    ").encode())
             listed += 1 + sum(len(state.get("versions", ())) + len(state.get("unsynced", ()))
                               for state in client.get("types", {}).values())
             if listed >= CLIENT_RESOURCES_PER_TURN:
@@ -218,8 +220,9 @@ class AdminServer:
                 await asyncio.sleep(0)
         if not parts:
             return Reply(200, b'{\n  "clients": []\n}\n', _JSON)
-        body = '{\n  "clients": [\n' + ",\n".join(parts) + "\n  ]\n}\n"
-        return Reply(200, body.encode(), _JSON)
+        parts[0] = b'{\n  "clients": [\n' + parts[0]
+        parts[-1] += b"\n  ]\n}\n"
+        return Reply(200, b",\n".join(parts), _JSON)  # (one copy of the whole)
 
     def route(self, method: str, target: str) -> Reply:
         """The reply for one request (no I/O; tested directly)."""

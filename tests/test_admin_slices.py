@@ -66,8 +66,9 @@ def test_a_big_clients_record_is_made_in_slices_and_is_the_record_made_at_once()
     cache = cache_of(CACHED)
     snapshot = wildcard_client(HELD)
     pauses, record = made_in_slices(snapshot, cache)
-    # every resource held, then every cached name, counted: a pause each slice
-    assert pauses == (HELD + CACHED) // RESOURCES_PER_SLICE
+    # one after the big snapshot, then every resource held and every cached
+    # name, counted: a pause each slice
+    assert pauses == 1 + (HELD + CACHED) // RESOURCES_PER_SLICE
     assert record == client_summary(snapshot, "ipv4:10.0.0.1:1", cache)
     unsynced = record["types"][CLUSTER]["unsynced"]
     assert sorted(unsynced) == ["c00003", "c00007", *(f"c{i:05d}" for i in range(HELD, CACHED))]
@@ -123,7 +124,7 @@ async def test_clients_reply_lets_the_loop_run_at_each_slice_and_writes_the_same
         reply = await admin.respond("GET", "/clients")
     finally:
         ticker.cancel()
-    per_client = (HELD + CACHED) // RESOURCES_PER_SLICE
+    per_client = 1 + (HELD + CACHED) // RESOURCES_PER_SLICE
     assert len(seen) == 3 * per_client
     # between two pauses the loop ran others
     assert all(later > earlier for earlier, later in itertools.pairwise(seen))
@@ -145,7 +146,8 @@ def test_a_relays_client_records_pause_within_a_big_stream_and_not_within_a_smal
     shape = [part["node_id"] if part is not None else None for part in parts]
     # the big one's held names and the cache's, a pause each slice; the small one's none
     held = len(parts[shape.index("big")]["types"][CLUSTER]["versions"])  # type: ignore[index]
-    assert shape == [*[None] * ((held + HELD) // RESOURCES_PER_SLICE), "big", "small"]
+    pauses = (held + HELD) // RESOURCES_PER_SLICE + (held > RESOURCES_PER_SLICE)
+    assert shape == [*[None] * pauses, "big", "small"]
     assert shape.count(None) >= 2
     assert [r["node_id"] for r in ctx.iter_client_statuses()] == ["big", "small"]
     assert [r for r in parts if r is not None] == ctx.client_statuses()

@@ -219,13 +219,18 @@ def client_summary_slices(snapshot: SessionSnapshot, peer: str, cache: ResourceC
     ``nacked_at`` (its last ACK and NACK of any type), and each type its own
     ``acked_at`` and ``nacked_at``: Unix seconds, null for never.
 
-    The record is what the generator returns; it yields (``None``) after
-    each ``per_slice`` resources compared with the cache, where its caller
-    may let others run (the comparison reads the cache as it is then).
+    The record is what the generator returns; it yields (``None``) first
+    when the snapshot holds more than ``per_slice`` resources (it was just
+    made), then after each ``per_slice`` resources compared with the cache,
+    where its caller may let others run (the comparison reads the cache as
+    it is then).
     """
     answered = {} if times is None else times.answered
     types: dict[str, Any] = {}
     budget = _Slices(per_slice)
+    if sum(len(state.resources) for state in snapshot.types) > per_slice:
+        # A big snapshot was just made (a copy of the stream's state): a pause of its own.
+        yield
     for state in snapshot.types:
         nack = state.last_nack
         rejected: dict[str, Any] | None = None
