@@ -15,6 +15,11 @@ to the relay's process for each phase only:
   first holds them (from the relay's cache); then both leave. A phase ends
   once the relay is quiet again (as :mod:`benchmarks.big_client` has it).
 
+With ``--bare``, the fan-out load's server is the bare ``grpc.aio`` server
+of :mod:`benchmarks.bare` instead (``fanout-bare-storm``,
+``fanout-bare-updates``): what any ``grpc.aio`` server spends the same load
+on, to tell gRPC's share of the relay's graphs from the relay's own.
+
 Each phase gives ``profile-<phase>.svg`` in ``--out-dir`` (default
 ``benchmarks/results/``): a flame graph (frames by function, root at the
 top; open it in a browser to zoom and search), and ``profile.md`` there
@@ -34,7 +39,7 @@ container it may need ``--cap-add SYS_PTRACE``.
 Usage::
 
     .venv/bin/python -m benchmarks.profile [--loads fanout,big_client] [--streams 1000]
-        [--rounds 20] [--resources 10000] [--rate 250] [--native] [--relay-src DIR]
+        [--rounds 20] [--resources 10000] [--rate 250] [--native] [--bare] [--relay-src DIR]
         [--out-dir benchmarks/results]
 """
 
@@ -61,7 +66,7 @@ from typing import Any
 
 from benchmarks.bare import bare_process
 from benchmarks.big_client import client_main, quiet_after
-from benchmarks.fanout import measure, relay_server
+from benchmarks.fanout import bare_server, measure, relay_server
 from benchmarks.processes import relay_process, wait_for_worker, workers
 from benchmarks.report import markdown, revision
 
@@ -216,10 +221,10 @@ class Spy:
 
 async def fanout(spy: Spy, args: argparse.Namespace) -> dict[str, Any]:
     def start() -> AbstractAsyncContextManager[Any]:
-        return relay_server(src=args.relay_src)
+        return bare_server() if args.bare else relay_server(src=args.relay_src)
 
     return await measure(start, args.streams, args.rounds, args.workers, 1,
-                         phases=spy.phases("fanout"))
+                         phases=spy.phases("fanout-bare" if args.bare else "fanout"))
 
 
 async def big_client(spy: Spy, args: argparse.Namespace) -> dict[str, Any]:
@@ -268,6 +273,8 @@ def main() -> None:
                         help="big client: seconds a phase may take")
     parser.add_argument("--rate", type=int, default=250, help="py-spy's samples a second")
     parser.add_argument("--native", action="store_true", help="unwind C frames too")
+    parser.add_argument("--bare", action="store_true",
+                        help="fan-out: profile the bare grpc.aio server, not the relay")
     parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
                         help="the tree the relay runs from (default: this checkout)")
     parser.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
@@ -275,11 +282,15 @@ def main() -> None:
     loads = args.loads.split(",")
     if unknown := set(loads) - set(LOADS):
         parser.error(f"unknown loads: {', '.join(sorted(unknown))}")
+    if args.bare and loads != ["fanout"]:
+        parser.error("--bare profiles the fan-out load only: --loads fanout")
     args.relay_src = args.relay_src.resolve()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     spy = Spy(args.out_dir, args.rate, args.native)
     figures = asyncio.run(run_all(spy, args, loads))
-    heading = (f"# Profiles of the relay at {revision(args.relay_src)} ({args.relay_src})\n\n"
+    server = ("the bare server (benchmarks.bare)" if args.bare
+              else f"the relay at {revision(args.relay_src)} ({args.relay_src})")
+    heading = (f"# Profiles of {server}\n\n"
                f"`python -m benchmarks.profile {' '.join(sys.argv[1:])}`: py-spy at "
                f"{args.rate} Hz{', native frames' if args.native else ''}; "
                f"{os.cpu_count()} CPUs, 1-minute load {os.getloadavg()[0]:.1f} at the end; "
