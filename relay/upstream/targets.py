@@ -14,6 +14,8 @@ cache, which nothing would keep current.
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Set
@@ -116,7 +118,7 @@ class _Batch:
     """Locators of one type let go together, lingering until ``until``: a list
     slot each (8 bytes), not a record of their own."""
 
-    __slots__ = ("counted", "departure", "names", "until", "variants")
+    __slots__ = ("counted", "departure", "in_memory_order", "names", "until", "variants")
 
     def __init__(self, until: float, counted: bool = True, departure: int = 0) -> None:
         self.until = until
@@ -126,6 +128,8 @@ class _Batch:
         self.counted = counted
         # batches let go one after another, TOGETHER apart at most, share it
         self.departure = departure
+        # whether ``names`` are sorted by their place in memory (see Lingering._bound)
+        self.in_memory_order = False
 
     def __len__(self) -> int:
         return len(self.names) + len(self.variants)
@@ -237,7 +241,9 @@ class Lingering:
                 self._departures += 1
             batch = _Batch(until, departure=self._departures)
             self._insert(type_url, batch)
-        batch.names.extend(names)
+        if names:
+            batch.names.extend(names)
+            batch.in_memory_order = False
         batch.variants.extend(variants)
         self._count += len(names) + len(variants)
         self._bound(now)
@@ -365,18 +371,26 @@ class Lingering:
 def _lowest_in_memory(batches: list[_Batch], count: int) -> list[str]:
     """Take the ``count`` plain names lowest in memory out of ``batches`` (all
     of them if there are no more; a name let go more than once goes with all
-    its entries); each batch keeps the rest, in memory order."""
-    every = [name for batch in batches for name in batch.names]
-    if len(every) <= count:
-        for batch in batches:
-            batch.names = []
-        return every
-    every.sort(key=id)
-    highest = id(every[count - 1])  # the highest taken
+    its entries); each batch keeps the rest, in memory order.
+
+    Each batch is sorted once (a batch cut before is sorted already), and the
+    lowest are merged from them: the work is that of the names let go since
+    and of those taken, not of all that linger."""
     for batch in batches:
-        batch.names.sort(key=id)
-        del batch.names[:bisect.bisect_right(batch.names, highest, key=id)]
-    return every[:bisect.bisect_right(every, highest, key=id)]
+        if not batch.in_memory_order:
+            batch.names.sort(key=id)
+            batch.in_memory_order = True
+    runs = [batch.names for batch in batches if batch.names]
+    lowest = list(itertools.islice(heapq.merge(*runs, key=id), count))
+    if not lowest:
+        return []
+    highest = id(lowest[-1])
+    taken: list[str] = []
+    for batch in batches:
+        end = bisect.bisect_right(batch.names, highest, key=id)
+        taken += batch.names[:end]
+        del batch.names[:end]
+    return taken
 
 
 class Targets:
