@@ -15,7 +15,7 @@ goes back to the client as it spelled it (see :mod:`relay.protocol.spelling`).
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -259,9 +259,13 @@ class DeltaSubscription(SubscriptionState):
         full_at: str | None = None  # the first name the response had no room for
         held_now, unanswered = self._held, self._unanswered or _NOTHING
         resend = self._resend or _NOTHING
-        all_new = self._all_new(view, candidates, budget)
+        # (a page of many names, without the origin's errors: looked up together)
+        served = view.served_to_all(self._type_url, candidates) \
+            if len(candidates) >= PREFETCH_FROM and not self._errors_sent and \
+            not view.has_errors(self._type_url) else None
+        all_new = self._all_new(served, candidates, budget) if served is not None else None
         for name, found in () if all_new is not None else \
-                self._lookups(view, candidates, errors, budget):
+                self._lookups(view, candidates, errors, budget, served):
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
@@ -304,8 +308,8 @@ class DeltaSubscription(SubscriptionState):
         return self._emit(nonces, resources, list(removed), list(removed_names.values()),
                           errors, heartbeats)
 
-    def _all_new(self, view: ResourceView, candidates: list[str], budget: ResponseBudget
-                 ) -> list[CachedResource] | None:
+    def _all_new(self, served: Mapping[str, CachedResource], candidates: list[str],
+                 budget: ResponseBudget) -> list[CachedResource] | None:
         """The resources of a page that sends every name of it, when that is
         plain to see: a page of many names the client subscribed to and holds
         none of, each a resource every subscriber gets (no variants, aliases,
@@ -313,14 +317,10 @@ class DeltaSubscription(SubscriptionState):
         subscribed, or the members of a glob collection. What the
         loop of :meth:`_next_page` would send, name by name, found with a few
         operations on whole sets instead (a big client's pages, the first
-        time); None where the loop must look (it then does all of it)."""
-        type_url = self._type_url
-        if len(candidates) < PREFETCH_FROM or self._errors_sent or \
-                view.has_errors(type_url) or not self._covers_all(candidates) or \
-                not self._held.keys().isdisjoint(candidates):
-            return None
-        served = view.served_to_all(type_url, candidates)
-        if len(served) != len(candidates):  # (candidates are distinct)
+        time); None where the loop must look (it then does all of it).
+        ``served``: what the view serves every subscriber of ``candidates``."""
+        if len(served) != len(candidates) or not self._covers_all(candidates) or \
+                not self._held.keys().isdisjoint(candidates):  # (candidates are distinct)
             return None
         resources = list(served.values())
         if any(map(_DO_NOT_CACHE, resources)) or \
@@ -343,21 +343,20 @@ class DeltaSubscription(SubscriptionState):
         return all(name in subscribed or collection_of(name) in globs for name in names)
 
     def _lookups(self, view: ResourceView, candidates: list[str],
-                 errors: list[discovery_pb2.ResourceError], budget: ResponseBudget
+                 errors: list[discovery_pb2.ResourceError], budget: ResponseBudget,
+                 served: Mapping[str, CachedResource] | None
                  ) -> Iterable[tuple[str, CachedResource | Missing]]:
-        """What :meth:`_looked_up` gives, for a page of many names without
-        globs or the origin's errors (a big client's, nearly always) in one
-        list built at once, the resources every subscriber gets found in one
-        look at the cache (see :meth:`ResourceView.served_to_all
-        <relay.protocol.view.ResourceView.served_to_all>`)."""
-        type_url = self._type_url
-        if len(candidates) < PREFETCH_FROM or self._globs is not None or \
-                self._errors_sent or view.has_errors(type_url):
+        """What :meth:`_looked_up` gives; for a page of many names without
+        globs or the origin's errors (a big client's, nearly always), in one
+        list built at once, the resources in ``served`` (what the view
+        serves every subscriber: see :meth:`ResourceView.served_to_all
+        <relay.protocol.view.ResourceView.served_to_all>`) found in it."""
+        if served is None or self._globs is not None:
             return self._looked_up(view, candidates, errors, budget)
-        served = view.served_to_all(type_url, candidates).get
+        type_url, found_in = self._type_url, served.get
         lookup, wildcard, names = view.lookup, self._wildcard, self._names
         locator_params, node_params = self._locator_params, self._node_params
-        return [(name, served(name) or
+        return [(name, found_in(name) or
                  lookup(type_url, name, locator_params.get(name, node_params)))
                 for name in candidates if wildcard or name in names]
 
