@@ -135,6 +135,7 @@ async def _round(count: int, url: str, body: bytes, polls: int, fresh: bool
     head, _, tail = body.partition(NODE.encode())
     me = f"poller-{os.getpid()}"
     made = itertools.count()
+    this_round = os.urandom(4).hex()  # fresh's nodes are new in every round too
 
     async def poll(session: aiohttp.ClientSession, node_id: str) -> int:
         data = head + node_id.encode() + tail
@@ -144,7 +145,8 @@ async def _round(count: int, url: str, body: bytes, polls: int, fresh: bool
 
     async def poller(session: aiohttp.ClientSession, i: int) -> None:
         for _ in range(polls):
-            status = await poll(session, f"{me}-{i}-{next(made)}" if fresh else f"{me}-{i}")
+            status = await poll(session, f"{me}-{i}-{this_round}-{next(made)}" if fresh
+                                else f"{me}-{i}")
             statuses[status] = statuses.get(status, 0) + 1
 
     sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
@@ -169,9 +171,10 @@ class Server:
     pid: int
 
 
-async def first_answer(url: str, body: bytes, timeout: float = 60.0) -> bytes:
-    """The relay's 200 answer to ``body`` (it subscribes the names on the origin
-    at the first poll: a 503 until they are in)."""
+async def first_answer(url: str, body: bytes, count: int, timeout: float = 120.0) -> bytes:
+    """The relay's 200 answer to ``body``, once it holds all ``count`` resources
+    (it subscribes the names on the origin at the first poll: a 503 until
+    some are in, then what it has after ``rest.wait``)."""
     import aiohttp
 
     deadline = time.monotonic() + timeout
@@ -179,9 +182,11 @@ async def first_answer(url: str, body: bytes, timeout: float = 60.0) -> bytes:
         while time.monotonic() < deadline:
             async with session.post(url, data=body) as reply:
                 if reply.status == 200:
-                    return await reply.read()
+                    answer = await reply.read()
+                    if len(json.loads(answer).get("resources", ())) == count:
+                        return answer
             await asyncio.sleep(0.1)
-    raise RuntimeError(f"no 200 from {url} within {timeout}s")
+    raise RuntimeError(f"no 200 of {count} resources from {url} within {timeout}s")
 
 
 @contextlib.asynccontextmanager
@@ -245,7 +250,8 @@ async def run_all(args: argparse.Namespace, sizes: Sequence[int]
         relay_server = Server(relay_url, relay.process.pid)
         for size in sizes:
             names = big_names(size)
-            answer = await first_answer(relay_url, request_body(names, node_id="first"))
+            answer = await first_answer(relay_url, request_body(names, node_id="first"),
+                                        len(names))
             version_info = json.loads(answer)["versionInfo"]
             runs: dict[str, list[dict[str, Any]]] = {"relay": [], "bare": []}
             for _ in range(args.runs):
