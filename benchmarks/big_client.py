@@ -10,7 +10,10 @@ until the last resource is in, against three servers:
 * relay cold: a fresh relay (``xds-relay run``) that has nothing cached, so
   it asks its origin, which answers at once;
 * relay warm: the same relay, while the cold run's client still holds the K
-  names, so that all are cached.
+  names, so that all are cached;
+* forwarder: the bare forwarder of :mod:`benchmarks.forwarder` in front of
+  the relay's origin, fresh each run: the fastest a hop that holds nothing
+  can be, the cold relay's other bound (its rows say "/ forwarder").
 
 The relay's origin is a second bare server, so that the origin side costs
 little: the tests' ScriptedOrigin takes about 1.5 s of its own (this
@@ -32,9 +35,10 @@ relay's cold join, warm join, the warm client leaving (the names stay, the
 cold client holds them) and the cold client leaving last (the relay forgets
 them).
 
-Runs alternate between the bare server and a fresh relay, each phase with a
-timeout; a refused subscription is reported with its gRPC status instead of
-a time. Figures are min and median over runs, with relay / bare.
+Runs alternate between the bare server, a fresh relay and a fresh forwarder
+(in turn, then the other way round), each phase with a timeout; a refused
+subscription is reported with its gRPC status instead of a time. Figures are
+min and median over runs, with relay / bare (and relay / forwarder).
 
 The relay runs from ``--relay-src`` (default: this checkout; a git worktree
 of another commit measures that commit with this checkout's clients and
@@ -62,6 +66,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from benchmarks.bare import BareProcess, bare_process, big_names
+from benchmarks.forwarder import forwarder_process
 from benchmarks.processes import (
     DELTA_ADS,
     Workers,
@@ -300,6 +305,20 @@ async def measure_bare(bare: BareProcess, resources: int, timeout: float) -> dic
         return await run.finish(probe, clients)
 
 
+async def measure_forwarder(origin: BareProcess, resources: int, timeout: float
+                            ) -> dict[str, Any]:
+    async with forwarder_process(origin.target) as forwarder, \
+            workers(probe_main, 1, 1, forwarder.target) as probe, \
+            workers(client_main, 1, 1, forwarder.target, resources) as clients:
+        run = Run("forwarder", forwarder.pid, timeout, origin.pid)
+        try:
+            await run.baseline()
+            await run.join("join", clients, 0)
+        except PhaseFailed as failure:
+            run.figures["error"] = str(failure)
+        return await run.finish(probe, clients)
+
+
 async def measure_relay(origin: BareProcess, resources: int, timeout: float,
                         src: Path | None = None) -> dict[str, Any]:
     async with relay_process("big-client-bench", origin.port, drain_period=0,
@@ -317,6 +336,9 @@ async def measure_relay(origin: BareProcess, resources: int, timeout: float,
             run.figures["error"] = str(failure)
         return await run.finish(probe, clients)
 
+
+# the servers of each run, in this order (and the next run in the reverse)
+KINDS = ("bare", "relay", "forwarder")
 
 # (label, the relay's figure, the bare server's figure or None)
 ROWS: Sequence[tuple[str, str, str | None]] = (
@@ -340,24 +362,38 @@ ROWS: Sequence[tuple[str, str, str | None]] = (
 )
 
 
+# (label, the relay's figure, the forwarder's): the cold join against its other bound
+FORWARDER_ROWS: Sequence[tuple[str, str, str]] = (
+    ("all K received, relay cold / forwarder (ms)", "cold_join_ms", "join_ms"),
+    ("server CPU, cold join / forwarder (s)", "cold_join_cpu_s", "join_cpu_s"),
+    ("origin CPU, cold join / forwarder (s)", "cold_join_origin_cpu_s", "join_origin_cpu_s"),
+    ("probe worst gap, cold join / forwarder (ms)", "cold_join_gap_ms", "join_gap_ms"),
+)
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Comparison]:
-    return {label: compare(values(runs["relay"], relay),
-                           None if bare is None else values(runs["bare"], bare))
-            for label, relay, bare in ROWS}
+    return {**{label: compare(values(runs["relay"], relay),
+                              None if bare is None else values(runs["bare"], bare))
+               for label, relay, bare in ROWS},
+            **{label: compare(values(runs["relay"], relay),
+                              values(runs["forwarder"], forwarder))
+               for label, relay, forwarder in FORWARDER_ROWS}}
 
 
 async def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
     for resources in (int(x) for x in args.resources.split(",")):
-        runs: dict[str, list[dict[str, Any]]] = {"bare": [], "relay": []}
+        runs: dict[str, list[dict[str, Any]]] = {"bare": [], "relay": [], "forwarder": []}
         async with bare_process(resources, args.size) as bare, \
                 bare_process(resources, args.size) as origin:
             for server in (bare, origin):
                 await server.command(f"tick bench {TICK_MS}")
             for run in range(args.runs):
-                for kind in ("bare", "relay") if run % 2 == 0 else ("relay", "bare"):
+                for kind in KINDS if run % 2 == 0 else KINDS[::-1]:
                     if kind == "bare":
                         figures = await measure_bare(bare, resources, args.timeout)
+                    elif kind == "forwarder":
+                        figures = await measure_forwarder(origin, resources, args.timeout)
                     else:
                         figures = await measure_relay(origin, resources, args.timeout,
                                                       args.relay_src)
@@ -390,7 +426,7 @@ def main() -> None:
     print(f"relay at {commit} ({args.relay_src})", flush=True)
     results = asyncio.run(run_all(args))
     for result in results:
-        rows = [(label, result["summary"][label]) for label, _, _ in ROWS]
+        rows = [(label, result["summary"][label]) for label, _, _ in (*ROWS, *FORWARDER_ROWS)]
         print(f"\nK = {result['resources']}, {args.runs} runs each:\n{table(rows, 'figure')}")
         for error in result["errors"]:
             print(f"  {error}")
