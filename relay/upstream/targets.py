@@ -100,11 +100,11 @@ class TypeSubscription:
 
 
 #: How many locators may linger at once (see :class:`Lingering`), the default of
-#: ``upstream.linger_names``: what 20,000
-#: names cost while they linger (3.5 MiB, and pages their client's other names
-#: shared) leaves a relay within 5-11 % of its RSS 5 s after a client of
-#: 100,000 names left (``python -m benchmarks.memory``), and any client of up
-#: to 20,000 names comes back at no cost to the origin.
+#: ``upstream.linger_names``: what 20,000 names cost while they linger (3.5 MiB,
+#: kept together in the heap) leaves a relay within 4-5 % of its RSS once a
+#: client of 100,000 names has left (``python -m benchmarks.memory``, delta and
+#: SotW), and any client of up to 20,000 names comes back at no cost to the
+#: origin.
 DEFAULT_LINGER_NAMES = 20_000
 
 #: Locators let go within this many seconds of the ones before count as let go
