@@ -100,10 +100,11 @@ _JSON = "application/json"
 
 
 #: How many answers the REST server keeps to give again to the same poll,
-#: and the bytes of their keys at most (a poll's body, up to
-#: :data:`BODY_KEPT`; a digest of a longer one).
+#: and the bytes they hold at most: each its key (a poll's body, up to
+#: :data:`BODY_KEPT`; a digest of a longer one) and a slot per resource
+#: of its response.
 ANSWERS_KEPT = 4096
-ANSWER_KEYS_SIZE = 32 * 1024 * 1024
+ANSWERS_SIZE = 32 * 1024 * 1024
 BODY_KEPT = 64 * 1024
 
 # A poll as the answers kept know it: its type, the client's certificate
@@ -144,6 +145,7 @@ class _Answer:
 
     served: Served
     poll: _Poll
+    size: int  # bytes it holds (ANSWERS_SIZE)
 
 
 class BadRequest(RelayError, ValueError):
@@ -356,7 +358,7 @@ class RestServer:
         self._listener: Listener | None = None
         # the latest answers, by poll (see _again), the least recently used first
         self._answers: OrderedDict[_AnswerKey, _Answer] = OrderedDict()
-        self._answer_keys_size = 0
+        self._answers_size = 0
         #: polls answered again without being decoded or fetched (tests count them)
         self.answered_again = 0
 
@@ -436,7 +438,8 @@ class RestServer:
         self._answered(peer, type_url, poll, outcome, reply.status)
         if isinstance(outcome, Served) and outcome.generation is not None and \
                 poll.nack is None and reply.status in (200, 304):
-            self._remember(key, _Answer(outcome, poll))
+            self._remember(key, _Answer(outcome, poll,
+                                        len(key[2]) + 8 * len(outcome.plan.resources)))
         return _response(reply)
 
     def _again(self, key: _AnswerKey, peer: str) -> Reply | None:
@@ -456,7 +459,7 @@ class RestServer:
         served, poll = answer.served, answer.poll
         if not self._fetcher.unchanged(served):
             del self._answers[key]
-            self._answer_keys_size -= len(key[2])
+            self._answers_size -= answer.size
             return None
         plan, lease = served.plan, served.lease
         if poll.version_info and poll.version_info == plan.version_info:
@@ -473,12 +476,14 @@ class RestServer:
 
     def _remember(self, key: _AnswerKey, answer: _Answer) -> None:
         answers = self._answers
-        if answers.pop(key, None) is None:
-            self._answer_keys_size += len(key[2])
+        replaced = answers.pop(key, None)
+        if replaced is not None:
+            self._answers_size -= replaced.size
         answers[key] = answer
-        while len(answers) > ANSWERS_KEPT or self._answer_keys_size > ANSWER_KEYS_SIZE:
-            forgotten, _ = answers.popitem(last=False)
-            self._answer_keys_size -= len(forgotten[2])
+        self._answers_size += answer.size
+        while len(answers) > ANSWERS_KEPT or self._answers_size > ANSWERS_SIZE:
+            _, forgotten = answers.popitem(last=False)
+            self._answers_size -= forgotten.size
 
     def _answered(self, peer: str, type_url: str, poll: _Poll, outcome: FetchOutcome,
                   status: int) -> None:

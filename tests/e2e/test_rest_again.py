@@ -137,3 +137,26 @@ async def test_another_node_or_a_nack_is_not_answered_again(
             assert (await poll(http, stack, ENDPOINTS, nack))[0] == 304
         assert rest.answered_again == 0
         assert metric(stack, "xds_relay_downstream_nacks_total", protocol="rest") == 2
+
+
+async def test_the_answers_kept_are_bounded_the_least_recently_used_go_first(
+        http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    import relay.server.rest
+
+    monkeypatch.setattr(relay.server.rest, "ANSWERS_KEPT", 2)
+    origin = ScriptedOrigin()
+    origin.set(endpoints("e1", 1))
+    async with rest_stack(origin) as stack:
+        rest = rest_of(stack)
+        _, body, _ = await poll(http, stack, ENDPOINTS, {"resourceNames": ["e1"]})
+        version = json.loads(body)["versionInfo"]
+        polls = {node_id: {"node": {"id": node_id}, "resourceNames": ["e1"],
+                           "versionInfo": version} for node_id in ("a", "b", "c")}
+        for node_id in ("a", "b", "a", "c"):  # c's answer makes room: b's goes
+            assert (await poll(http, stack, ENDPOINTS, polls[node_id]))[0] == 304
+        assert rest.answered_again == 1
+        assert (await poll(http, stack, ENDPOINTS, polls["b"]))[0] == 304
+        assert rest.answered_again == 1  # fetched again (and a's goes)
+        for node_id in ("c", "b"):
+            assert (await poll(http, stack, ENDPOINTS, polls[node_id]))[0] == 304
+        assert rest.answered_again == 3
