@@ -88,11 +88,7 @@ def split_request(request: discovery_pb2.DeltaDiscoveryRequest,
         return [request]  # nearly always (every ACK): checked without a loop
     lists = ("resource_names_subscribe", "resource_locators_subscribe",
              "resource_names_unsubscribe", "resource_locators_unsubscribe")
-    first = discovery_pb2.DeltaDiscoveryRequest()
-    first.CopyFrom(request)
-    for names in lists:
-        first.ClearField(names)
-    pieces = [first]
+    pieces = [_all_but_the_lists(request, lists)]
     room = limit
     for names in lists:
         items = getattr(request, names)
@@ -106,6 +102,24 @@ def split_request(request: discovery_pb2.DeltaDiscoveryRequest,
             start += len(chunk)
             room -= len(chunk)
     return pieces
+
+
+def _all_but_the_lists(request: discovery_pb2.DeltaDiscoveryRequest,
+                       lists: tuple[str, ...]) -> discovery_pb2.DeltaDiscoveryRequest:
+    """``request`` without its name lists: built field by field, not copied
+    whole and then cleared (for a client of 100,000 names, the copy was most of
+    the request's memory a second time, at the peak of the subscription)."""
+    first = discovery_pb2.DeltaDiscoveryRequest()
+    for descriptor, value in request.ListFields():
+        if descriptor.name in lists:
+            continue
+        if descriptor.message_type is not None and descriptor.message_type.GetOptions().map_entry:
+            getattr(first, descriptor.name).update(value)
+        elif descriptor.message_type is not None:
+            getattr(first, descriptor.name).CopyFrom(value)
+        else:
+            setattr(first, descriptor.name, value)
+    return first
 
 
 class DeltaSubscription(SubscriptionState):

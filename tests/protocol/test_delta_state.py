@@ -288,6 +288,29 @@ def test_a_request_naming_too_many_names_is_split_into_pieces_that_say_the_same(
     assert split_request(request, limit=15) == [request]
 
 
+def test_a_split_requests_first_piece_keeps_every_field_but_the_name_lists() -> None:
+    """The first piece is built field by field (not copied whole): every field
+    the client set that is not a name list is there, as sent, NACK included."""
+    request = Req(type_url=ENDPOINT, response_nonce="7", initial_resource_versions={"a": "1"},
+                  resource_names_subscribe=[f"a{i}" for i in range(4)],
+                  resource_names_unsubscribe=["x"])
+    request.node.id = "n"
+    request.node.metadata.fields["k"].string_value = "v"
+    request.error_detail.code = 3
+    request.error_detail.message = "bad cluster"
+    request.resource_locators_subscribe.add(name="l1")
+    request.resource_locators_unsubscribe.add(name="l2")
+    expected = Req()
+    expected.CopyFrom(request)
+    for names in ("resource_names_subscribe", "resource_locators_subscribe",
+                  "resource_names_unsubscribe", "resource_locators_unsubscribe"):
+        expected.ClearField(names)
+    first = split_request(request, limit=2)[0]
+    assert list(first.resource_names_subscribe) == ["a0", "a1"]
+    first.ClearField("resource_names_subscribe")
+    assert first == expected
+
+
 def test_names_subscribed_while_a_big_subscription_is_under_way_come_next() -> None:
     limit = MAX_NAMES_PER_RESPONSE
     first = [f"a{i:05}" for i in range(limit + 5)]
