@@ -11,7 +11,10 @@ does, with the relay's own gRPC server options (``--options relay``, the
 default) or with gRPC's defaults (``--options default``: none but the
 relay's queue of calls waiting for the event loop, without which gRPC
 cancels a storm's calls past 1,000), the two baselines that bound what the
-relay's options cost; over TLS with
+relay's options cost; with ``--gc relay``, also with the relay's garbage
+collector settings (:func:`relay.runtime.tune_gc`; py-spy found 15% of the
+event loop's time in ``gc_collect_main`` without them, in a 1,000-stream
+fan-out's updates); over TLS with
 ``--tls-cert`` and ``--tls-key`` (PEM files: the relay's own, for a like
 comparison).
 
@@ -40,7 +43,7 @@ stdout (it prints ``port P`` once listening, and exits at the end of stdin):
   processes on one machine); answers ``ok``.
 
 Usage: ``python -m benchmarks.bare [--port 0] [--big K] [--size 1024] [--glob K]
-[--options relay|default] [--tls-cert FILE --tls-key FILE]``; the benchmarks
+[--options relay|default] [--gc default|relay] [--tls-cert FILE --tls-key FILE]``; the benchmarks
 start it with :func:`bare_process`.
 """
 
@@ -65,6 +68,7 @@ from google.protobuf import any_pb2
 
 from benchmarks.processes import NAME
 from relay.app import _SERVER_OPTIONS  # the same options, or the comparison is unfair
+from relay.runtime import tune_gc  # the same collector settings, likewise
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints, version_of
 
@@ -264,7 +268,7 @@ async def _control(server: BareServer) -> None:
 
 
 async def serve(port: int, big: int, size: int, glob: int = 0, options: str = "relay",
-                tls: tuple[Path, Path] | None = None) -> None:
+                tls: tuple[Path, Path] | None = None, gc: str = "default") -> None:
     catalog = Catalog()
     small = endpoints(NAME, 1)
     catalog.set(NAME, version_of(small), small.SerializeToString())
@@ -278,6 +282,8 @@ async def serve(port: int, big: int, size: int, glob: int = 0, options: str = "r
             catalog.set(member, version_of(message), message.SerializeToString())
         catalog.collections[GLOB] = tuple(glob_members(glob))
     server = BareServer(catalog, options, tls)
+    if gc == "relay":
+        tune_gc()
     print(f"port {await server.start(port)}", flush=True)
     try:
         await _control(server)
@@ -313,16 +319,16 @@ class BareProcess:
 
 @contextlib.asynccontextmanager
 async def bare_process(big: int = 0, size: int = 1024, glob: int = 0, *,
-                       options: str = "relay", tls: tuple[Path, Path] | None = None
-                       ) -> AsyncIterator[BareProcess]:
+                       options: str = "relay", tls: tuple[Path, Path] | None = None,
+                       gc: str = "default") -> AsyncIterator[BareProcess]:
     """``python -m benchmarks.bare`` on a free port, once listening (with
     ``options``, a key of :data:`OPTIONS`; over TLS with ``tls``, the
-    certificate and key files); ended on the way out (end of stdin, then
-    SIGKILL after 10 s)."""
+    certificate and key files; ``gc="relay"``: the relay's collector
+    settings); ended on the way out (end of stdin, then SIGKILL after 10 s)."""
     tls_args = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "benchmarks.bare", "--big", str(big), "--size", str(size),
-        "--glob", str(glob), "--options", options, *tls_args,
+        "--glob", str(glob), "--options", options, "--gc", gc, *tls_args,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     assert process.stdin is not None and process.stdout is not None
     try:
@@ -353,13 +359,15 @@ def main() -> None:
                         help="also serve the collection GLOB of K members")
     parser.add_argument("--options", choices=sorted(OPTIONS), default="relay",
                         help="gRPC server options: the relay's, or gRPC's defaults")
+    parser.add_argument("--gc", choices=["default", "relay"], default="default",
+                        help="the garbage collector's settings: CPython's, or the relay's")
     parser.add_argument("--tls-cert", type=Path, help="serve over TLS: certificate (PEM)")
     parser.add_argument("--tls-key", type=Path, help="serve over TLS: its key (PEM)")
     args = parser.parse_args()
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together")
     tls = (args.tls_cert, args.tls_key) if args.tls_cert else None
-    asyncio.run(serve(args.port, args.big, args.size, args.glob, args.options, tls))
+    asyncio.run(serve(args.port, args.big, args.size, args.glob, args.options, tls, args.gc))
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ relay over each baseline.
 
 The relay runs from ``--relay-src`` (default: this checkout; a git worktree
 of another commit measures that commit with this checkout's clients and
-baselines). ``--servers`` picks the servers; ``relay-pymalloc`` is the relay
+baselines). ``--servers`` picks the servers; ``bare-gc`` is ``bare`` with the
+relay's garbage collector settings too; ``relay-pymalloc`` is the relay
 with ``PYTHONMALLOC=pymalloc`` (CPython's own allocator; ``xds-relay run``
 otherwise starts again on glibc's malloc), reported against the relay too.
 
@@ -83,12 +84,12 @@ from tests.builders import endpoints, version_of
 from tests.harness import ScriptedOrigin
 
 # every server a run can measure, in the order they alternate; the default set
-SERVERS = ("bare", "bare-default", "relay", "relay-pymalloc")
+SERVERS = ("bare", "bare-default", "bare-gc", "relay", "relay-pymalloc")
 DEFAULT_SERVERS = ("bare", "bare-default", "relay")
-BASELINES = ("bare", "bare-default")
 # (a, b) of each ratio a / b reported, of the servers that ran
-RATIOS = (("relay", "bare"), ("relay", "bare-default"), ("relay-pymalloc", "bare"),
-          ("relay-pymalloc", "bare-default"), ("relay-pymalloc", "relay"))
+RATIOS = (("relay", "bare"), ("relay", "bare-default"), ("relay", "bare-gc"),
+          ("relay-pymalloc", "bare"), ("relay-pymalloc", "bare-default"),
+          ("relay-pymalloc", "relay"))
 # label of each figure, in the order reported
 FIGURES = {
     "update_all_ms": "update reaches all streams (ms)",
@@ -166,11 +167,12 @@ class Server:
 @contextlib.asynccontextmanager
 async def bare_server(kind: str = "bare", options: str = "relay",
                       tls: tuple[Path, Path] | None = None,
-                      client_tls: Callable[[str], ClientTLS | None] = lambda name: None
-                      ) -> AsyncIterator[Server]:
+                      client_tls: Callable[[str], ClientTLS | None] = lambda name: None,
+                      gc: str = "default") -> AsyncIterator[Server]:
     """The bare server with ``options`` (``"relay"``: the relay's gRPC options,
-    ``"default"``: gRPC's), over TLS with ``tls`` (certificate and key files)."""
-    async with bare_process(options=options, tls=tls) as bare:
+    ``"default"``: gRPC's), over TLS with ``tls`` (certificate and key files),
+    with the relay's garbage collector settings if ``gc="relay"``."""
+    async with bare_process(options=options, tls=tls, gc=gc) as bare:
         async def change(port: int) -> None:
             await bare.command(f"update {NAME} {port}")
 
@@ -206,6 +208,7 @@ def starters(src: Path | None = None
     return {
         "bare": bare_server,
         "bare-default": functools.partial(bare_server, "bare-default", "default"),
+        "bare-gc": functools.partial(bare_server, "bare-gc", gc="relay"),
         "relay": functools.partial(relay_server, src=src),
         "relay-pymalloc": functools.partial(relay_server, "relay-pymalloc", src=src,
                                             env={"PYTHONMALLOC": "pymalloc"}),
