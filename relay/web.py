@@ -84,6 +84,9 @@ async def listen(handle: Callable[[web.BaseRequest], Awaitable[web.StreamRespons
             # Written here, so that the connection is idle only once it is
             # (aiohttp would write it after this returns).
             with contextlib.suppress(ConnectionError):  # the client left: nothing to tell
+                if request.method != "HEAD" and isinstance(response, web.Response) and \
+                        isinstance(response.body, bytes) and len(response.body) > WRITE_SLICE:
+                    return await _sliced(request, response, response.body)
                 await response.prepare(request)
                 await response.write_eof()
             return response
@@ -117,6 +120,30 @@ async def listen(handle: Callable[[web.BaseRequest], Awaitable[web.StreamRespons
         raise OSError(f"cannot listen on {address} ({section}.address): "
                       f"{error.strerror or error}") from None
     return Listener(server, http, grace, shared.connections)
+
+
+#: A body longer than this is written this many bytes at a time, each
+#: waiting for the client to take the last (``/clients`` of 200 clients of
+#: 5,000 resources is 35 MB: written at once, its copies held the loop
+#: 60-150 ms).
+WRITE_SLICE = 1024 * 1024
+
+
+async def _sliced(request: web.BaseRequest, response: web.Response, body: bytes
+                  ) -> web.StreamResponse:
+    """``response`` written :data:`WRITE_SLICE` bytes at a time."""
+    sliced = web.StreamResponse(status=response.status, reason=response.reason,
+                                headers={key: value for key, value in response.headers.items()
+                                         if key.lower() != "content-length"})
+    sliced.content_length = len(body)
+    if response.keep_alive is False:
+        sliced.force_close()
+    await sliced.prepare(request)
+    view = memoryview(body)
+    for start in range(0, len(body), WRITE_SLICE):
+        await sliced.write(view[start:start + WRITE_SLICE])
+    await sliced.write_eof()
+    return sliced
 
 
 class _Shared:

@@ -52,3 +52,32 @@ async def test_an_idle_connection_is_closed_for_idleness_after_its_timer_woke_ea
     assert lines_at(caplog, logging.WARNING) == []
     assert "closing a connection from 127.0.0.1 idle for 0.3s (test.idle_timeout)" in \
         lines_at(caplog, logging.DEBUG)
+
+
+async def test_a_big_body_is_written_a_slice_at_a_time_and_arrives_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiohttp
+    from aiohttp import web
+
+    from relay.web import WRITE_SLICE
+
+    body = bytes(range(256)) * (WRITE_SLICE * 3 // 256 + 7)  # 3 slices and a bit
+    written: list[int] = []
+    write = web.StreamResponse.write
+
+    async def counted(self: web.StreamResponse, data: Any) -> None:
+        written.append(len(data))
+        await write(self, data)
+
+    monkeypatch.setattr(web.StreamResponse, "write", counted)
+
+    async def big(request: web.BaseRequest) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    async with listening(HttpLimits(), big) as listener, aiohttp.ClientSession() as session:
+        for _ in range(2):  # and the connection is kept for the next
+            async with session.get(f"http://127.0.0.1:{listener.port}/") as reply:
+                assert (reply.status, reply.content_type) == (200, "application/octet-stream")
+                assert reply.headers["Content-Length"] == str(len(body))
+                assert await reply.read() == body
+    assert written == [WRITE_SLICE, WRITE_SLICE, WRITE_SLICE, len(body) - 3 * WRITE_SLICE] * 2
