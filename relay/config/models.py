@@ -491,7 +491,9 @@ class NodeGroupsConfig(_Section):
                     "refused with RESOURCE_EXHAUSTED")
     linger: DurationField = Field(
         default=DEFAULT_GROUP_LINGER,
-        description="keep a group's origin stream this long after its last client left")
+        description="keep a group's origin stream this long after its last client left; "
+                    "then the group closes and its persisted snapshot is deleted (a "
+                    "restored group that no client joins within it goes the same way)")
     missing: Literal["empty", "refuse"] = Field(
         default="empty",
         description="a client whose node lacks a key field: in the group of empty values "
