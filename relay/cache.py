@@ -44,7 +44,7 @@ from relay.constraints import (
 )
 from relay.memory import oversized
 from relay.protocol.xdstp import PREFIX, collection_of, is_glob, xdstp_among
-from relay.resource import CachedResource
+from relay.resource import CachedResource, note_do_not_cache
 
 
 class Missing(enum.Enum):
@@ -554,6 +554,8 @@ class ResourceCache:
             if entry.collections is not None and not record.variants and \
                     name.startswith(PREFIX):
                 entry.joined(name)
+            if resource.do_not_cache:
+                note_do_not_cache()  # (subscribers stamp their names from now on)
             record.variants[key] = resource
             changed.add(name)
         elif ttl is not None:

@@ -80,6 +80,31 @@ def arrival_clock() -> int:
     return _last_arrival
 
 
+_do_not_cache_seen = False
+
+
+def note_do_not_cache() -> None:
+    """A resource marked do-not-cache has arrived: from now on subscribers
+    stamp the names they subscribe (see :func:`do_not_cache_seen`).
+
+    Called where such a resource is made from an origin message and where
+    one enters a cache, so before anyone could subscribe after it arrived.
+    """
+    global _do_not_cache_seen
+    _do_not_cache_seen = True
+
+
+def do_not_cache_seen() -> bool:
+    """Whether any resource marked do-not-cache has arrived in this process.
+
+    Until one has, no copy that arrived before a client subscribed can be one
+    it must not be served: a subscriber need not remember when it subscribed
+    each name (a stamp a name, 3.7 MiB for a client of 100,000), and a name
+    it subscribed with no stamp was subscribed before any such copy arrived.
+    """
+    return _do_not_cache_seen
+
+
 def content_digest(resource: discovery_pb2.Resource) -> bytes:
     """A digest of a ``Resource`` as sent: its body, version and every other field.
 
@@ -137,6 +162,11 @@ class CachedResource:
         the content (and writes it into ``resource``, so that delta clients
         see it): a new content is a new version.
         """
+        if resource.HasField("cache_control") and resource.cache_control.do_not_cache:
+            # Noted as it is made, not only as it enters the cache: a response
+            # is checked a few resources per turn of the event loop, and a
+            # client subscribing in between is later than this copy.
+            note_do_not_cache()
         if resource.version:
             return cls(type_url, name, resource.version, resource, constraints)
         digest = content_digest(resource)

@@ -45,13 +45,21 @@ from relay.protocol.sizing import ResponseBudget, cut_heartbeats
 from relay.protocol.snapshot import ResourceState, ResourceStatus, TypeSnapshot
 from relay.protocol.view import ResourceView
 from relay.protocol.xdstp import collection_of, in_request, is_glob
-from relay.resource import CachedResource, arrival_clock
+from relay.resource import CachedResource, arrival_clock, do_not_cache_seen
 
 # The most names one response looks at: a client subscribing to more gets
 # them over several responses (each ACKed before the next), so that building
 # one never holds the event loop for long. Full-state SotW types (listeners,
 # clusters) cannot be split: each response is the whole set.
 MAX_NAMES_PER_RESPONSE = 2_500
+
+# The most names one response takes when each page after its first is sent
+# whole, found with a few operations on whole sets (a big client's pages of
+# names it holds none of: see ``DeltaSubscription._more_new``), at ~1.6 us a
+# name: a response of this many costs ~30 ms, where its pages one at a time
+# would each wait for the client's ACK. ``server.max_response_size`` still
+# bounds it.
+MAX_NAMES_PER_WHOLE_PAGE = 20_000
 
 T = TypeVar("T")
 
@@ -114,7 +122,8 @@ class SubscriptionState:
         # ``_pending``, which also holds names just subscribed)
         self._changed: set[str] | None = None
         # arrival stamp when each name was subscribed; a do-not-cache copy that
-        # arrived before is not this client's to have (``_refetch``)
+        # arrived before is not this client's to have (``_refetch``). Names
+        # subscribed before any such copy arrived have none (see _stale).
         self._since: dict[str, int] = {}
         self._refetch: set[str] | None = None
         # the request/response/ACK cycle: what is in flight, what is owed
@@ -318,9 +327,10 @@ class SubscriptionState:
             del self._locator_params[name]
         self._locator_params.update(params)
         self._names |= names
-        since, stamp = self._since, arrival_clock()
-        for name in names:  # (dict.update would presize: twice the memory for one name)
-            since[name] = stamp
+        if do_not_cache_seen():  # (else none can be stale: 38 bytes a name saved)
+            since, stamp = self._since, arrival_clock()
+            for name in names:  # (dict.update would presize: twice the memory for one name)
+                since[name] = stamp
         self._pending |= names
 
     def _unsubscribe_names(self, names: Iterable[str]) -> set[str]:
@@ -359,7 +369,10 @@ class SubscriptionState:
         held = self._held.get(name)
         if held is not None and held.is_current(found):
             return False
-        if found.arrival <= self._since.get(name, self._wildcard_since):
+        # A name subscribed with no stamp was subscribed before any
+        # do-not-cache copy arrived: no copy is older than its subscription.
+        since = self._since.get(name, 0 if name in self._names else self._wildcard_since)
+        if found.arrival <= since:
             if self._refetch is None:
                 self._refetch = set()
             self._refetch.add(name)
@@ -499,6 +512,24 @@ class SubscriptionState:
                 return response  # sent, all looked at, or no page taken (in flight, say)
             # Terminates: marks come only from outside, so every page after the
             # first takes its names from the backlog alone, which shrinks.
+
+    def _take_more(self, limit: int) -> list[str]:
+        """Up to ``limit`` names off the front of the backlog, in order: a
+        response that has room takes the next page too. :meth:`_put_back`
+        what it does not send."""
+        backlog = self._backlog
+        if not backlog:
+            return []
+        more = backlog[:limit]
+        del backlog[:limit]
+        self._backlog = backlog or None
+        return more
+
+    def _put_back(self, names: list[str]) -> None:
+        """Names taken for a response that did not send them: they wait, in
+        order, at the front of the backlog (as :meth:`_leave_for_next`)."""
+        if names:
+            self._backlog = names + (self._backlog or [])
 
     def _leave_for_next(self, candidates: list[str], full_at: str) -> None:
         """A response had no room for ``full_at`` and the candidates after it:

@@ -9,7 +9,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import ABSENT, UNKNOWN, Missing
 from relay.constraints import Params
 from relay.protocol.xdstp import collection_of
-from relay.resource import CachedResource
+from relay.resource import CachedResource, note_do_not_cache
 
 
 class FakeView:
@@ -26,9 +26,11 @@ class FakeView:
         for name, version in versions.items():
             self.set(name, version)
 
-    def set(self, name: str, version: str, body: bytes = b"", ttl: int | None = None) -> None:
+    def set(self, name: str, version: str, body: bytes = b"", ttl: int | None = None,
+            do_not_cache: bool = False) -> None:
         """Create or change ``name``; ``body`` stands for its content (its size
-        for the response's); ``ttl`` in seconds."""
+        for the response's); ``ttl`` in seconds; ``do_not_cache`` marks it so,
+        noted as the relay's cache notes it."""
         self._absent.discard(name)
         resource = discovery_pb2.Resource(name=name, version=version)
         if body:
@@ -36,6 +38,9 @@ class FakeView:
             resource.resource.value = body
         if ttl is not None:
             resource.ttl.seconds = ttl
+        if do_not_cache:
+            resource.cache_control.do_not_cache = True
+            note_do_not_cache()
         self._resources[name] = CachedResource(self.type_url, name, version, resource)
 
     def delete(self, name: str) -> None:
