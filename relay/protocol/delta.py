@@ -30,7 +30,11 @@ from relay.protocol.requests import DeltaRequest
 from relay.protocol.sizing import ResponseBudget
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.spelling import respelled
-from relay.protocol.subscription import SubscriptionState
+from relay.protocol.subscription import (
+    MAX_NAMES_PER_RESPONSE,
+    MAX_NAMES_PER_WHOLE_PAGE,
+    SubscriptionState,
+)
 from relay.protocol.view import NonceSource, ResourceView
 from relay.protocol.xdstp import collection_of, in_request, is_glob
 from relay.resource import CachedResource
@@ -278,6 +282,12 @@ class DeltaSubscription(SubscriptionState):
             if len(candidates) >= PREFETCH_FROM and not self._errors_sent and \
             not view.has_errors(self._type_url) else None
         all_new = self._all_new(served, candidates, budget) if served is not None else None
+        if all_new is not None:
+            if len(all_new) < len(candidates):  # the rest did not fit
+                self._put_back(candidates[len(all_new):])
+                full_at = candidates[len(all_new)]
+            else:
+                full_at = self._more_new(view, all_new, budget)
         for name, found in () if all_new is not None else \
                 self._lookups(view, candidates, errors, budget, served):
             if found is UNKNOWN:
@@ -311,7 +321,7 @@ class DeltaSubscription(SubscriptionState):
             unanswered.discard(name)
         if all_new is not None:
             resources = all_new
-        if full_at is not None:
+        if full_at is not None and all_new is None:
             self._leave_for_next(candidates, full_at)
         # (emptied sets go back to None: an idle stream keeps none)
         self._resend, self._unanswered = self._resend or None, self._unanswered or None
@@ -327,24 +337,55 @@ class DeltaSubscription(SubscriptionState):
         """The resources of a page that sends every name of it, when that is
         plain to see: a page of many names the client subscribed to and holds
         none of, each a resource every subscriber gets (no variants, aliases,
-        errors or do-not-cache), all fitting in ``budget``: the names
-        subscribed, or the members of a glob collection. What the
-        loop of :meth:`_next_page` would send, name by name, found with a few
-        operations on whole sets instead (a big client's pages, the first
-        time); None where the loop must look (it then does all of it).
-        ``served``: what the view serves every subscriber of ``candidates``."""
+        errors or do-not-cache): the names subscribed, or the members of a
+        glob collection. As many as fit in ``budget``, in order (the first
+        of them always, into an empty one): the caller puts the rest back.
+        What the loop of :meth:`_next_page` would send, name by name, found
+        with a few operations on whole sets instead (a big client's pages,
+        the first time); None where the loop must look (it then does all of
+        it). ``served``: what the view serves every subscriber of
+        ``candidates``."""
         if len(served) != len(candidates) or not self._covers_all(candidates) or \
                 not self._held.keys().isdisjoint(candidates):  # (candidates are distinct)
             return None
         resources = list(served.values())
-        if any(map(_DO_NOT_CACHE, resources)) or \
-                not budget.take_all(sum(map(len, map(_DELTA_ENTRY, resources)))):
+        if any(map(_DO_NOT_CACHE, resources)):
             return None
+        if not budget.take_all(sum(map(len, map(_DELTA_ENTRY, resources)))):
+            # (the loop's own rule, entry by entry: where the sum does not fit)
+            fit = budget.fitting([len(r.delta_entry) for r in resources])
+            del resources[fit:]
+            candidates = candidates[:fit]
+            served = dict(zip(candidates, resources, strict=True))
         self._held.update(served)
         for names in (self._unanswered, self._resend):
             if names:
                 names.difference_update(candidates)
         return resources
+
+    def _more_new(self, view: ResourceView, resources: list[CachedResource],
+                  budget: ResponseBudget) -> str | None:
+        """Add the next pages of the backlog to a response that sends a whole
+        page (``resources``, in place) while they too are sent whole (see
+        :meth:`_all_new`), up to :data:`MAX_NAMES_PER_WHOLE_PAGE` names and
+        ``budget``: a big client's names in one response, or a few, where a
+        page at a time waited for an ACK each (10,000 names: 4-5 round
+        trips). Returns the first name that did not fit (None: all did, or
+        the next page is not sent whole; it waits for the next response).
+        At most one page is looked at and not taken."""
+        type_url = self._type_url
+        while self._backlog and len(resources) < MAX_NAMES_PER_WHOLE_PAGE:
+            more = self._take_more(min(MAX_NAMES_PER_RESPONSE,
+                                       MAX_NAMES_PER_WHOLE_PAGE - len(resources)))
+            new = self._all_new(view.served_to_all(type_url, more), more, budget)
+            if new is None:
+                self._put_back(more)
+                return None
+            resources += new
+            if len(new) < len(more):  # (none, where the budget was spent)
+                self._put_back(more[len(new):])
+                return more[len(new)]
+        return None
 
     def _covers_all(self, names: list[str]) -> bool:
         """Whether the subscription covers every one of ``names`` (see

@@ -12,8 +12,10 @@ stalled; the "never answered" names of benchmarks.memory).
 
 from __future__ import annotations
 
+import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.protocol import delta
 from relay.protocol.delta import DeltaSubscription
 from relay.protocol.sotw import SotwSubscription
 from relay.protocol.subscription import MAX_NAMES_PER_RESPONSE
@@ -25,6 +27,13 @@ Delta = discovery_pb2.DeltaDiscoveryRequest
 Sotw = discovery_pb2.DiscoveryRequest
 GLOB = "xdstp://auth/envoy.config.endpoint.v3.ClusterLoadAssignment/pool/*"
 COUNT = 4 * MAX_NAMES_PER_RESPONSE
+
+
+@pytest.fixture(autouse=True)
+def _a_page_per_response(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Delta responses of a page each: pages a client holds none of are
+    otherwise sent several at once (tests/server/test_big_pages.py)."""
+    monkeypatch.setattr(delta, "MAX_NAMES_PER_WHOLE_PAGE", MAX_NAMES_PER_RESPONSE)
 
 
 def delta_until_idle(state: DeltaSubscription, view: FakeView, nonces: NonceSource,

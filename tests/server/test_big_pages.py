@@ -3,11 +3,15 @@
 A delta client subscribing to thousands of cached names gets them over pages
 (see :data:`relay.protocol.subscription.MAX_NAMES_PER_RESPONSE`). A page the
 client holds none of, whose every name is a resource all subscribers get, is
-built without a lookup per name (``DeltaSubscription._all_new``); a page that
-is not so looks its names up together first (``DeltaSubscription._lookups``).
-Both must send exactly what the name-by-name loop sends, which is what they
-are checked against here (the loop is forced by raising ``PREFETCH_FROM``),
-and must do the work they claim: counted, not timed.
+built without a lookup per name (``DeltaSubscription._all_new``), and takes
+the next pages into the same response while they are so too, up to
+:data:`~relay.protocol.subscription.MAX_NAMES_PER_WHOLE_PAGE` names and the
+response's byte budget (``DeltaSubscription._more_new``); a page that is not
+so looks its names up together first (``DeltaSubscription._lookups``). All
+must send exactly what the name-by-name loop sends, which is what they are
+checked against here (the loop is forced by raising ``PREFETCH_FROM``; with
+pages as large as the whole-page bound, the very same responses), and must do
+the work they claim: counted, not timed.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import Update
 from relay.constraints import compile_constraints
 from relay.core import Core
-from relay.protocol import delta
+from relay.protocol import delta, subscription
 from relay.protocol.view import CacheView
 from relay.resource import CachedResource
+from relay.server.serving import ServingSettings
 from relay.server.streams import DownstreamStream
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints, pack
@@ -153,6 +158,18 @@ SCENARIOS = [a_glob_collection, all_cached, some_unknown_some_absent,
              in_one_page_of_aliases, some_with_variants]
 
 
+def merged(responses: list[Response]) -> Response:
+    """What ``responses`` sent, in order, as one (no nonce): pages cut
+    elsewhere send the same."""
+    whole = Response(type_url=ENDPOINT)
+    for response in responses:
+        whole.resources.extend(response.resources)
+        whole.removed_resources.extend(response.removed_resources)
+        whole.removed_resource_names.extend(response.removed_resource_names)
+        whole.resource_errors.extend(response.resource_errors)
+    return whole
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.__name__)
 def test_a_big_page_sends_what_the_name_by_name_loop_sends(
         scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,8 +178,71 @@ def test_a_big_page_sends_what_the_name_by_name_loop_sends(
     core, subscribed, request = scenario()
     monkeypatch.setattr(delta, "PREFETCH_FROM", 10**9)  # every page: name by name
     slow = subscribe(core, subscribed, **request)
-    assert fast == slow
-    assert sum(len(r.resources) for r in fast) > 0
+    assert merged(fast) == merged(slow)
+    assert len(merged(fast).resources) > 0
+    assert len(fast) <= len(slow)
+
+
+def a_plain_glob_collection() -> tuple[Core, list[str], dict[str, object]]:
+    core = Core.create()
+    warm(core, [resource(name) for name in members()])
+    return core, [GLOB], {}
+
+
+@pytest.mark.parametrize("scenario", [all_cached, a_plain_glob_collection],
+                         ids=lambda s: s.__name__)
+def test_pages_sent_whole_are_the_responses_of_the_loop_with_pages_as_large(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    core, subscribed, request = scenario()
+    fast = subscribe(core, subscribed, **request)
+    assert [len(r.resources) for r in fast] == [N]
+    core, subscribed, request = scenario()
+    monkeypatch.setattr(delta, "PREFETCH_FROM", 10**9)
+    monkeypatch.setattr(subscription, "MAX_NAMES_PER_RESPONSE",
+                        subscription.MAX_NAMES_PER_WHOLE_PAGE)
+    assert fast == subscribe(core, subscribed, **request)  # nonces and all
+
+
+def test_pages_sent_whole_stop_at_the_whole_page_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(delta, "MAX_NAMES_PER_WHOLE_PAGE", 5_000)
+    core, subscribed, _ = all_cached()
+    together = count_calls(monkeypatch, CacheView, "served_to_all")
+    responses = subscribe(core, subscribed)
+    assert [len(r.resources) for r in responses] == [5_000, 1_000]
+    # pages of 2,500, 2,500 (of the bound: the first response), 1,000
+    assert together[0] == 3
+    assert [r.name for r in merged(responses).resources] == subscribed
+
+
+def test_pages_sent_whole_keep_within_max_response_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = len(resource(names()[0]).delta_entry)  # (every name as long, every entry too)
+    limit = 64 + len(ENDPOINT) + 4_000 * entry  # (the head's bytes: see relay.protocol.sizing)
+
+    def sized() -> tuple[Core, list[str], dict[str, object]]:
+        core = Core.create(settings=ServingSettings(max_response_size=limit))
+        warm(core, [resource(name) for name in names()])
+        return core, names(), {}
+
+    core, subscribed, _ = sized()
+    fast = subscribe(core, subscribed)
+    assert [len(r.resources) for r in fast] == [4_000, 2_000]
+    assert all(r.ByteSize() <= limit for r in fast)
+    core, subscribed, _ = sized()
+    monkeypatch.setattr(delta, "PREFETCH_FROM", 10**9)
+    monkeypatch.setattr(subscription, "MAX_NAMES_PER_RESPONSE",
+                        subscription.MAX_NAMES_PER_WHOLE_PAGE)
+    assert fast == subscribe(core, subscribed)
+
+
+def test_a_page_the_client_holds_some_of_is_not_sent_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    core, subscribed, _ = all_cached()
+    # it holds a name of the second page: the first page goes whole, alone
+    request = {"initial_resource_versions": {subscribed[3_000]: "1"}}
+    responses = subscribe(core, subscribed, **request)
+    assert [len(r.resources) for r in responses] == [2_500, 2_499, 1_000]
 
 
 def count_calls(monkeypatch: pytest.MonkeyPatch, cls: type, method: str) -> list[int]:
@@ -183,7 +263,7 @@ def test_a_fresh_big_client_is_served_without_a_lookup_per_name(
     lookups = count_calls(monkeypatch, CacheView, "lookup")
     together = count_calls(monkeypatch, CacheView, "served_to_all")
     responses = subscribe(core, subscribed)
-    assert [len(r.resources) for r in responses] == [2_500, 2_500, 1_000]
+    assert [len(r.resources) for r in responses] == [N]  # its pages whole, in one
     assert lookups[0] == 0
     assert together[0] == 3  # once per page
 
@@ -234,6 +314,8 @@ def unsubscribing_while_paged(core: Core) -> list[Response]:
 
 def test_names_unsubscribed_while_they_wait_for_a_page_are_not_sent(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    # (a page per response, so that names wait: else the first takes them all)
+    monkeypatch.setattr(delta, "MAX_NAMES_PER_WHOLE_PAGE", subscription.MAX_NAMES_PER_RESPONSE)
     fast = unsubscribing_while_paged(all_cached()[0])
     monkeypatch.setattr(delta, "PREFETCH_FROM", 10**9)
     assert fast == unsubscribing_while_paged(all_cached()[0])
