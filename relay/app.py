@@ -313,23 +313,10 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
     # only where the origin is a real one (not a --workers hub).
     snapshots = snapshot_stores(config) if origin is None else {}
     ledger = demand_ledger(config, clock)
-    grouping = config.upstream.node_groups if config.upstream is not None else None
-    groups: NodeGroups | None = None
-    listed: GroupRegistry | None = None
     wall = relay_wall(clock)
-    if grouping is not None and origin is None and not private:
-        # Each group's core serves as the relay's own would, without groups;
-        # the demand bounds are one budget across them (see relay.demand).
-        plain = settings
-        listed = group_registry(snapshots)
-        spec = grouping.spec()
-
-        def group_core(group: str, key: tuple[str, ...], node: base_pb2.Node) -> GroupCore:
-            stored = StoredGroup(group, spec.key, key, node)
-            return GroupCore.create(config, metrics, plain, clock, stored, ledger,
-                                    None if listed is None else (listed, snapshots), wall)
-
-        groups = NodeGroups(spec, node_proto(config), group_core, clock)
+    groups, listed = (None, None) if origin is not None or private else \
+        _node_groups(config, metrics, settings, clock, snapshots, ledger, wall)
+    if groups is not None:
         settings = replace(settings, groups=groups)
     core = Core.create(metrics, settings, clock)
     upstream = _origins(config, core, origin) if forwards else None
@@ -356,6 +343,28 @@ def build_relay(config: RelayConfig, clock: Clock | None = None, *,
                    config.rest.http_limits),
         listen=listen or str(config.server.address), private=private, reuse_port=reuse_port)
     return Relay(config, parts, admin=admin, readiness=readiness)
+
+
+def _node_groups(config: RelayConfig, metrics: Metrics, plain: ServingSettings, clock: Clock,
+                 snapshots: dict[str, ClearableStore], ledger: DemandLedger,
+                 wall: Callable[[], float]
+                 ) -> tuple[NodeGroups | None, GroupRegistry | None]:
+    """With ``upstream.node_groups``: the groups, each served by a core of its
+    own as the relay's own would be without groups (``plain``), the demand
+    bounds one budget across them (see :mod:`relay.demand`), and the list of
+    groups with a snapshot. (None, None) without."""
+    grouping = config.upstream.node_groups if config.upstream is not None else None
+    if grouping is None:
+        return None, None
+    listed = group_registry(snapshots)
+    spec = grouping.spec()
+
+    def group_core(group: str, key: tuple[str, ...], node: base_pb2.Node) -> GroupCore:
+        stored = StoredGroup(group, spec.key, key, node)
+        return GroupCore.create(config, metrics, plain, clock, stored, ledger,
+                                None if listed is None else (listed, snapshots), wall)
+
+    return NodeGroups(spec, node_proto(config), group_core, clock), listed
 
 
 @dataclass(frozen=True)

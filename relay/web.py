@@ -74,26 +74,7 @@ async def listen(handle: Callable[[web.BaseRequest], Awaitable[web.StreamRespons
     not drained (the connection is closed after the response instead).
     """
     loop = asyncio.get_running_loop()
-
-    async def handled(request: web.BaseRequest) -> web.StreamResponse:
-        connection = request.protocol
-        assert isinstance(connection, _Connection)
-        connection.request_started()
-        try:
-            response = await handle(request)
-            # Written here, so that the connection is idle only once it is
-            # (aiohttp would write it after this returns).
-            with contextlib.suppress(ConnectionError):  # the client left: nothing to tell
-                if request.method != "HEAD" and isinstance(response, web.Response) and \
-                        isinstance(response.body, bytes) and len(response.body) > WRITE_SLICE:
-                    return await _sliced(request, response, response.body)
-                await response.prepare(request)
-                await response.write_eof()
-            return response
-        finally:
-            connection.request_ended()
-
-    http = web.Server(handled)
+    http = web.Server(_written_here(handle))
     shared = _Shared(section, limits, HostConnections(limits.connections_per_host), client_log,
                      http_log)
     options: dict[str, Any] = {
@@ -120,6 +101,29 @@ async def listen(handle: Callable[[web.BaseRequest], Awaitable[web.StreamRespons
         raise OSError(f"cannot listen on {address} ({section}.address): "
                       f"{error.strerror or error}") from None
     return Listener(server, http, grace, shared.connections)
+
+
+def _written_here(handle: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+                  ) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """``handle``, its response written before it returns, so that the
+    connection is idle only once it is (aiohttp would write it after), and a
+    large body a slice at a time (:data:`WRITE_SLICE`)."""
+    async def handled(request: web.BaseRequest) -> web.StreamResponse:
+        connection = request.protocol
+        assert isinstance(connection, _Connection)
+        connection.request_started()
+        try:
+            response = await handle(request)
+            with contextlib.suppress(ConnectionError):  # the client left: nothing to tell
+                if request.method != "HEAD" and isinstance(response, web.Response) and \
+                        isinstance(response.body, bytes) and len(response.body) > WRITE_SLICE:
+                    return await _sliced(request, response, response.body)
+                await response.prepare(request)
+                await response.write_eof()
+            return response
+        finally:
+            connection.request_ended()
+    return handled
 
 
 #: A body longer than this is written this many bytes at a time, each

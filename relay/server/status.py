@@ -232,14 +232,7 @@ def client_summary_slices(snapshot: SessionSnapshot, peer: str, cache: ResourceC
         # A big snapshot was just made (a copy of the stream's state): a pause of its own.
         yield
     for state in snapshot.types:
-        nack = state.last_nack
-        rejected: dict[str, Any] | None = None
-        if nack is not None:
-            rejected = {"nonce": nack.nonce, "message": nack.message}
-            if snapshot.protocol == "delta":
-                rejected["versions"] = dict(nack.resources)
-            else:
-                rejected["version"] = nack.version_info
+        rejected = _rejected(state, snapshot.protocol)
         sync, unsynced = yield from _type_sync_slices(state, cache, budget)
         types[state.type_url] = {
             "subscribed": list(state.subscribed),
@@ -265,6 +258,20 @@ def client_summary_slices(snapshot: SessionSnapshot, peer: str, cache: ResourceC
                        nacked_at=nacked_at)
     summary["types"] = types
     return summary
+
+
+def _rejected(state: TypeSnapshot, protocol: str) -> dict[str, Any] | None:
+    """The stream's last NACK of a type as ``/clients`` shows it (None: none):
+    what it rejected, SotW's ``version`` or delta's ``versions``."""
+    nack = state.last_nack
+    if nack is None:
+        return None
+    rejected: dict[str, Any] = {"nonce": nack.nonce, "message": nack.message}
+    if protocol == "delta":
+        rejected["versions"] = dict(nack.resources)
+    else:
+        rejected["version"] = nack.version_info
+    return rejected
 
 
 def service_of(snapshot: SessionSnapshot) -> str:
