@@ -27,13 +27,15 @@ from relay.xds_types import SECRET
 
 log = logging.getLogger("relay.access")
 
-__all__ = ["Access", "Refused", "server_credentials"]
+__all__ = ["ANONYMOUS", "Access", "Refused", "server_credentials"]
 
 # How often one kind of refusal is logged at most.
 REFUSAL_LOG_INTERVAL = 10.0
 #: The ``reason`` of a refusal: not an allowed identity, a Node its
 #: certificate does not bind, a debug call from a peer not allowed to debug.
 REFUSAL_REASONS = ("identity", "node_binding", "debug")
+#: The identity of every client without a certificate: one object, not one a stream.
+ANONYMOUS = PeerIdentity()
 
 
 class Refused(RelayError):
@@ -82,6 +84,8 @@ class Access:
     async def admit(self, context: grpc.aio.ServicerContext) -> PeerIdentity:
         """The identity of a client opening an xDS call, or abort the call."""
         identity = PeerIdentity.from_auth_context(context.auth_context())
+        if identity == ANONYMOUS:
+            identity = ANONYMOUS
         error = self.authorizer.connect_error(identity)
         if error is not None:
             await self.refuse(context, "identity", error)

@@ -59,8 +59,7 @@ class DownstreamStream:
         # what this client sees of the cache: without the Secrets it may not have
         settings = serving.settings
         self._identity = identity
-        self.view: ClientView = serving.view if settings.access is None else \
-            settings.access.client_view(serving.view, identity)
+        self.view: ClientView = serving.client_view(identity)
         # where its interest goes and its resources come from: the relay's, or
         # those of its node group (joined at its first request; see _join_group)
         self.index = serving.index
