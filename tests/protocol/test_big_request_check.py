@@ -52,6 +52,20 @@ def test_an_xdstp_name_late_in_a_big_request_refuses_it_as_alone(bad: str) -> No
     many[11_000] = bad  # in the third few thousand looked at together
     assert refusal(session, Req(type_url=ENDPOINT, resource_names_subscribe=many)) == alone
     assert refusal(session, Req(type_url=ENDPOINT, resource_names_unsubscribe=many)) == alone
+    assert refusal(session, Req(type_url=ENDPOINT, initial_resource_versions=dict.fromkeys(
+        many, "1"))) == alone
+
+
+def test_initial_versions_are_checked_without_a_copy_of_their_names() -> None:
+    request = Req(type_url=ENDPOINT, initial_resource_versions=dict.fromkeys(names(50_000), "1"))
+    session = Session("delta")
+    tracemalloc.start()
+    try:
+        session.check(request)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000
 
 
 def test_a_name_too_long_late_in_a_big_request_refuses_it() -> None:
