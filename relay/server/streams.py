@@ -73,14 +73,11 @@ class DownstreamStream:
         self._woken = False
         self._waiting: asyncio.Future[None] | None = None
         self._closing: tuple[grpc.StatusCode, str] | None = None
-        # per type, when the client last changed what it subscribes to: resources
-        # received after that are pushes (even if they waited for an ACK), and
-        # count towards the push latency; older ones are answers from cache
-        self._requested_at: dict[str, float] = {}
-        # what /clients shows of when: the stream's start, and per type its
-        # client's last ACK and last NACK (wall time, Unix seconds)
+        # per type, when the client last changed what it subscribes to, and
+        # last ACKed and NACKed (see _TypeTimes); and what /clients shows of
+        # when the stream started (wall time, Unix seconds)
+        self._times: dict[str, _TypeTimes] = {}
         self.connected_since = time.time()
-        self._answered_at: dict[str, tuple[float | None, float | None]] = {}
 
     # (hashed and compared by identity, object's own: in C, not a Python
     # __hash__ called on every set and dict operation of the fan-out)
@@ -142,20 +139,21 @@ class DownstreamStream:
         """Hand one request to the session; register what it changed, count it."""
         received = self.session.receive(request)
         type_url, outcome = received.type_url, received.outcome
-        if outcome.interest_changed or type_url not in self._requested_at:
-            self._requested_at[type_url] = time.monotonic()
+        times = self._times.get(type_url)
+        if times is None:
+            times = self._times[type_url] = _TypeTimes(time.monotonic())
+        elif outcome.interest_changed:
+            times.requested = time.monotonic()
         metrics = self.serving.metrics
         if outcome.nack is not None:
-            self._answered_at[type_url] = (self._answered_at.get(type_url, (None, None))[0],
-                                           time.time())
+            times.nacked = time.time()
             metrics.downstream_nacks.add(self.protocol, short_name(type_url))
             self.serving.warn_limited(
                 self.peer, f"nack {type_url}", "NACK from node=%r peer=%s type=%s nonce=%s: %s",
                 shown(self.node_id), self.peer, short_name(type_url), outcome.nack.nonce,
                 outcome.nack.message)
         elif outcome.ack_nonce is not None:
-            self._answered_at[type_url] = (time.time(),
-                                           self._answered_at.get(type_url, (None, None))[1])
+            times.acked = time.time()
             metrics.downstream_acks.add(self.protocol, short_name(type_url))
         for changed_type, change in received.interest:
             self.index.apply(self, changed_type, self.view.admit(changed_type, change),
@@ -164,7 +162,10 @@ class DownstreamStream:
 
     def times(self) -> StreamTimes:
         """When the stream opened, and per type its client's last ACK and NACK."""
-        return StreamTimes(self.connected_since, dict(self._answered_at))
+        return StreamTimes(self.connected_since,
+                           {type_url: (times.acked, times.nacked)
+                            for type_url, times in self._times.items()
+                            if times.acked is not None or times.nacked is not None})
 
     # -- responses -----------------------------------------------------------
 
@@ -183,7 +184,8 @@ class DownstreamStream:
         metrics.push(self.protocol, plan.type_url)
         if plan.resources:
             newest = max(map(_RECEIVED, plan.resources))
-            if newest > self._requested_at.get(plan.type_url, 0.0):
+            times = self._times.get(plan.type_url)
+            if newest > (times.requested if times is not None else 0.0):
                 metrics.push_latency.record(time.monotonic() - newest,
                                             short_name(plan.type_url))
         return self.serving.encoder.encode(plan)
@@ -211,6 +213,7 @@ class DownstreamStream:
                     return
                 for response in self.ready_responses():
                     await context.write(response)
+                response = b""  # not kept while the stream sleeps (a push: each its own)
                 if reader.done():
                     error = reader.exception()
                     if error is not None:
@@ -314,6 +317,26 @@ class DownstreamStream:
                         self.wake()
         finally:
             self.wake()
+
+
+class _TypeTimes:
+    """A stream's times for one type, in one object (one dict a stream, not
+    one per kind of time).
+
+    ``requested``: when its client last changed what it subscribes to
+    (monotonic): resources received after that are pushes (even if they
+    waited for an ACK), and count towards the push latency; older ones are
+    answers from cache. ``acked``, ``nacked``: when the client last ACKed and
+    NACKed a response of the type, for /clients (wall time, Unix seconds;
+    None: never).
+    """
+
+    __slots__ = ("acked", "nacked", "requested")
+
+    def __init__(self, requested: float) -> None:
+        self.requested = requested
+        self.acked: float | None = None
+        self.nacked: float | None = None
 
 
 def _end_call(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
