@@ -27,7 +27,7 @@ origin never sees it. The ledger does no I/O and knows nothing of streams.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from relay.memory import oversized
 from relay.protocol.limits import ORIGIN_REFUSED, LimitExceeded, shown
@@ -35,6 +35,8 @@ from relay.protocol.outcome import ProtocolError
 from relay.xds_types import short_name
 
 __all__ = ["ORIGIN_REFUSED", "REFUSAL_COOLDOWN", "DemandLedger"]
+
+_NONE: Mapping[str, int] = {}  # never added to
 
 #: How long names the origin refused stay refused to clients, in seconds: long
 #: enough that a client reconnecting in a loop cannot put them back on the
@@ -111,6 +113,12 @@ class DemandLedger:
         """Whether some subscriber of ``host`` holds ``name``."""
         return name in self._held.get(host, {}).get(type_url, {})
 
+    def held_by(self, host: str, type_url: str) -> Mapping[str, int]:
+        """The names of ``type_url`` some subscriber of ``host`` holds, each
+        with how many do (read only: :meth:`holds` for a request's many names
+        at once)."""
+        return self._held.get(host, {}).get(type_url, _NONE)
+
     def held_count(self, host: str, type_url: str, name: str) -> int:
         """How many subscribers of ``host`` hold ``name``."""
         return self._held.get(host, {}).get(type_url, {}).get(name, 0)
@@ -163,6 +171,21 @@ class DemandLedger:
         names[name] = count + 1
         if not count:
             self._host_totals[host] = self._host_totals.get(host, 0) + 1
+
+    def hold_all(self, host: str, type_url: str, names: Collection[str]) -> None:
+        """:meth:`hold` each of ``names`` (distinct): the names new to the
+        host (a big client's, nearly all) added together, with no call or
+        lookup per name."""
+        if not names:
+            return
+        held = self._held.setdefault(host, {}).setdefault(type_url, {})
+        again = held.keys() & names
+        counts = {name: held[name] + 1 for name in again} if again else None
+        held.update(dict.fromkeys(names, 1))
+        if counts:
+            held.update(counts)
+        if len(names) > len(again):
+            self._host_totals[host] = self._host_totals.get(host, 0) + len(names) - len(again)
 
     def release(self, host: str, type_url: str, name: str) -> None:
         """One subscriber of ``host`` fewer holds ``name``."""

@@ -23,6 +23,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import countOf, is_
 from typing import Protocol
 
 from relay.cache import CacheChange
@@ -317,12 +318,20 @@ class InterestIndex:
         """``subscriber`` now holds ``added`` (new, or with other parameters).
 
         One request may add 100,000 names: :meth:`_hold` inline, in one loop
-        with no call per name (but the ledger's), in the order they came.
+        with no call per name, in the order they came (the ledger told of the
+        new ones together, after).
         """
+        if self._add_together(subscriber, regrouping, type_url, mine, holders, added,
+                              touched, ledger, holder):
+            return
         names = mine.names
         # the names another holder holds, by holder (looked up once each)
         theirs: dict[Subscriber, dict[str, Params]] = {}
+        # the groups of names one other subscriber held, by (it, its
+        # parameters, ours): what regrouping.joined gives, without a call each
+        pairs: dict[tuple[Subscriber, Params, Params], _Shared] = {}
         union = 0
+        new: list[str] = []
         for name, params in added.items():
             had = names.get(name)
             if had is not None:
@@ -331,8 +340,7 @@ class InterestIndex:
                     self._reparameterize(regrouping, holders, name, had, params, touched)
                 continue  # (or already subscribed so)
             names[name] = params
-            if ledger is not None:
-                ledger.hold(holder, type_url, name)
+            new.append(name)
             found = holders.get(name)
             if found is None:
                 holders[name] = subscriber
@@ -348,10 +356,68 @@ class InterestIndex:
             if other is None:
                 other = theirs[found] = self._per_subscriber[found][type_url].names
             their_params = other[name]
-            holders[name] = regrouping.joined(found, their_params, params)
+            key = (found, their_params, params)
+            made = pairs.get(key)
+            if made is None:
+                made = pairs[key] = regrouping.joined(found, their_params, params)
+            else:
+                made.uses += 1  # (as joined counts it: a subscriber was no group)
+            holders[name] = made
             if params != their_params:
                 touched.append(name)
         self._union_names += union
+        if ledger is not None:
+            ledger.hold_all(holder, type_url, new)
+
+    def _add_together(self, subscriber: Subscriber, regrouping: _Regrouping, type_url: str,
+                      mine: _Subscription, holders: dict[str, Subscriber | _Shared],
+                      added: Mapping[str, Params], touched: list[str],
+                      ledger: DemandLedger | None, holder: str) -> bool:
+        """What :meth:`_add` does, for the names of a big client's subscribe
+        as they nearly always come: all new to the subscriber, all with the
+        same parameters, and all held by the same holders (none: the first
+        client of them; one other subscriber, or one group: the clients
+        before it). Done with a few operations on the whole set, where the
+        loop costs ~1 us a name; False (nothing done) where it is not so."""
+        if len(added) < 2 or not mine.names.keys().isdisjoint(added):
+            return False
+        params = next(iter(added.values()))
+        founds = list(map(holders.get, added))
+        found = founds[0]
+        # (holders by identity: a subscriber may compare equal to another)
+        if countOf(added.values(), params) != len(added) or \
+                not all(map(is_, founds, itertools.repeat(found))):
+            return False
+        made: _Shared | None = None
+        if isinstance(found, _Shared):
+            fresh = params not in found.counts  # (asked first: the group may change)
+            made = regrouping.joined(found, None, params)
+        elif found is not None:
+            other = self._per_subscriber[found][type_url].names
+            theirs = other[next(iter(added))]
+            if countOf(map(other.__getitem__, added), theirs) != len(added):
+                return False
+            fresh = params != theirs
+            made = regrouping.joined(found, theirs, params)
+        # (the checks are over: from here the change is made)
+        mine.names.update(added)
+        if found is None:
+            holders.update(dict.fromkeys(added, subscriber))
+            self._union_names += len(added)
+            touched.extend(added)
+        else:
+            assert made is not None
+            # the first name moved in joined; the rest as it would have moved them
+            more = len(added) - 1
+            made.uses += more
+            if isinstance(found, _Shared):
+                found.uses -= more
+            holders.update(dict.fromkeys(added, made))
+            if fresh:
+                touched.extend(added)
+        if ledger is not None:
+            ledger.hold_all(holder, type_url, added)
+        return True
 
     def _drop(self, regrouping: _Regrouping, type_url: str, mine: _Subscription,
               holders: dict[str, Subscriber | _Shared], change: InterestChange,
@@ -404,12 +470,11 @@ class InterestIndex:
         additions alone would pass a bound."""
         holders = self._holders.get(type_url, {})
         held = mine.names if mine is not None else {}
-        new_upstream = new_for_host = 0
-        for name in change.added:
-            if name not in holders:
-                new_upstream += 1
-            if host is not None and name not in held and not demand.holds(host, type_url, name):
-                new_for_host += 1
+        added = change.added
+        # (a request of 100,000 names: counted in C, no call per name)
+        new_upstream = len(added) - sum(map(holders.__contains__, added))
+        new_for_host = 0 if host is None else \
+            len(added.keys() - held.keys() - demand.held_by(host, type_url).keys())
         total = self._union_names
         over_total = total + new_upstream > demand.upstream_names
         over_host = host is not None and \

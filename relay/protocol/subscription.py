@@ -28,6 +28,7 @@ and a :class:`~relay.protocol.snapshot.TypeSnapshot`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from operator import countOf
 from typing import TypeVar
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -160,15 +161,22 @@ class SubscriptionState:
         what the interest index must learn. Costs the names touched since."""
         added: dict[str, Params] = {}
         removed: dict[str, Params] = {}
-        for name, before in self._touched.items():
-            after = self.params_for(name) if name in self._names else None
+        touched, names = self._touched, self._names
+        self._touched = {}
+        if touched and not self._locator_params and names.issuperset(touched) and \
+                countOf(touched.values(), None) == len(touched):
+            # Names new to the index, all plain (a big client's subscribe):
+            # each added with the node's parameters, in one operation.
+            added = dict.fromkeys(touched, self._node_params)
+            touched = {}
+        for name, before in touched.items():
+            after = self.params_for(name) if name in names else None
             if after == before:
                 continue
             if before is not None:
                 removed[name] = before
             if after is not None:
                 added[name] = after
-        self._touched = {}
         wildcard = None if self._wildcard == self._wildcard_told else self._wildcard
         self._wildcard_told = self._wildcard
         if not (added or removed or wildcard is not None):
