@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Collection, Sequence
+import types
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeAlias
 
@@ -91,6 +92,11 @@ class Due:
 class Session:
     """The protocol state of one downstream stream (ADS, or one per-type service)."""
 
+    # one per stream, thousands of them idle: no instance dict
+    __slots__ = ("_fixed_type_url", "_in_push_order", "_limits", "_max_locator_size",
+                 "_max_response_size", "_node", "_node_id", "_node_params", "_nonces",
+                 "_states", "protocol")
+
     def __init__(self, protocol: XdsProtocol, fixed_type_url: str | None = None,
                  max_locator_size: int | None = None, limits: Limits = DEFAULT_LIMITS,
                  max_response_size: int | None = None) -> None:
@@ -108,7 +114,7 @@ class Session:
         self._node: bytes | None = None
         self._node_id = ""
         # per type URL, the node's dynamic parameters (the latest node sent)
-        self._node_params: dict[str, Params] = {}
+        self._node_params: Mapping[str, Params] = _NO_NODE_PARAMS
         self._states: dict[str, State] = {}
         # the states in make-before-break order (see :func:`push_rank`)
         self._in_push_order: tuple[tuple[str, State], ...] = ()
@@ -430,6 +436,10 @@ class Session:
                                tuple(state.snapshot() for _, state in
                                      sorted(self._states.items())),
                                self._fixed_type_url)
+
+
+# the node parameters of a stream whose node has none (most): one for all
+_NO_NODE_PARAMS: Mapping[str, Params] = types.MappingProxyType({})
 
 
 def _node_params_of(node: base_pb2.Node) -> dict[str, Params]:
