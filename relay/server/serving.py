@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 import types
 from collections import Counter
@@ -367,7 +368,8 @@ def client_host(peer: str) -> str | None:
     cannot be told apart."""
     if peer.startswith("unix:"):
         return None
-    return peer.rsplit(":", 1)[0]
+    # one string a host, however many streams it opens (each of which keeps it)
+    return sys.intern(peer.rsplit(":", 1)[0])
 
 
 def _take_one(counts: Counter[str], key: str) -> None:
