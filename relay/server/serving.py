@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from relay.admission import TokenBucket
-from relay.authorization import PeerIdentity
 from relay.cache import ResourceCache
 from relay.clock import Clock
 from relay.interest import InterestIndex
@@ -105,9 +104,11 @@ class ServingContext:
         self.view: Final = view
         self.settings: Final = settings or ServingSettings()
         self.encoder: Final = PlanEncoder()
-        # what every client without a certificate sees of the cache, once
-        # asked for: one view for all of them, not one a stream
-        self._anonymous_view: ClientView | None = None
+        # what every client without a certificate (a plaintext port: all of
+        # them) sees of the cache: one view for all, not one a stream
+        access = self.settings.access
+        self.anonymous_view: Final[ClientView] = \
+            view if access is None else access.client_view(view, ANONYMOUS)
         # the streams open (a dict for its read-only keys view; the values are unused)
         self._streams: dict[DownstreamStream, None] = {}
         # streams open per client connection (its peer address)
@@ -130,19 +131,6 @@ class ServingContext:
         # and as leases one host may keep)
         limits = self.settings.limits
         self.pollers: Final = PollerBook(limits.streams, limits.leases_per_host)
-
-    def client_view(self, identity: PeerIdentity | None) -> ClientView:
-        """What a client with ``identity`` (None: unchecked) sees of the relay's
-        cache (see :meth:`Access.client_view`); the same view for every client
-        without a certificate (a plaintext port: all of them)."""
-        access = self.settings.access
-        if access is None:
-            return self.view
-        if identity is not None and identity != ANONYMOUS:
-            return access.client_view(self.view, identity)
-        if self._anonymous_view is None:
-            self._anonymous_view = access.client_view(self.view, ANONYMOUS)
-        return self._anonymous_view
 
     @classmethod
     def create(cls, cache: ResourceCache, index: InterestIndex, metrics: Metrics,

@@ -28,7 +28,7 @@ from relay.protocol.limits import ORIGIN_REFUSED, LimitExceeded, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.session import Plan, Request, Session, XdsProtocol
 from relay.protocol.view import ClientView
-from relay.server.access import Refused
+from relay.server.access import ANONYMOUS, Refused
 from relay.server.decoding import RequestTooLarge, UndecodableRequest
 from relay.server.plans import encode_plan
 from relay.server.serving import ServingContext, client_host
@@ -59,7 +59,9 @@ class DownstreamStream:
         # what this client sees of the cache: without the Secrets it may not have
         settings = serving.settings
         self._identity = identity
-        self.view: ClientView = serving.client_view(identity)
+        self.view: ClientView = serving.anonymous_view \
+            if settings.access is None or identity is None or identity == ANONYMOUS \
+            else settings.access.client_view(serving.view, identity)
         # where its interest goes and its resources come from: the relay's, or
         # those of its node group (joined at its first request; see _join_group)
         self.index = serving.index

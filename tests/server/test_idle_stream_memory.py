@@ -143,6 +143,6 @@ def test_clients_without_a_certificate_share_their_view_and_identity() -> None:
     serving = serving_as_the_relay()
     first, second = idle_stream(serving, 1), idle_stream(serving, 2)
     assert first.view is second.view
-    assert serving.client_view(None) is first.view
+    assert serving.anonymous_view is first.view
     # still without the Secrets (no certificate: none of them)
     assert first.view is not serving.view
