@@ -56,11 +56,11 @@ MAX_NAMES_PER_RESPONSE = 2_500
 
 # The most names one response takes when each page after its first is sent
 # whole, found with a few operations on whole sets (a big client's pages of
-# names it holds none of: see ``DeltaSubscription._more_new``), at ~1.6 us a
-# name: a response of this many costs ~30 ms, where its pages one at a time
-# would each wait for the client's ACK. ``server.max_response_size`` still
-# bounds it.
-MAX_NAMES_PER_WHOLE_PAGE = 20_000
+# names it holds none of: see ``DeltaSubscription._more_new``), where its
+# pages one at a time would each wait for the client's ACK. Built and encoded
+# in 13-30 ms on a loaded 2-core machine (20,000: 45-130 ms, past the 50 ms
+# a request may hold the loop). ``server.max_response_size`` still bounds it.
+MAX_NAMES_PER_WHOLE_PAGE = 10_000
 
 T = TypeVar("T")
 
