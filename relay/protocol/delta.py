@@ -274,20 +274,10 @@ class DeltaSubscription(SubscriptionState):
         removed_names: dict[tuple[str, str], discovery_pb2.ResourceName] = {}
         errors: list[discovery_pb2.ResourceError] = []
         budget = ResponseBudget(max_size, self._type_url)
-        full_at: str | None = None  # the first name the response had no room for
         held_now, unanswered = self._held, self._unanswered or _NOTHING
         resend = self._resend or _NOTHING
-        # (a page of many names, without the origin's errors: looked up together)
-        served = view.served_to_all(self._type_url, candidates) \
-            if len(candidates) >= PREFETCH_FROM and not self._errors_sent and \
-            not view.has_errors(self._type_url) else None
-        all_new = self._all_new(served, candidates, budget) if served is not None else None
-        if all_new is not None:
-            if len(all_new) < len(candidates):  # the rest did not fit
-                self._put_back(candidates[len(all_new):])
-                full_at = candidates[len(all_new)]
-            else:
-                full_at = self._more_new(view, all_new, budget)
+        # full_at: the first name the response had no room for
+        served, all_new, full_at = self._whole_pages(view, candidates, budget)
         for name, found in () if all_new is not None else \
                 self._lookups(view, candidates, errors, budget, served):
             if found is UNKNOWN:
@@ -321,7 +311,7 @@ class DeltaSubscription(SubscriptionState):
             unanswered.discard(name)
         if all_new is not None:
             resources = all_new
-        if full_at is not None and all_new is None:
+        elif full_at is not None:
             self._leave_for_next(candidates, full_at)
         # (emptied sets go back to None: an idle stream keeps none)
         self._resend, self._unanswered = self._resend or None, self._unanswered or None
@@ -331,6 +321,29 @@ class DeltaSubscription(SubscriptionState):
             return None
         return self._emit(nonces, resources, list(removed), list(removed_names.values()),
                           errors, heartbeats)
+
+    def _whole_pages(self, view: ResourceView, candidates: list[str], budget: ResponseBudget
+                     ) -> tuple[Mapping[str, CachedResource] | None,
+                                list[CachedResource] | None, str | None]:
+        """``(served, all_new, full_at)`` for a page of ``candidates``.
+
+        ``served``: a page of many names, without the origin's errors, looked
+        up together (else None). ``all_new``: when the client holds none of
+        them and each is served to every subscriber, the page sent whole, with
+        the next pages that qualify too (else None, and the name-by-name loop
+        makes the page). ``full_at``: the first name the response had no room
+        for, the rest put back for the next.
+        """
+        served = view.served_to_all(self._type_url, candidates) \
+            if len(candidates) >= PREFETCH_FROM and not self._errors_sent and \
+            not view.has_errors(self._type_url) else None
+        all_new = self._all_new(served, candidates, budget) if served is not None else None
+        if all_new is None:
+            return served, None, None
+        if len(all_new) < len(candidates):  # the rest did not fit
+            self._put_back(candidates[len(all_new):])
+            return served, all_new, candidates[len(all_new)]
+        return served, all_new, self._more_new(view, all_new, budget)
 
     def _all_new(self, served: Mapping[str, CachedResource], candidates: list[str],
                  budget: ResponseBudget) -> list[CachedResource] | None:
