@@ -314,9 +314,13 @@ class DownstreamStream:
                         await asyncio.sleep(0)  # a huge request: let others run
                     first = False
                     self.handle_request(pieces.pop())
-                    if self.session.has_work():
-                        # Not for a plain ACK with nothing waiting: most of them.
-                        self.wake()
+                # Once the whole request is applied (a request in pieces is one
+                # change for its client: answered after its first piece, a
+                # client of 10,000 names took two responses, and two ACKs,
+                # where one does); not for a plain ACK with nothing waiting:
+                # most of them.
+                if self.session.has_work():
+                    self.wake()
         finally:
             self.wake()
 
