@@ -336,6 +336,18 @@ class NodeGroups:
         group._closing = asyncio.get_running_loop().create_task(
             self._close_at(group, deadline), name=f"node-group-linger-{group.id}")
 
+    def touch(self, group: Group) -> None:
+        """A request of ``group`` answered without joining it (a REST poll
+        answered again, see :meth:`relay.server.fetch.Fetcher.unchanged`): as
+        if it had joined and left, an idle group's linger starts again now."""
+        if self._groups.get(group.id) is not group:
+            return
+        if group._closing is not None:
+            group._closing.cancel()
+            group._closing = None
+        group.clients += 1
+        self.leave(group)
+
     async def _close_at(self, group: Group, deadline: float) -> None:
         await self._clock.sleep(deadline - self._clock.now())
         if not group.clients:

@@ -31,6 +31,7 @@ from relay.server.fetch import (
     Invalid,
     Lease,
     Limited,
+    Served,
 )
 from relay.server.serving import ServingContext
 
@@ -65,6 +66,17 @@ class GroupedFetcher(Fetcher):
             return await group.core.fetcher.fetch(request, type_url, peer, identity, method)
         finally:
             self._groups.leave(group)
+
+    def unchanged(self, served: Served) -> bool:
+        """:meth:`Fetcher.unchanged` in the group whose lease answered it (the
+        leases are the groups' own), whose linger that starts again, as a
+        poll the whole way would (else a group only polled, its polls
+        answered again, would close under them every ``linger``)."""
+        for group in self._groups.groups():
+            if group.core.fetcher.unchanged(served):
+                self._groups.touch(group)
+                return True
+        return False
 
     def lease_counts(self) -> dict[tuple[str, ...], int]:
         counts: dict[tuple[str, ...], int] = {}

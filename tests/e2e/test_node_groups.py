@@ -316,6 +316,46 @@ async def test_rest_pollers_get_their_own_groups_configuration() -> None:
         assert len(origin.streams) == 2  # none as the relay's own node
 
 
+async def test_a_group_only_polled_answered_again_stays_open_while_polled() -> None:
+    """A REST poll answered again (its lease unchanged: no decode, no fetch)
+    restarts its group's linger as a poll the whole way does, so a group only
+    polled does not close (and reopen its origin stream) under its pollers."""
+    import json
+
+    origin, _ = await started()
+    clock = ManualClock()
+    rest = 'address: "127.0.0.1:0", lease: 600s, wait: 2s'
+    async with running_stack(origin, upstream=GROUPS, rest=rest, clock=clock) as stack, \
+            ClientSession() as http:
+        server = stack.relay.rest
+        groups = stack.relay.serving.settings.groups
+        assert server is not None and groups is not None
+        body = json.dumps({"node": {"id": "poller", "cluster": "checkout"},
+                           "resourceNames": ["backend"]})
+
+        async def poll() -> tuple[int, bytes]:
+            async with http.post(f"http://127.0.0.1:{stack.relay.rest_port}"
+                                 "/v3/discovery:clusters", data=body,
+                                 headers={"Content-Type": "application/json"}) as reply:
+                return reply.status, await reply.read()
+
+        first = await poll()
+        assert first[0] == 200
+        # (the names settling on the group's stream count as a change once)
+        await clock.advance(50.0)
+        assert await poll() == first
+        before = server.answered_again
+        for count in (1, 2, 3):
+            await clock.advance(50.0)  # within the group's linger (60 s) of the last poll
+            assert await poll() == first
+            assert server.answered_again == before + count
+        # 150 s after the last poll the whole way: the group never closed
+        assert len(groups) == 1 and origin.asked() == ["checkout"]
+        assert len(origin.streams) == 1
+        await clock.advance(60.0)  # no poll for a linger: it goes
+        await eventually(lambda: len(groups) == 0)
+
+
 async def test_csds_shows_each_clients_group_and_what_its_group_sent() -> None:
     from envoy.admin.v3 import config_dump_shared_pb2
     from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
