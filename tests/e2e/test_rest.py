@@ -297,8 +297,10 @@ rest: {{address: "127.0.0.1:0"}}
             sys.executable, "-m", "relay", "run", "--config", str(config), cwd=REPO,
             stderr=stderr)
     try:
+        # (three processes start: on a busy 2-core machine a worker took over
+        # 10 s to import, so the bound is generous; it ends at once when done)
         await eventually(lambda: log.read_text().count("serving REST polling") == 2 or
-                         process.returncode is not None, 20)
+                         process.returncode is not None, 60)
         # port 0: the hub picked one and holds it, and both workers serve it
         [port] = set(re.findall(r"serving REST polling on http://127\.0\.0\.1:(\d+)",
                                 log.read_text()))
