@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -35,55 +35,24 @@ from tests.clock import ManualClock
 from tests.e2e.test_metrics import labels, scrape, series
 from tests.harness import (
     ADS,
-    OriginStream,
-    ScriptedOrigin,
     Stack,
     XdsClient,
     eventually,
     relay_config,
     running_stack,
 )
+from tests.interop.per_node import PerNodeOrigin
 from tests.redis_server import RedisServer, redis_server
 
 
-class PerClusterOrigin(ScriptedOrigin):
-    """Answers each stream from the resources of its node's cluster."""
+class PerClusterOrigin(PerNodeOrigin):
+    """An origin that builds its config per ``node.cluster``, each cluster's
+    one resource ``backend``, its connect timeout telling them apart."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.by_cluster: dict[str, dict[str, dict[str, tuple[str, any_pb2.Any]]]] = {}
-
-    def cluster_of(self, stream: OriginStream) -> str:
-        return stream.log[0].node.cluster
-
-    def asked(self) -> list[str]:
-        """The cluster of each stream that asked for something (the relay's own
-        stream, which serves no client here, asks for nothing)."""
-        return sorted(self.cluster_of(s) for s in self.streams if s.log)
-
-    def streams_of(self, cluster_name: str) -> list[OriginStream]:
-        return [s for s in self.streams if s.log and self.cluster_of(s) == cluster_name]
-
-    def _answer(self, stream: OriginStream, request: discovery_pb2.DeltaDiscoveryRequest
-                ) -> None:
-        self.resources = self.by_cluster.setdefault(self.cluster_of(stream), {})
-        super()._answer(stream, request)
-
-    def send(self, stream: OriginStream, type_url: str, names: Iterable[str],
-             removed: Iterable[str] = ()) -> str:
-        self.resources = self.by_cluster.setdefault(self.cluster_of(stream), {})
-        return super().send(stream, type_url, names, removed)
-
-    def set_for(self, cluster_name: str, timeout_s: int) -> None:
-        """``backend`` as ``cluster_name``'s nodes get it (its connect timeout
-        tells them apart), pushed to that cluster's streams."""
-        body = any_pb2.Any()
-        body.Pack(cluster("backend", timeout_s))
-        self.by_cluster.setdefault(cluster_name, {}).setdefault(CLUSTER, {})["backend"] = (
-            f"v{timeout_s}", body)
-        for stream in self.streams_of(cluster_name):
-            if "backend" in stream.subscribed.get(CLUSTER, set()):
-                self.send(stream, CLUSTER, ["backend"])
+    def set_backend(self, cluster_name: str, timeout_s: int) -> None:
+        """``backend`` as ``cluster_name``'s nodes get it, pushed to that
+        cluster's streams."""
+        self.set_for(cluster_name, cluster("backend", timeout_s))
 
 
 DELTA_ADS = ADS + "DeltaAggregatedResources"
@@ -107,8 +76,8 @@ def timeout_of(response: discovery_pb2.DeltaDiscoveryResponse) -> int:
 
 async def started(**config: str) -> tuple[PerClusterOrigin, dict[str, str]]:
     origin = PerClusterOrigin()
-    origin.set_for("checkout", 1)
-    origin.set_for("payments", 2)
+    origin.set_backend("checkout", 1)
+    origin.set_backend("payments", 2)
     return origin, config
 
 
@@ -129,7 +98,7 @@ async def test_each_group_gets_its_clusters_configuration_over_its_own_stream() 
         assert (sent.id, sent.cluster, dict(sent.metadata)) == (
             "relay-test", "checkout", {"NAMESPACE": "ns-checkout"})
         # a change to one cluster's configuration reaches that group only
-        origin.set_for("payments", 3)
+        origin.set_backend("payments", 3)
         assert timeout_of(await payments.recv()) == 3
         await checkout.expect_nothing()
 
@@ -181,7 +150,7 @@ async def test_the_last_client_leaving_closes_its_groups_stream_after_linger() -
         await eventually(lambda: stream.outbox.qsize() > 0 and
                          stream.outbox._queue[-1] is None)  # type: ignore[attr-defined]
         # the other group is still served
-        origin.set_for("payments", 4)
+        origin.set_backend("payments", 4)
         assert timeout_of(await payments.recv()) == 4
 
 
@@ -244,18 +213,18 @@ async def test_one_groups_nack_of_its_origin_touches_only_it() -> None:
         await checkout.expect_nothing()  # keeps what it has
         [good_stream] = origin.streams_of("payments")
         assert not any(r.error_detail.message for r in good_stream.log)
-        origin.set_for("payments", 5)
+        origin.set_backend("payments", 5)
         assert timeout_of(await payments.recv()) == 5
         # the NACKed group still takes its origin's next good update
-        origin.set_for("checkout", 6)
+        origin.set_backend("checkout", 6)
         assert timeout_of(await checkout.recv()) == 6
         assert origin.asked() == ["checkout", "payments"]
 
 
 async def test_the_origin_sees_one_stream_per_group_in_use_fetches_included() -> None:
     origin, _ = await started()
-    origin.set_for("search", 3)
-    origin.set_for("xds-relay", 9)  # the relay's own node's: nobody may get it
+    origin.set_backend("search", 3)
+    origin.set_backend("xds-relay", 9)  # the relay's own node's: nobody may get it
     async with running_stack(origin, upstream=GROUPS, rest="lease: 60s, wait: 2s") as stack:
         checkout = await subscribe(stack, "checkout", "c-1")
         payments = await subscribe(stack, "payments", "p-1")
@@ -290,7 +259,7 @@ async def test_rest_pollers_get_their_own_groups_configuration() -> None:
     import json
 
     origin, _ = await started()
-    origin.set_for("xds-relay", 9)  # the relay's own node's: nobody may get it
+    origin.set_backend("xds-relay", 9)  # the relay's own node's: nobody may get it
     rest = 'address: "127.0.0.1:0", lease: 60s, wait: 2s'
     async with running_stack(origin, upstream=GROUPS, rest=rest) as stack, \
             ClientSession() as http:
@@ -426,7 +395,7 @@ async def test_a_group_syncing_leaves_the_relay_ready_and_origins_list_it() -> N
 
 async def test_without_groups_every_client_gets_the_relays_configuration() -> None:
     origin, _ = await started()
-    origin.set_for("xds-relay", 9)
+    origin.set_backend("xds-relay", 9)
     async with running_stack(origin) as stack:
         checkout = await subscribe(stack, "checkout", "c-1")
         payments = await subscribe(stack, "payments", "p-1")
@@ -526,9 +495,9 @@ async def test_a_warm_restart_serves_each_group_its_own_snapshot(
         redis: RedisServer, either_store: str) -> None:
     persistence = either_store
     origin = PerClusterOrigin()
-    origin.set_for("checkout", 1)
-    origin.set_for("payments", 2)
-    origin.set_for("xds-relay", 9)  # the relay's own node's: nobody may get it
+    origin.set_backend("checkout", 1)
+    origin.set_backend("payments", 2)
+    origin.set_backend("xds-relay", 9)  # the relay's own node's: nobody may get it
     await origin.start()
     async with grouped_relay(origin.port, persistence) as (relay, channel):
         checkout = await subscribed(channel, "checkout", "c-1")
@@ -562,8 +531,8 @@ async def test_a_warm_restart_serves_each_group_its_own_snapshot(
 async def test_a_restored_group_nobody_joins_goes_after_linger(
         redis: RedisServer, persistence: str) -> None:
     origin = PerClusterOrigin()
-    origin.set_for("checkout", 1)
-    origin.set_for("payments", 2)
+    origin.set_backend("checkout", 1)
+    origin.set_backend("payments", 2)
     await origin.start()
     async with grouped_relay(origin.port, persistence) as (relay, channel):
         for cluster_name in ("checkout", "payments"):
@@ -597,7 +566,7 @@ async def test_replicas_sharing_a_snapshot_keep_a_group_another_one_serves(
     from relay.persistence.groups import decode_group
 
     origin = PerClusterOrigin()
-    origin.set_for("payments", 2)
+    origin.set_backend("payments", 2)
     await origin.start()
     gid = group_id(("payments",))
     prefix = persistence.split('key_prefix: "')[1].split('"')[0]
