@@ -66,7 +66,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
-from benchmarks.processes import NAME
+from benchmarks.processes import NAME, ServerProcess, listening_process
 from relay.app import _SERVER_OPTIONS  # the same options, or the comparison is unfair
 from relay.runtime import tune_gc  # the same collector settings, likewise
 from relay.xds_types import ENDPOINT
@@ -294,20 +294,8 @@ async def serve(port: int, big: int, size: int, glob: int = 0, options: str = "r
 # -- the harness's side --------------------------------------------------------
 
 
-@dataclass
-class BareProcess:
+class BareProcess(ServerProcess):
     """A running bare server and its control pipe."""
-
-    process: asyncio.subprocess.Process
-    port: int
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
 
     async def command(self, line: str) -> str:
         """Send one command; its one-line answer."""
@@ -326,25 +314,11 @@ async def bare_process(big: int = 0, size: int = 1024, glob: int = 0, *,
     certificate and key files; ``gc="relay"``: the relay's collector
     settings); ended on the way out (end of stdin, then SIGKILL after 10 s)."""
     tls_args = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.bare", "--big", str(big), "--size", str(size),
-        "--glob", str(glob), "--options", options, "--gc", gc, *tls_args,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        # Encoding 100,000 resources takes a few seconds.
-        line = (await asyncio.wait_for(process.stdout.readline(), 300)).decode()
-        if not line.startswith("port "):
-            raise RuntimeError(f"bare server said {line!r}, expected its port")
-        yield BareProcess(process, int(line.split()[1]))
-    finally:
-        if process.returncode is None:
-            process.stdin.close()
-            try:
-                await asyncio.wait_for(process.wait(), 10)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+    # (encoding 100,000 resources takes a few seconds)
+    async with listening_process("benchmarks.bare", [
+            "--big", str(big), "--size", str(size), "--glob", str(glob), "--options", options,
+            "--gc", gc, *tls_args], ready_within=300) as (process, port):
+        yield BareProcess(process, port)
 
 
 def main() -> None:

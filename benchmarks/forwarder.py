@@ -45,7 +45,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from benchmarks.bare import ADS_SERVICE, OPTIONS
-from benchmarks.processes import DELTA_ADS
+from benchmarks.processes import DELTA_ADS, ServerProcess, listening_process
 
 # DeltaDiscoveryResponse's fields read here (numbers from discovery.proto)
 _RESOURCES, _TYPE_URL, _NONCE, _REMOVED = 2, 4, 5, 6
@@ -221,45 +221,15 @@ async def serve(origin: str, port: int, options: str) -> None:
 # -- the harness's side --------------------------------------------------------
 
 
-@dataclass
-class ForwarderProcess:
-    """A running forwarder."""
-
-    process: asyncio.subprocess.Process
-    port: int
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-
 @contextlib.asynccontextmanager
 async def forwarder_process(origin: str, options: str = "relay"
-                            ) -> AsyncIterator[ForwarderProcess]:
+                            ) -> AsyncIterator[ServerProcess]:
     """``python -m benchmarks.forwarder`` in front of ``origin`` (``host:port``)
     on a free port, once listening and connected to it; ended on the way out
     (end of stdin, then SIGKILL after 10 s)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.forwarder", "--origin", origin, "--options", options,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
-        if not line.startswith("port "):
-            raise RuntimeError(f"forwarder said {line!r}, expected its port")
-        yield ForwarderProcess(process, int(line.split()[1]))
-    finally:
-        if process.returncode is None:
-            process.stdin.close()
-            try:
-                await asyncio.wait_for(process.wait(), 10)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+    async with listening_process("benchmarks.forwarder", [
+            "--origin", origin, "--options", options], ready_within=60) as (process, port):
+        yield ServerProcess(process, port)
 
 
 def main() -> None:

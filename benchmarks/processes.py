@@ -79,6 +79,48 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 
 
 @dataclass
+class ServerProcess:
+    """A benchmark's server in a process of its own (the bare server, the
+    forwarder), listening on ``port``."""
+
+    process: asyncio.subprocess.Process
+    port: int
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+@contextlib.asynccontextmanager
+async def listening_process(module: str, args: Sequence[str], ready_within: float
+                            ) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
+    """``python -m module args`` and its port, once it has said on stdout that
+    it listens (``port N``, within ``ready_within`` seconds); ended on the way
+    out (end of stdin, then SIGKILL after 10 s)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        line = (await asyncio.wait_for(process.stdout.readline(), ready_within)).decode()
+        if not line.startswith("port "):
+            raise RuntimeError(f"{module} said {line!r}, expected its port")
+        yield process, int(line.split()[1])
+    finally:
+        if process.returncode is None:
+            process.stdin.close()
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+@dataclass
 class RelayProcess:
     process: subprocess.Popen[bytes]
     xds_port: int
