@@ -426,6 +426,18 @@ rest: {{{rest}}}
 
 
 @contextlib.asynccontextmanager
+async def serving_relay(relay: Relay) -> AsyncIterator[grpc.aio.Channel]:
+    """``relay`` started, and a channel to its xDS port; both ended on the way out."""
+    await relay.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
+    try:
+        yield channel
+    finally:
+        await channel.close()
+        await relay.stop(0)
+
+
+@contextlib.asynccontextmanager
 async def running_stack(origin: Any = None, *, channel_options: Sequence[tuple[str, Any]] = (),
                         clock: Clock | None = None, **config: str) -> AsyncIterator[Stack]:
     """``origin`` (a :class:`ScriptedOrigin` unless given) started, a relay

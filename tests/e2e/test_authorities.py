@@ -27,7 +27,16 @@ from relay.config import parse_config
 from relay.xds_types import CLUSTER
 from tests.builders import cluster, version_of
 from tests.e2e.test_metrics import labels, scrape, series
-from tests.harness import ADS, QUIET, TIMEOUT, ScriptedOrigin, XdsClient, eventually, node
+from tests.harness import (
+    ADS,
+    QUIET,
+    TIMEOUT,
+    ScriptedOrigin,
+    XdsClient,
+    eventually,
+    node,
+    serving_relay,
+)
 
 DELTA_ADS = ADS + "DeltaAggregatedResources"
 EAST = "east.example.com"
@@ -57,13 +66,8 @@ authorities:
 async def relay_for(default_port: int | None, east_port: int, extra: str = ""
                     ) -> AsyncIterator[tuple[Relay, grpc.aio.Channel]]:
     relay = build_relay(parse_config(config_text(default_port, east_port, extra)))
-    await relay.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
-    try:
+    async with serving_relay(relay) as channel:
         yield relay, channel
-    finally:
-        await channel.close()
-        await relay.stop(0)
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ from tests.harness import (
     names_of,
     node,
     relay_config,
+    serving_relay,
 )
 from tests.ports import free_port
 
@@ -76,13 +77,8 @@ async def following(primary_port: int, fallback_port: int, clock: Clock | None =
     # With a clock the test moves, no batch window to move past as well.
     config = relay_config(primary_port, server="batch_window: 0s" if clock else "")
     relay = build_relay(parse_config(config), clock, origin=servers)
-    await relay.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
-    try:
+    async with serving_relay(relay) as channel:
         yield relay, channel
-    finally:
-        await channel.close()
-        await relay.stop(0)
 
 
 def in_use(relay: Relay) -> str:

@@ -40,6 +40,7 @@ from tests.harness import (
     eventually,
     relay_config,
     running_stack,
+    serving_relay,
 )
 from tests.interop.per_node import PerNodeOrigin
 from tests.redis_server import RedisServer, redis_server
@@ -437,13 +438,8 @@ async def grouped_relay(origin_port: int, persistence: str, clock: Clock | None 
     text = relay_config(origin_port, upstream=GROUPS,
                         server="batch_window: 0s" if clock is not None else "") + persistence
     relay = build_relay(parse_config(text, "relay.yaml"), clock)
-    await relay.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
-    try:
+    async with serving_relay(relay) as channel:
         yield relay, channel
-    finally:
-        await channel.close()
-        await relay.stop(0)
 
 
 async def subscribed(channel: grpc.aio.Channel, cluster_name: str, node_id: str) -> XdsClient:

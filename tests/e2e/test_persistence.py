@@ -31,6 +31,7 @@ from tests.harness import (
     eventually,
     node,
     relay_config,
+    serving_relay,
     version_of,
 )
 from tests.istiod import IstiodOrigin
@@ -65,13 +66,8 @@ def config(origin_port: int, persistence: str, **options: str) -> Any:
 async def running(origin_port: int, persistence: str, **options: str
                   ) -> AsyncIterator[tuple[Relay, grpc.aio.Channel]]:
     relay = build_relay(config(origin_port, persistence, **options))
-    await relay.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{relay.xds_port}")
-    try:
+    async with serving_relay(relay) as channel:
         yield relay, channel
-    finally:
-        await channel.close()
-        await relay.stop(0)
 
 
 async def subscribed(channel: grpc.aio.Channel, client_id: str, names: list[str] | None = None,
