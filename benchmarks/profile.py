@@ -9,7 +9,8 @@ to the relay's process for each phase only:
   (``--streams`` delta streams connect at once, then ``--rounds`` updates
   are fanned out to all of them);
 * ``big_client-cold``, ``big_client-warm``, ``big_client-leave``: one client
-  subscribes to ``--resources`` ClusterLoadAssignments of about 1 KB in one
+  subscribes to ``--resources`` ClusterLoadAssignments of ``--size`` bytes
+  (default about 1 KB) in one
   request, fetched from the relay's origin (a bare server,
   :mod:`benchmarks.bare`); a second client subscribes to the same while the
   first holds them (from the relay's cache); then both leave. A phase ends
@@ -229,7 +230,7 @@ async def fanout(spy: Spy, args: argparse.Namespace) -> dict[str, Any]:
 
 async def big_client(spy: Spy, args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {}
-    async with bare_process(args.resources) as origin, \
+    async with bare_process(args.resources, args.size) as origin, \
             relay_process("profile-big-client", origin.port, drain_period=0,
                           src=args.relay_src) as relay, \
             workers(client_main, 2, 2, relay.target, args.resources) as clients:
@@ -269,6 +270,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="fan-out: updates")
     parser.add_argument("--workers", type=int, default=2, help="fan-out: client processes")
     parser.add_argument("--resources", type=int, default=10000, help="big client: K")
+    parser.add_argument("--size", type=int, default=1024,
+                        help="big client: bytes per resource (about)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="big client: seconds a phase may take")
     parser.add_argument("--rate", type=int, default=250, help="py-spy's samples a second")
