@@ -11,12 +11,13 @@ does, with the relay's own gRPC server options (``--options relay``, the
 default) or with gRPC's defaults (``--options default``: none but the
 relay's queue of calls waiting for the event loop, without which gRPC
 cancels a storm's calls past 1,000), the two baselines that bound what the
-relay's options cost; with ``--gc relay``, also with the relay's garbage
-collector settings (:func:`relay.runtime.tune_gc`; py-spy found 15% of the
-event loop's time in ``gc_collect_main`` without them, in a 1,000-stream
-fan-out's updates); over TLS with
-``--tls-cert`` and ``--tls-key`` (PEM files: the relay's own, for a like
-comparison).
+relay's options cost (``--options relay-no-age``: the relay's but for
+``server.max_connection_age``, what gRPC's connection ageing costs); with
+``--gc relay``, also with the relay's garbage collector settings
+(:func:`relay.runtime.tune_gc`; py-spy found 15% of the event loop's time
+in ``gc_collect_main`` without them, in a 1,000-stream fan-out's updates);
+over TLS with ``--tls-cert`` and ``--tls-key`` (PEM files: the relay's own,
+for a like comparison).
 
 A response is what the relay sends for the same resources: a
 DeltaDiscoveryResponse with the type URL, a nonce and, per resource, a
@@ -43,8 +44,8 @@ stdout (it prints ``port P`` once listening, and exits at the end of stdin):
   processes on one machine); answers ``ok``.
 
 Usage: ``python -m benchmarks.bare [--port 0] [--big K] [--size 1024] [--glob K]
-[--options relay|default] [--gc default|relay] [--tls-cert FILE --tls-key FILE]``; the benchmarks
-start it with :func:`bare_process`.
+[--options relay|relay-no-age|default] [--gc default|relay]
+[--tls-cert FILE --tls-key FILE]``; the benchmarks start it with :func:`bare_process`.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
 from benchmarks.processes import NAME, ServerProcess, listening_process
-from relay.app import _SERVER_OPTIONS  # the same options, or the comparison is unfair
+from relay.app import connection_age_options, server_options
+from relay.config.models import RelayConfig
 from relay.runtime import tune_gc  # the same collector settings, likewise
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints, version_of
@@ -75,12 +77,21 @@ from tests.builders import endpoints, version_of
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 # responses kept encoded per set of names asked for (the oldest dropped first)
 _KEPT_RESPONSES = 8
-# gRPC server options of each baseline: the relay's own, and gRPC's defaults but
-# for the queue of calls not yet taken by the event loop: at its default (1,000)
-# gRPC cancels a storm's calls past it, and a 2,000-stream run fails
-_QUEUE = [(key, value) for key, value in _SERVER_OPTIONS
+# gRPC server options of each baseline: the relay's own as it runs by default
+# (connection ageing, keepalive and limits included: the same options, or the
+# comparison is unfair), the same without connection ageing (gRPC's cost of
+# server.max_connection_age shows between the two), and gRPC's defaults but
+# for the queue of calls not yet taken by the event loop: at its default
+# (1,000) gRPC cancels a storm's calls past it, and a 2,000-stream run fails
+_RELAY = server_options(RelayConfig.model_validate({"node": {"id": "bare"},
+                                                    "upstream": {"address": "127.0.0.1:1"}}))
+_AGEING = {key for key, _ in connection_age_options(1.0, 1.0)}
+_QUEUE = [(key, value) for key, value in _RELAY
           if key.startswith("grpc.server.max_pending_requests")]
-OPTIONS: dict[str, list[tuple[str, Any]]] = {"relay": _SERVER_OPTIONS, "default": _QUEUE}
+OPTIONS: dict[str, list[tuple[str, Any]]] = {
+    "relay": _RELAY,
+    "relay-no-age": [(key, value) for key, value in _RELAY if key not in _AGEING],
+    "default": _QUEUE}
 # the glob collection of the federation benchmark (benchmarks.federation)
 GLOB = "xdstp://auth/envoy.config.endpoint.v3.ClusterLoadAssignment/pool/*"
 
@@ -332,7 +343,8 @@ def main() -> None:
     parser.add_argument("--glob", type=int, default=0,
                         help="also serve the collection GLOB of K members")
     parser.add_argument("--options", choices=sorted(OPTIONS), default="relay",
-                        help="gRPC server options: the relay's, or gRPC's defaults")
+                        help="gRPC server options: the relay's (without its connection "
+                             "ageing), or gRPC's defaults")
     parser.add_argument("--gc", choices=["default", "relay"], default="default",
                         help="the garbage collector's settings: CPython's, or the relay's")
     parser.add_argument("--tls-cert", type=Path, help="serve over TLS: certificate (PEM)")

@@ -4,9 +4,13 @@ For each N, runs alternate between servers, each in its own process: the
 relay (``xds-relay run``, following a scripted origin in this process over
 Delta ADS) and two baselines, the bare ``grpc.aio`` server of
 :mod:`benchmarks.bare` (pre-encoded bytes) with the relay's gRPC server
-options (``bare``) and with gRPC's defaults (``bare-default``; but for
-its queue of calls, see :mod:`benchmarks.bare`): what the
-relay's options cost shows between the two. The same worker processes'
+options as it runs by default, connection ageing included (``bare``), and
+with gRPC's defaults (``bare-default``; but for its queue of calls, see
+:mod:`benchmarks.bare`): what the relay's options cost shows between the
+two (``bare / bare-default``). ``bare-no-age`` and ``relay-no-age`` are
+each without ``server.max_connection_age`` (gRPC's per-connection timer
+for it is most of that cost; ``relay / relay-no-age`` is what it costs the
+relay). The same worker processes'
 code is the client of all: N delta streams (one gRPC connection each, like
 N Envoys) subscribe to one ClusterLoadAssignment and ACK what they get.
 
@@ -84,10 +88,15 @@ from tests.builders import endpoints, version_of
 from tests.harness import ScriptedOrigin
 
 # every server a run can measure, in the order they alternate; the default set
-SERVERS = ("bare", "bare-default", "bare-gc", "relay", "relay-pymalloc")
+SERVERS = ("bare", "bare-no-age", "bare-default", "bare-gc", "relay", "relay-no-age",
+           "relay-pymalloc")
 DEFAULT_SERVERS = ("bare", "bare-default", "relay")
-# (a, b) of each ratio a / b reported, of the servers that ran
+# (a, b) of each ratio a / b reported, of the servers that ran; bare / bare-default
+# is what the relay's gRPC options cost (connection ageing above all: see bare-no-age)
 RATIOS = (("relay", "bare"), ("relay", "bare-default"), ("relay", "bare-gc"),
+          ("bare", "bare-default"), ("bare-no-age", "bare-default"),
+          ("relay-no-age", "bare-no-age"), ("relay-no-age", "bare-default"),
+          ("relay", "relay-no-age"),
           ("relay-pymalloc", "bare"), ("relay-pymalloc", "bare-default"),
           ("relay-pymalloc", "relay"))
 # label of each figure, in the order reported
@@ -207,9 +216,12 @@ def starters(src: Path | None = None
     """How to start a fresh server of each kind in :data:`SERVERS` (the relay's from ``src``)."""
     return {
         "bare": bare_server,
+        "bare-no-age": functools.partial(bare_server, "bare-no-age", "relay-no-age"),
         "bare-default": functools.partial(bare_server, "bare-default", "default"),
         "bare-gc": functools.partial(bare_server, "bare-gc", gc="relay"),
         "relay": functools.partial(relay_server, src=src),
+        "relay-no-age": functools.partial(relay_server, "relay-no-age",
+                                          "max_connection_age: 0s", src=src),
         "relay-pymalloc": functools.partial(relay_server, "relay-pymalloc", src=src,
                                             env={"PYTHONMALLOC": "pymalloc"}),
     }
