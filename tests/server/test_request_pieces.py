@@ -61,7 +61,9 @@ async def test_the_request_and_each_piece_are_let_go_once_applied(
     session = Session()
     monkeypatch.setattr(relay.server.streams, "split_request", split)
     monkeypatch.setattr(stream, "session", session)
-    monkeypatch.setattr(stream, "handle_request", handle)
+    # (on the class: a stream is slotted)
+    monkeypatch.setattr(DownstreamStream, "handle_request",
+                        lambda _stream, piece: handle(piece))
 
     async def sent() -> AsyncIterator[Stand]:
         yield Stand("request")
