@@ -89,7 +89,7 @@ async def test_the_joined_answer_is_the_paged_answer_to_the_byte() -> None:
     settings = core.serving.settings
     session = Session("sotw", ENDPOINT, settings.max_locator_size, settings.limits)
     session.receive(request(asked))
-    paged = fetcher._answer(session, core.serving.view, request(asked), many=True)
+    paged = await fetcher._answer(session, core.serving.view, request(asked), many=True)
     assert paged is not None
     assert encode_plan(dataclasses.replace(outcome.plan, nonce="")) == \
         encode_plan(dataclasses.replace(paged, nonce=""))

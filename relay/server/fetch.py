@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Generator, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias, cast
 
@@ -48,16 +48,22 @@ from relay.protocol.subscription import MAX_NAMES_PER_RESPONSE
 from relay.protocol.view import NonceSource, ResourceView
 from relay.resource import CachedResource, arrival_clock
 from relay.server.serving import NAMES_PER_TURN, ServingContext, client_host
+from relay.turns import Turn, give_turn, made, made_in_turns
 from relay.xds_types import short_name
 
-__all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT", "Denied", "FetchOutcome", "Fetcher", "Invalid",
-           "Lease", "Limited", "Served", "Unanswered", "Unavailable", "unanswered"]
+__all__ = ["DEFAULT_LEASE", "DEFAULT_WAIT", "NAMES_PER_SLICE", "Denied", "FetchOutcome",
+           "Fetcher", "Invalid", "Lease", "Limited", "Served", "Unanswered", "Unavailable",
+           "unanswered", "unanswered_slices"]
 
 log = logging.getLogger("relay.fetch")
 
 #: ``rest.lease`` and ``rest.wait`` when not configured.
 DEFAULT_LEASE = 60.0
 DEFAULT_WAIT = 0.5
+#: Names a fetch looks up in the cache, or answers, between two turns of the
+#: event loop (see :mod:`relay.turns`): a page's worth, 5-10 ms. A first
+#: poll of 5,000 names held the loop ~65 ms in one go, one of 50,000 ~0.5 s.
+NAMES_PER_SLICE = MAX_NAMES_PER_RESPONSE
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +194,15 @@ def unanswered(view: ResourceView, type_url: str, wanted: Mapping[str, Params],
     for: neither present, nor said not to exist, nor reported in error. A
     do-not-cache resource that arrived by ``since`` (an arrival stamp) is
     stale. No I/O."""
+    return made(unanswered_slices(view, type_url, wanted, wildcard, complete, since))
+
+
+def unanswered_slices(view: ResourceView, type_url: str, wanted: Mapping[str, Params],
+                      wildcard: bool, complete: bool, since: int,
+                      per_slice: int = NAMES_PER_SLICE
+                      ) -> Generator[None, None, Unanswered]:
+    """:func:`unanswered`, pausing (yielding) after each ``per_slice`` names
+    looked up; each name is looked up in the cache as it is then."""
     if not view.is_synced(type_url):
         return Unanswered(frozenset(wanted) | ({"*"} if wildcard else set()), frozenset())
     missing: set[str] = set()
@@ -195,7 +210,12 @@ def unanswered(view: ResourceView, type_url: str, wanted: Mapping[str, Params],
     errors = view.has_errors(type_url)
     if wildcard and not complete:
         missing.add("*")
+    left = per_slice
     for name, params in wanted.items():
+        left -= 1
+        if left < 0:
+            left = per_slice - 1
+            yield
         found = view.lookup(type_url, name, params)
         if found is UNKNOWN:
             if not (errors and view.error(type_url, name, params) is not None):
@@ -210,11 +230,16 @@ class Fetcher:
     """Answers fetches from the cache, holding what they need through leases."""
 
     def __init__(self, serving: ServingContext, clock: Clock, lease: float = DEFAULT_LEASE,
-                 wait: float = DEFAULT_WAIT) -> None:
+                 wait: float = DEFAULT_WAIT, per_slice: int = NAMES_PER_SLICE,
+                 turn: Turn = give_turn) -> None:
+        """``per_slice``: names looked up or answered between two awaits of
+        ``turn`` (what lets the loop serve others; tests count them)."""
         self._serving = serving
         self._clock = clock
         self.lease = lease
         self.wait = wait
+        self._per_slice = max(1, per_slice)
+        self._turn = turn
         # by key, the least recently renewed first: all leases last as long,
         # so this is also the order in which they expire
         self._leases: OrderedDict[LeaseKey, Lease] = OrderedDict()
@@ -273,10 +298,10 @@ class Fetcher:
         generation = None if lease is None else lease.generation
         if wildcard or len(change.added) <= MAX_NAMES_PER_RESPONSE or \
                 not _chunkable(request):
-            plan = self._answer(session, view, request,
-                                many=wildcard or len(change.added) > MAX_NAMES_PER_RESPONSE)
+            many = wildcard or len(change.added) > MAX_NAMES_PER_RESPONSE
+            plan = await self._answer(session, view, request, many)
         else:
-            plan = self._answer_in_chunks(view, request, type_url)
+            plan = await self._answer_in_chunks(view, request, type_url)
         if plan is not None:
             whole = not waiting and not plan.errors and \
                 not any(resource.do_not_cache for resource in plan.resources)
@@ -305,17 +330,19 @@ class Fetcher:
         self._leases.move_to_end(lease.key)
         return True
 
-    def _answer(self, session: Session, view: ResourceView, request: SotwRequest,
-                many: bool) -> SotwResponsePlan | None:
+    async def _answer(self, session: Session, view: ResourceView, request: SotwRequest,
+                      many: bool) -> SotwResponsePlan | None:
         """The session's response, whole.
 
         A stream gets more than :data:`MAX_NAMES_PER_RESPONSE` names of a type
         that is not full-state over several responses, each ACKed before the
         next; a fetch has one, so when it may have ``many`` names, the parts
-        are ACKed here and joined.
+        are ACKed here and joined, the loop given a turn between two.
         """
         parts: list[SotwResponsePlan] = []
         while True:
+            if parts:
+                await self._turn()
             due = session.due(view)
             if not due.responses:
                 break
@@ -333,8 +360,8 @@ class Fetcher:
             return parts[0] if parts else None
         return _joined(parts, parts[-1].version_info)
 
-    def _answer_in_chunks(self, view: ResourceView, request: SotwRequest,
-                          type_url: str) -> SotwResponsePlan | None:
+    async def _answer_in_chunks(self, view: ResourceView, request: SotwRequest,
+                                type_url: str) -> SotwResponsePlan | None:
         """:meth:`_answer` for many plain names, the same response in linear time.
 
         A stream's responses of many names are pages, each ACKed with the
@@ -345,7 +372,8 @@ class Fetcher:
         parameters and the node, never its neighbours), and the pages are
         joined in order, as a stream's are; the version of the whole is the
         sum of the pages' (``state_version`` is a sum of one term per
-        resource).
+        resource). The loop is given a turn between two pages: each reads
+        the cache as it is then, and its version is that of what it holds.
         """
         template = discovery_pb2.DiscoveryRequest()
         template.CopyFrom(cast(discovery_pb2.DiscoveryRequest, request))
@@ -353,14 +381,18 @@ class Fetcher:
         names = sorted(set(request.resource_names))
         parts: list[SotwResponsePlan] = []
         settings = self._serving.settings
-        for start in range(0, len(names), MAX_NAMES_PER_RESPONSE):
+        # (what decides a page is its names: pages of fewer names join to the same)
+        page = min(self._per_slice, MAX_NAMES_PER_RESPONSE)
+        for start in range(0, len(names), page):
+            if start:
+                await self._turn()
             part = discovery_pb2.DiscoveryRequest()
             part.CopyFrom(template)
-            part.resource_names.extend(names[start:start + MAX_NAMES_PER_RESPONSE])
+            part.resource_names.extend(names[start:start + page])
             session = Session("sotw", type_url, settings.max_locator_size, settings.limits)
             session.receive(part)
             # one response: a fetch's session has no byte budget (max_response_size)
-            answered = self._answer(session, view, part, many=False)
+            answered = await self._answer(session, view, part, many=False)
             if answered is not None:
                 parts.append(answered)
         if not parts:
@@ -375,8 +407,9 @@ class Fetcher:
         refetched = False
         while True:
             changed = lease.changed if lease is not None else None
-            waiting = unanswered(view, type_url, wanted, wildcard,
-                                 serving.cache.is_complete(type_url), since)
+            waiting = await made_in_turns(unanswered_slices(
+                view, type_url, wanted, wildcard, serving.cache.is_complete(type_url), since,
+                self._per_slice), self._turn)
             if waiting.stale and not refetched:
                 # Fresh copies for this fetch: worth a wait of its own.
                 serving.index.request_refetch(type_url, waiting.stale)

@@ -28,9 +28,9 @@ import hashlib
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 from aiohttp import web
 from envoy.service.discovery.v3 import discovery_pb2
@@ -58,6 +58,7 @@ from relay.server.fetch import (
 from relay.server.plans import encode_plan
 from relay.server.pollers import NAMES_LISTED
 from relay.server.serving import ServingContext, client_host
+from relay.turns import Turn, give_turn, made_in_turns
 from relay.web import RETRY_AFTER, FollowedTLS, Listener, listen, quiet_malformed_requests
 from relay.xds_types import (
     CLUSTER,
@@ -70,9 +71,10 @@ from relay.xds_types import (
     short_name,
 )
 
-__all__ = ["REST_PATHS", "BadRequest", "RestServer", "decode_request", "peer_identity",
-           "render_json", "reply_for", "route"]
+__all__ = ["RESOURCES_PER_RENDER", "REST_PATHS", "BadRequest", "RestServer", "decode_request",
+           "peer_identity", "render_json", "render_json_slices", "reply_for", "route"]
 
+T = TypeVar("T")
 log = logging.getLogger("relay.rest")
 # aiohttp's own lines (see quiet_malformed_requests)
 _http_log = logging.getLogger("relay.rest.http")
@@ -97,6 +99,15 @@ STOP_GRACE = 1.0
 DRAINING = "the relay is draining; poll another replica"
 
 _JSON = "application/json"
+#: Resources written as JSON between two turns of the event loop (see
+#: :func:`render_json_slices`): ``json_format`` takes 20-35 µs a resource
+#: (a ClusterLoadAssignment of ~100 bytes), so the first answer of a lease
+#: of 5,000 held the loop 115-230 ms in one go, of 50,000 ~1.8 s; 250 take
+#: 5-8 ms.
+RESOURCES_PER_RENDER = 250
+# DiscoveryResponse's JSON keys in field order, as json_format writes them
+_RESPONSE_FIELDS = {field.json_name: field.number
+                    for field in discovery_pb2.DiscoveryResponse.DESCRIPTOR.fields}
 
 
 #: How many answers the REST server keeps to give again to the same poll,
@@ -244,21 +255,64 @@ def _json_kind(value: object) -> str:
 def render_json(plan: SotwResponsePlan) -> bytes:
     """The JSON of a planned response, without its nonce (a poll is no stream);
     :class:`Unrenderable` for a resource of a type no installed module has."""
-    response = discovery_pb2.DiscoveryResponse.FromString(
-        encode_plan(dataclasses.replace(plan, nonce="")))  # an empty field is left out
+    text = _json_of(_response_of(plan), lambda message: json_format.MessageToJson(
+        message, indent=None))
+    return text.encode() + b"\n"
+
+
+def render_json_slices(plan: SotwResponsePlan, per_slice: int = RESOURCES_PER_RENDER
+                       ) -> Generator[None, None, bytes]:
+    """:func:`render_json`, the very bytes, pausing (yielding) after each
+    ``per_slice`` resources written.
+
+    ``json_format`` writes a message as ``json.dumps`` of the dictionary it
+    makes of it: here each resource's dictionary is made and dumped on its
+    own, a slice at a time, and the pieces are joined as ``json.dumps``
+    joins a list's items and a dictionary's keys (``, `` and ``: ``), the
+    resources at their field's place among the response's other fields.
+    """
+    if len(plan.resources) <= per_slice:
+        return render_json(plan)
+    response = _response_of(plan)
+    head = discovery_pb2.DiscoveryResponse()
+    head.CopyFrom(response)
+    head.ClearField("resources")
+    fields = {key: json.dumps(value)
+              for key, value in _json_of(head, json_format.MessageToDict).items()}
+    resources: list[str] = []
+    for start in range(0, len(response.resources), per_slice):
+        if start:
+            yield
+        resources.extend(json.dumps(_json_of(resource, json_format.MessageToDict))
+                         for resource in response.resources[start:start + per_slice])
+    fields["resources"] = f"[{', '.join(resources)}]"
+    keys = sorted(fields, key=_RESPONSE_FIELDS.__getitem__)
+    text = ", ".join(f"{json.dumps(key)}: {fields[key]}" for key in keys)
+    return f"{{{text}}}\n".encode()
+
+
+def _response_of(plan: SotwResponsePlan) -> discovery_pb2.DiscoveryResponse:
+    """The response ``plan`` is, without its nonce (an empty field is left out)."""
+    return discovery_pb2.DiscoveryResponse.FromString(
+        encode_plan(dataclasses.replace(plan, nonce="")))
+
+
+def _json_of(message: Message, convert: Callable[[Message], T]) -> T:
+    """``convert(message)`` (``json_format``'s), importing the modules of the
+    types its ``Any`` fields hold when it needs them; :class:`Unrenderable`
+    when it cannot."""
     try:
-        text = json_format.MessageToJson(response, indent=None)
+        return convert(message)
     except TypeError:
         # An Any of a type nothing imported yet (a filter's typed_config): its
         # package's modules are imported, then once more.
-        _import_any_types(response)
+        _import_any_types(message)
         try:
-            text = json_format.MessageToJson(response, indent=None)
+            return convert(message)
         except (TypeError, ValueError, DecodeError) as error:
             raise Unrenderable(str(error)) from None
     except (ValueError, DecodeError) as error:  # an Any whose bytes do not parse
         raise Unrenderable(str(error)) from None
-    return text.encode() + b"\n"
 
 
 def _import_any_types(message: Message) -> None:
@@ -292,7 +346,7 @@ def reply_for(outcome: FetchOutcome, version_info: str,
     response (``render`` makes it), 304 with no body when the poller holds that
     version already, or the refusal's status with its message."""
     if isinstance(outcome, Served):
-        if version_info and version_info == outcome.plan.version_info:
+        if _holds(version_info, outcome):
             return Reply(304, b"")
         try:
             return Reply(200, render(outcome), _JSON)
@@ -347,8 +401,13 @@ class RestServer:
 
     def __init__(self, serving: ServingContext, fetcher: Fetcher, address: Address,
                  tls: ServerTLSConfig | None = None, reuse_port: bool = False,
-                 limits: HttpLimits = DEFAULT_HTTP_LIMITS) -> None:
+                 limits: HttpLimits = DEFAULT_HTTP_LIMITS,
+                 render_slice: int = RESOURCES_PER_RENDER, turn: Turn = give_turn) -> None:
+        """``render_slice``: resources written as JSON between two awaits of
+        ``turn`` (what lets the loop serve others; tests count them)."""
         self._serving = serving
+        self._render_slice = max(1, render_slice)
+        self._turn = turn
         self._fetcher = fetcher
         self._address = address
         self._tls = tls
@@ -433,7 +492,7 @@ class RestServer:
             access.refused(outcome.reason, peer, outcome.message)
         elif isinstance(outcome, Invalid):
             return _response(self._rejected(peer, outcome.message))
-        reply = reply_for(outcome, discovery_request.version_info, _render)
+        reply = await self._reply(outcome, discovery_request.version_info)
         poll = _Poll.of(discovery_request)
         self._answered(peer, type_url, poll, outcome, reply.status)
         if isinstance(outcome, Served) and outcome.generation is not None and \
@@ -441,6 +500,27 @@ class RestServer:
             self._remember(key, _Answer(outcome, poll,
                                         len(key[2]) + 8 * len(outcome.plan.resources)))
         return _response(reply)
+
+    async def _reply(self, outcome: FetchOutcome, version_info: str) -> Reply:
+        """:func:`reply_for`, its JSON written a slice at a time (the loop
+        serving others between two), once per version for all the pollers
+        of a lease."""
+        rendered: bytes | Unrenderable = b""
+        if isinstance(outcome, Served) and not _holds(version_info, outcome):
+            plan, lease = outcome.plan, outcome.lease
+            key = (plan.version_info, plan.wrapped)
+            try:
+                if lease is not None and lease.rendered is not None and \
+                        lease.rendered[0] == key and not plan.errors:
+                    rendered = lease.rendered[1]
+                else:
+                    rendered = await made_in_turns(
+                        render_json_slices(plan, self._render_slice), self._turn)
+                    if lease is not None and not plan.errors:
+                        lease.rendered = (key, rendered)
+            except Unrenderable as error:
+                rendered = error
+        return reply_for(outcome, version_info, lambda _: _given(rendered))
 
     def _again(self, key: _AnswerKey, peer: str) -> Reply | None:
         """The answer to a poll whose body, type and client identity are those
@@ -549,17 +629,17 @@ class RestServer:
         return Reply(400, f"{message}\n".encode())
 
 
-def _render(served: Served) -> bytes:
-    """:func:`render_json`, once per version for all the pollers of a lease."""
-    plan, lease = served.plan, served.lease
-    if plan.errors or lease is None:
-        return render_json(plan)
-    key = (plan.version_info, plan.wrapped)
-    if lease.rendered is not None and lease.rendered[0] == key:
-        return lease.rendered[1]
-    body = render_json(plan)
-    lease.rendered = (key, body)
-    return body
+def _holds(version_info: str, served: Served) -> bool:
+    """Whether a poll carrying ``version_info`` holds the version ``served`` (304)."""
+    return bool(version_info) and version_info == served.plan.version_info
+
+
+def _given(rendered: bytes | Unrenderable) -> bytes:
+    """What :meth:`RestServer._reply` rendered, for :func:`reply_for` (which
+    answers :class:`Unrenderable` with a 500)."""
+    if isinstance(rendered, Unrenderable):
+        raise rendered
+    return rendered
 
 
 def _response(reply: Reply, close: bool = False) -> web.Response:

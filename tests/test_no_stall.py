@@ -1,0 +1,235 @@
+"""Work of many names is made in slices, the event loop serving others
+between two, and the sliced result is the one made at once: a turn
+(relay.turns), a fetch (its look-ups and its pages), a poll's JSON.
+Counted, not timed."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+from collections.abc import Generator
+
+import aiohttp
+import pytest
+from envoy.config.listener.v3 import listener_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
+from google.rpc import status_pb2
+
+from relay.config.values import Address
+from relay.protocol.sotw import SotwResponsePlan
+from relay.resource import CachedResource
+from relay.server.fetch import Fetcher, Served
+from relay.server.plans import encode_plan
+from relay.server.rest import RestServer, Unrenderable, render_json, render_json_slices
+from relay.turns import give_turn, made, made_in_turns
+from relay.xds_types import ENDPOINT, LISTENER
+from tests.builders import endpoints, pack
+from tests.clock import ManualClock
+from tests.test_fetch_linear import request, setup
+
+NAMES = 5_000
+
+
+class Turns:
+    """A turn that counts, and gives the loop its turn (``give_turn``);
+    ``ticks`` at each turn: what a task that runs whenever it can had done."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.seen: list[int] = []
+        self._ticker: asyncio.Task[None] | None = None
+
+    async def __call__(self) -> None:
+        self.seen.append(self.ticks)
+        await give_turn()
+
+    async def _tick(self) -> None:
+        while True:
+            self.ticks += 1
+            await asyncio.sleep(0)
+
+    def __enter__(self) -> Turns:
+        self._ticker = asyncio.get_running_loop().create_task(self._tick())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._ticker is not None
+        self._ticker.cancel()
+
+    def others_ran_between(self) -> bool:
+        return all(later > earlier for earlier, later in itertools.pairwise(self.seen))
+
+
+# ------------------------------------------------------------------------------ a turn
+
+
+async def test_a_turn_lets_a_task_woken_by_a_timer_run_before_the_next_slice() -> None:
+    # A timer due during a slice sets an event; its waiter is two steps from
+    # it (the timer's callback, then the task): one sleep(0) lets both slices
+    # run first, a turn does not.
+    loop = asyncio.get_running_loop()
+    event = asyncio.Event()
+    order: list[str] = []
+
+    async def waiter() -> None:
+        await event.wait()
+        order.append("waiter")
+
+    def slices() -> Generator[None, None, str]:
+        order.append("slice 1")
+        loop.call_later(0, event.set)
+        yield
+        order.append("slice 2")
+        return "made"
+
+    task = loop.create_task(waiter())
+    await asyncio.sleep(0)  # the waiter waits
+    assert await made_in_turns(slices()) == "made"
+    await task
+    assert order == ["slice 1", "waiter", "slice 2"]
+
+
+def test_made_makes_every_slice_at_once() -> None:
+    def slices() -> Generator[None, None, int]:
+        yield
+        yield
+        return 3
+
+    assert made(slices()) == 3
+
+
+# ------------------------------------------------------------------------------ a fetch
+
+
+def names(count: int) -> list[str]:
+    return [f"e{i:05d}" for i in range(count)]
+
+
+async def fetched(per_slice: int, count: int = NAMES) -> tuple[Served, Turns]:
+    core, _ = setup(names(count))
+    fetcher = Fetcher(core.serving, ManualClock(), 60.0, 0.0, per_slice, turn := Turns())
+    with turn:
+        outcome = await fetcher.fetch(request(names(count)[::-1]), ENDPOINT,
+                                      "ipv4:127.0.0.1:1")
+    assert isinstance(outcome, Served)
+    return outcome, turn
+
+
+def encoded(served: Served) -> bytes:
+    return encode_plan(dataclasses.replace(served.plan, nonce=""))
+
+
+async def test_a_fetch_of_5000_names_is_made_in_slices_with_the_loop_run_between() -> None:
+    outcome, turns = await fetched(per_slice=1_000)
+    # the cache's look-ups, 4 pauses in 5,000 names; then 5 pages, 4 pauses between
+    assert len(turns.seen) == 4 + 4
+    assert turns.others_ran_between()
+    assert len(outcome.plan.resources) == NAMES
+
+
+async def test_a_fetch_made_in_small_slices_is_the_fetch_made_in_pages_to_the_byte() -> None:
+    small, _ = await fetched(per_slice=700)
+    paged, turns = await fetched(per_slice=2_500)
+    assert len(turns.seen) == 1 + 1
+    assert encoded(small) == encoded(paged)
+    assert small.plan.version_info == paged.plan.version_info
+
+
+async def test_a_fetch_of_one_slice_of_names_is_made_without_a_pause() -> None:
+    outcome, turns = await fetched(per_slice=1_000, count=1_000)
+    assert turns.seen == []
+    assert len(outcome.plan.resources) == 1_000
+
+
+# ------------------------------------------------------------------------------ a poll's JSON
+
+
+def plan_of(count: int, wrapped: int = 0, errors: int = 0) -> SotwResponsePlan:
+    resources = [CachedResource.from_message(ENDPOINT, pack(endpoints(name, 1 + i % 3)),
+                                             name, f"v{i}")
+                 for i, name in enumerate(names(count))]
+    return SotwResponsePlan(
+        ENDPOINT, "9", "00000000000000aa", resources,
+        frozenset(names(count)[:wrapped]),
+        [discovery_pb2.ResourceError(resource_name={"name": f"bad-{i}"},
+                                     error_detail=status_pb2.Status(code=5, message="gone"))
+         for i in range(errors)])
+
+
+def pauses(slices: Generator[None, None, bytes]) -> tuple[int, bytes]:
+    count = 0
+    while True:
+        try:
+            next(slices)
+        except StopIteration as done:
+            return count, done.value
+        count += 1
+
+
+@pytest.mark.parametrize(("wrapped", "errors"), [(0, 0), (40, 3)])
+def test_a_big_answers_json_is_written_in_slices_and_is_the_json_written_at_once(
+        wrapped: int, errors: int) -> None:
+    plan = plan_of(1_000, wrapped, errors)
+    count, body = pauses(render_json_slices(plan, per_slice=300))
+    assert count == 3  # 1,000 resources, 300 a slice
+    assert body == render_json(plan)
+
+
+def test_a_small_answers_json_is_written_at_once() -> None:
+    plan = plan_of(300)
+    assert pauses(render_json_slices(plan, per_slice=300)) == (0, render_json(plan))
+
+
+def test_a_sliced_answer_imports_the_types_its_nested_anys_hold_as_the_whole_does() -> None:
+    manager = hcm_pb2.HttpConnectionManager(stat_prefix="ingress")
+    resources = []
+    for i in range(5):
+        lst = listener_pb2.Listener(name=f"l{i}")
+        lst.filter_chains.add().filters.add(name="hcm").typed_config.Pack(manager)
+        resources.append(CachedResource.from_message(LISTENER, pack(lst), f"l{i}", "1"))
+    plan = SotwResponsePlan(LISTENER, "1", "v", resources)
+    assert pauses(render_json_slices(plan, per_slice=2)) == (2, render_json(plan))
+
+
+def test_a_sliced_answer_of_a_type_no_module_describes_is_unrenderable() -> None:
+    unknown = any_pb2.Any(type_url="type.googleapis.com/example.Unknown", value=b"\x08\x01")
+    plan = SotwResponsePlan(ENDPOINT, "1", "v", [
+        CachedResource.from_message(ENDPOINT, unknown, f"x{i}", "1") for i in range(3)])
+    with pytest.raises(Unrenderable):
+        made(render_json_slices(plan, per_slice=1))
+
+
+async def test_a_first_poll_of_many_names_is_written_in_slices_and_renders_once() -> None:
+    count = 1_200
+    core, fetcher = setup(names(count))
+    turns = Turns()
+    rest = RestServer(core.serving, fetcher, Address("127.0.0.1", 0), render_slice=100,
+                      turn=turns)
+    port = await rest.start()
+    body = json.dumps({"node": {"id": "n"}, "resourceNames": names(count)}).encode()
+    url = f"http://127.0.0.1:{port}/v3/discovery:endpoints"
+    try:
+        with turns:
+            async with aiohttp.ClientSession() as http:
+                async with http.post(url, data=body) as reply:
+                    assert reply.status == 200
+                    first = await reply.read()
+                rendered = len(turns.seen)
+                other = body.replace(b'"id": "n"', b'"id": "m"')
+                async with http.post(url, data=other) as reply:  # the same lease
+                    assert (reply.status, await reply.read()) == (200, first)
+    finally:
+        await rest.stop()
+    assert rendered == count // 100 - 1
+    assert len(turns.seen) == rendered  # the second poll's JSON was the lease's
+    assert turns.others_ran_between()
+    outcome = await fetcher.fetch(discovery_pb2.DiscoveryRequest(
+        node={"id": "n"}, resource_names=names(count)), ENDPOINT, "ipv4:127.0.0.1:2")
+    assert isinstance(outcome, Served)
+    assert first == render_json(outcome.plan)
