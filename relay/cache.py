@@ -371,32 +371,25 @@ class ResourceCache:
         now = self._clock()
         for error in update.errors:
             self._set_error(entry, error, changed)
-        for resource in update.upserts:
-            self._upsert(type_url, entry, resource, now, changed, beats, update.deadlines)
+        fresh = self._upserts(type_url, entry, update, now, changed, beats)
         for name in update.removed:
             self._remove_name(entry, name, changed)
         for name, variant_key in update.removed_variants:
             self._remove_variant(entry, name, variant_key, changed)
         for name, variant_key, version in update.heartbeats:
             self._heartbeat(type_url, entry, name, variant_key, version, now, beats)
-        for locator in update.answered:
-            found = entry.records.get(locator.name)
-            answered = found.answered if found is not None else frozenset()
-            if locator.params not in answered:
-                answered = _ANSWERED_PLAIN if not answered and \
-                    locator.params == EMPTY_PARAMS else answered | {locator.params}
-                if found is None or found.is_bare():
-                    entry.set_bare(locator.name, found is not None and found.absent, answered)
-                else:
-                    entry.record(locator.name).answered = answered
-                changed.add(locator.name)
+        self._answer(entry, update.answered, changed)
         # Subscribers by alias hear of their canonical resource's changes.
         for name in list(changed):
             found = entry.records.get(name)
             if found is not None:
                 changed.update(found.aliases)
+        records = entry.records
         for name in changed:
-            entry.compact(name)
+            found = records.get(name)
+            if found is not None and not found.variants:  # (one that has is not bare)
+                entry.compact(name)
+        changed |= fresh  # (a record of its own, with no alias: nothing more to do)
         if update.complete is not None:
             entry.complete = update.complete
         became_synced = not entry.synced
@@ -516,6 +509,47 @@ class ResourceCache:
 
     # -- one write, piece by piece --------------------------------------------
 
+    def _upserts(self, type_url: str, entry: _TypeEntry, update: Update, now: float,
+                 changed: set[str], beats: set[str]) -> set[str]:
+        """Write the update's upserts; the names new to the cache with a plain
+        resource (see :attr:`CachedResource.plain`) are returned, not added to
+        ``changed``: each now has a record of its own that needs no more.
+
+        A cold client's 10,000 names arrive in one response, and for each
+        such name a record holding it is all there is to write: made here
+        in one loop, without :meth:`_upsert`'s checks for what was there.
+        """
+        records = entry.records
+        collections = entry.collections
+        fresh: set[str] = set()
+        for resource in update.upserts:
+            name = resource.name
+            if resource.plain and name not in records and name not in fresh:
+                records[name] = _Record({"": resource})
+                fresh.add(name)
+                if collections is not None and name.startswith(PREFIX):
+                    entry.joined(name)
+            else:
+                self._upsert(type_url, entry, resource, now, changed, beats, update.deadlines)
+        return fresh - changed
+
+    @staticmethod
+    def _answer(entry: _TypeEntry, locators: Iterable[Locator], changed: set[str]) -> None:
+        """The origin has answered these locators (see :attr:`Update.answered`)."""
+        records = entry.records
+        for locator in locators:
+            name, params = locator.name, locator.params
+            found = records.get(name)
+            answered = found.answered if found is not None else frozenset()
+            if params not in answered:
+                answered = _ANSWERED_PLAIN if not answered and \
+                    params == EMPTY_PARAMS else answered | {params}
+                if found is None or found.is_bare():
+                    entry.set_bare(name, found is not None and found.absent, answered)
+                else:
+                    found.answered = answered  # (a record with more is never shared)
+                changed.add(name)
+
     @staticmethod
     def _set_error(entry: _TypeEntry, error: discovery_pb2.ResourceError,
                    changed: set[str]) -> None:
@@ -561,7 +595,7 @@ class ResourceCache:
         elif ttl is not None:
             beats.add(name)  # its TTL restarted at the origin: so at the clients
         record.absent = False
-        for alias in resource.resource.aliases:
+        for alias in resource.aliases:
             entry.aliases[alias] = name
             record.aliases |= {alias}
             alias_record = entry.records.get(alias)

@@ -18,48 +18,16 @@ import hashlib
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any
 
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
 from relay.constraints import UNCONSTRAINED, Constraints
-from relay.encoding import length_delimited_field
+from relay.encoding import length_delimited_field, varint
 
 # Field numbers of ``resources`` in DeltaDiscoveryResponse and DiscoveryResponse.
 _RESOURCES_FIELD = 2
-
-T = TypeVar("T")
-
-
-class cached_property(Generic[T]):  # named as the functools one it replaces
-    """Computed on first read, then an ordinary attribute.
-
-    functools.cached_property takes a lock on every first read before Python
-    3.12; a relay reads several per resource as it enters the cache (10,000
-    resources: 0.12 s of 0.49 s in cProfile). The cache has one writer, the
-    event loop, so two threads never compute the same one.
-    """
-
-    def __init__(self, compute: Callable[[Any], T]) -> None:
-        self._compute = compute
-        self.__doc__ = compute.__doc__
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, instance: None, owner: type) -> cached_property[T]: ...
-    @overload
-    def __get__(self, instance: object, owner: type) -> T: ...
-    def __get__(self, instance: object | None, owner: type) -> T | cached_property[T]:
-        if instance is None:
-            return self
-        value = self._compute(instance)
-        instance.__dict__[self._name] = value
-        return value
-
 
 _arrivals = itertools.count(1)
 _last_arrival = 0
@@ -119,7 +87,6 @@ def content_digest(resource: discovery_pb2.Resource) -> bytes:
 _DIGEST_BYTES = 8
 
 
-@dataclass(frozen=True, eq=False)
 class CachedResource:
     """A resource variant as the origin sent it.
 
@@ -127,26 +94,85 @@ class CachedResource:
     (unconstrained when the origin sent a plain ``name``); their key is the
     variant's key in the cache. ``derived_version`` is set when the origin
     sent no version and ``version`` is the relay's, derived from the content.
+
+    A cold client of 10,000 names makes 10,000 of these at once, so it is a
+    plain class with slots, not a frozen dataclass (whose ``__init__`` sets
+    each field through ``object.__setattr__``), and what only some readers
+    need is computed when first read (:data:`_LAZY`), then kept in its slot:
+
+    * ``resource``: the origin's ``Resource`` message; one made from its
+      encoded bytes (:meth:`from_encoded`) is parsed only when read;
+    * ``digest``: what tells this variant's content (and origin version)
+      from another's: two copies with the same digest are the same update;
+    * ``delta_entry``, ``sotw_entry``, ``sotw_wrapped_entry``,
+      ``heartbeat_entry``, ``sotw_heartbeat_entry``: its encoded
+      ``resources`` entries (see :mod:`relay.encoding`);
+    * ``aliases``, ``ttl_seconds``, ``do_not_cache``, ``resource_name``:
+      read from ``resource``;
+    * ``plain``: none of those: unconstrained, no TTL, aliases or
+      do-not-cache, the case the cache takes in bulk.
     """
+
+    __slots__ = ("__weakref__", "_heartbeat", "aliases", "arrival", "constraints", "delta_entry",
+                 "derived_version", "digest", "do_not_cache", "heartbeat_entry", "name", "plain",
+                 "received", "resource", "resource_name", "sotw_entry", "sotw_heartbeat_entry",
+                 "sotw_wrapped_entry", "ttl_seconds", "type_url", "variant_key", "version")
 
     type_url: str
     name: str
     version: str
-    resource: discovery_pb2.Resource = field(repr=False)
-    constraints: Constraints = UNCONSTRAINED
-    arrival: int = field(default_factory=_next_arrival, repr=False)
+    constraints: Constraints
+    variant_key: str
+    # an order of arrival (see arrival_clock)
+    arrival: int
     # when the relay received it (time.monotonic), for the push latency metric
-    received: float = field(default_factory=time.monotonic, repr=False)
-    derived_version: bool = False
+    received: float
+    derived_version: bool
+    # computed on first read (see _LAZY)
+    resource: discovery_pb2.Resource
+    digest: bytes
+    aliases: tuple[str, ...]
+    ttl_seconds: float | None
+    do_not_cache: bool
+    resource_name: discovery_pb2.ResourceName | None
+    plain: bool
+    _heartbeat: discovery_pb2.Resource
+    heartbeat_entry: bytes
+    sotw_heartbeat_entry: bytes
+    delta_entry: bytes
+    sotw_entry: bytes
+    sotw_wrapped_entry: bytes
 
-    @cached_property
-    def digest(self) -> bytes:
-        """What tells this variant's content (and origin version) from another's.
+    def __init__(self, type_url: str, name: str, version: str,
+                 resource: discovery_pb2.Resource | None = None,
+                 constraints: Constraints = UNCONSTRAINED, arrival: int | None = None,
+                 received: float | None = None, derived_version: bool = False) -> None:
+        self.type_url = type_url
+        self.name = name
+        self.version = version
+        if resource is not None:
+            self.resource = resource
+        self.constraints = constraints
+        self.variant_key = constraints.key
+        self.arrival = _next_arrival() if arrival is None else arrival
+        self.received = time.monotonic() if received is None else received
+        self.derived_version = derived_version
 
-        Two copies with the same digest are the same update: a resend of one
-        is not news, and a client holding one holds the other.
-        """
-        return content_digest(self.resource)
+    def __repr__(self) -> str:
+        return (f"CachedResource(type_url={self.type_url!r}, name={self.name!r}, "
+                f"version={self.version!r}, constraints={self.constraints!r}, "
+                f"derived_version={self.derived_version!r})")
+
+    if not TYPE_CHECKING:
+        def __getattr__(self, attribute: str) -> Any:
+            # Only for a slot not set yet: computed now, kept from now on.
+            compute = _LAZY.get(attribute)
+            if compute is None:
+                raise AttributeError(
+                    f"{type(self).__name__!r} object has no attribute {attribute!r}")
+            value = compute(self)
+            setattr(self, attribute, value)
+            return value
 
     @property
     def origin_version(self) -> str:
@@ -175,26 +201,44 @@ class CachedResource:
                    derived_version=True)
         # The content's digest, taken before the version was written in: a
         # later copy of the same content gets the same one.
-        made.__dict__["digest"] = digest
+        made.digest = digest
         return made
 
-    @cached_property
-    def variant_key(self) -> str:
-        return self.constraints.key
+    @classmethod
+    def from_encoded(cls, type_url: str, name: str, version: str, entry: bytes,
+                     received: float) -> CachedResource:
+        """From a plain origin ``Resource`` as a delta ``resources`` entry
+        (``entry``: tag, length, encoding): a name, a version (maybe empty)
+        and a body, nothing else of ``Resource``'s (no constraints, aliases,
+        TTL, cache control or metadata).
+
+        Made as :meth:`from_origin` makes it from the parsed message, with the
+        same version, digest and entries, without parsing it: the encoding is
+        the deterministic one (none of its fields is a map), so its digest is
+        :func:`content_digest`'s; a derived version, field 1, goes first,
+        where encoding the message with it writes it.
+        """
+        made = cls(type_url, name, version, None, UNCONSTRAINED, None, received)
+        if not version:
+            encoded = _payload(entry)
+            digest = made.digest = _digest(encoded)
+            made.version = version = digest.hex()
+            made.derived_version = True
+            encoded = _VERSION_TAG + varint(len(version)) + version.encode() + encoded
+            entry = _ENTRY_TAG + varint(len(encoded)) + encoded
+        made.delta_entry = entry
+        made.aliases = ()
+        made.ttl_seconds = None
+        made.do_not_cache = False
+        made.resource_name = None
+        made.plain = True
+        return made
 
     def is_current(self, resource: CachedResource) -> bool:
         """Whether a client holding this copy holds ``resource``: the same
         variant with the same content (and origin version)."""
         return self is resource or (self.digest == resource.digest and
                                     self.variant_key == resource.variant_key)
-
-    @cached_property
-    def resource_name(self) -> discovery_pb2.ResourceName | None:
-        """Name and constraints, for variants sent with constraints (else None)."""
-        if self.constraints is UNCONSTRAINED:
-            return None
-        name: discovery_pb2.ResourceName = self.resource.resource_name
-        return name
 
     @classmethod
     def from_message(cls, type_url: str, body: any_pb2.Any | None, name: str, version: str,
@@ -212,54 +256,100 @@ class CachedResource:
         return cls(type_url, name, version, resource, constraints)
 
     @property
-    def ttl_seconds(self) -> float | None:
-        """The TTL the origin gave this resource, if any."""
-        if not self.resource.HasField("ttl"):
-            return None
-        seconds: float = self.resource.ttl.ToTimedelta().total_seconds()
-        return seconds
-
-    @cached_property
-    def do_not_cache(self) -> bool:
-        return bool(self.resource.cache_control.do_not_cache)
-
-    @cached_property
-    def _heartbeat(self) -> discovery_pb2.Resource:
-        beat = discovery_pb2.Resource()
-        beat.CopyFrom(self.resource)
-        beat.ClearField("resource")
-        return beat
-
-    @cached_property
-    def heartbeat_entry(self) -> bytes:
-        """This resource without its body (a heartbeat) as a delta ``resources`` entry."""
-        return length_delimited_field(_RESOURCES_FIELD, self._heartbeat.SerializeToString())
-
-    @cached_property
-    def sotw_heartbeat_entry(self) -> bytes:
-        """A heartbeat wrapped in ``Any``, for SotW clients that accept ``Resource``."""
-        wrapped = any_pb2.Any(type_url="type.googleapis.com/envoy.service.discovery.v3.Resource",
-                              value=self._heartbeat.SerializeToString())
-        return length_delimited_field(_RESOURCES_FIELD, wrapped.SerializeToString())
-
-    @property
     def body(self) -> any_pb2.Any:
         body: any_pb2.Any = self.resource.resource
         return body
 
-    @cached_property
-    def delta_entry(self) -> bytes:
-        """This resource as one encoded ``resources`` entry of a DeltaDiscoveryResponse."""
-        return length_delimited_field(_RESOURCES_FIELD, self.resource.SerializeToString())
 
-    @cached_property
-    def sotw_entry(self) -> bytes:
-        """This resource's body as one encoded ``resources`` entry of a DiscoveryResponse."""
-        return length_delimited_field(_RESOURCES_FIELD, self.body.SerializeToString())
+# -- what a CachedResource computes on first read ------------------------------
 
-    @cached_property
-    def sotw_wrapped_entry(self) -> bytes:
-        """The whole ``Resource`` wrapped in ``Any``, for SotW clients that accept it."""
-        wrapped = any_pb2.Any(type_url="type.googleapis.com/envoy.service.discovery.v3.Resource",
-                              value=self.resource.SerializeToString())
-        return length_delimited_field(_RESOURCES_FIELD, wrapped.SerializeToString())
+# The tags of field 1 (Resource.version) and field 2 (``resources``), length-delimited.
+_VERSION_TAG = b"\x0a"
+_ENTRY_TAG = b"\x12"
+_WRAPPED_TYPE = "type.googleapis.com/envoy.service.discovery.v3.Resource"
+
+
+def _digest(encoded: bytes) -> bytes:
+    return hashlib.blake2b(encoded, digest_size=_DIGEST_BYTES).digest()
+
+
+def _payload(entry: bytes) -> bytes:
+    """The encoded message of a length-delimited field (its tag is one byte)."""
+    start = 1
+    while entry[start] & 0x80:
+        start += 1
+    return entry[start + 1:]
+
+
+def _resource(made: CachedResource) -> discovery_pb2.Resource:
+    # Only one made from its encoding has no message yet: its delta entry is set.
+    return discovery_pb2.Resource.FromString(_payload(made.delta_entry))
+
+
+def _content_digest(made: CachedResource) -> bytes:
+    try:
+        resource = object.__getattribute__(made, "resource")
+    except AttributeError:
+        # Made from its encoding (from_encoded), not parsed since: the
+        # entry's message is the deterministic encoding content_digest takes.
+        return _digest(_payload(made.delta_entry))
+    return content_digest(resource)
+
+
+def _ttl_seconds(made: CachedResource) -> float | None:
+    """The TTL the origin gave this resource, if any."""
+    if not made.resource.HasField("ttl"):
+        return None
+    seconds: float = made.resource.ttl.ToTimedelta().total_seconds()
+    return seconds
+
+
+def _resource_name(made: CachedResource) -> discovery_pb2.ResourceName | None:
+    """Name and constraints, for variants sent with constraints (else None)."""
+    if made.constraints is UNCONSTRAINED:
+        return None
+    name: discovery_pb2.ResourceName = made.resource.resource_name
+    return name
+
+
+def _plain(made: CachedResource) -> bool:
+    return (made.constraints is UNCONSTRAINED and made.ttl_seconds is None
+            and not made.do_not_cache and not made.aliases)
+
+
+def _heartbeat(made: CachedResource) -> discovery_pb2.Resource:
+    beat = discovery_pb2.Resource()
+    beat.CopyFrom(made.resource)
+    beat.ClearField("resource")
+    return beat
+
+
+def _wrapped(value: bytes) -> bytes:
+    """A ``Resource``'s encoding wrapped in ``Any``, as one SotW ``resources`` entry."""
+    wrapped = any_pb2.Any(type_url=_WRAPPED_TYPE, value=value)
+    return length_delimited_field(_RESOURCES_FIELD, wrapped.SerializeToString())
+
+
+_LAZY: dict[str, Callable[[CachedResource], object]] = {
+    "resource": _resource,
+    "digest": _content_digest,
+    "aliases": lambda made: tuple(made.resource.aliases),
+    "ttl_seconds": _ttl_seconds,
+    "do_not_cache": lambda made: bool(made.resource.cache_control.do_not_cache),
+    "resource_name": _resource_name,
+    "plain": _plain,
+    "_heartbeat": _heartbeat,
+    # this resource without its body (a heartbeat) as a delta ``resources`` entry
+    "heartbeat_entry": lambda made: length_delimited_field(
+        _RESOURCES_FIELD, made._heartbeat.SerializeToString()),
+    # a heartbeat wrapped in ``Any``, for SotW clients that accept ``Resource``
+    "sotw_heartbeat_entry": lambda made: _wrapped(made._heartbeat.SerializeToString()),
+    # one encoded ``resources`` entry of a DeltaDiscoveryResponse
+    "delta_entry": lambda made: length_delimited_field(
+        _RESOURCES_FIELD, made.resource.SerializeToString()),
+    # the body as one encoded ``resources`` entry of a DiscoveryResponse
+    "sotw_entry": lambda made: length_delimited_field(
+        _RESOURCES_FIELD, made.body.SerializeToString()),
+    # the whole ``Resource`` wrapped in ``Any``, for SotW clients that accept it
+    "sotw_wrapped_entry": lambda made: _wrapped(made.resource.SerializeToString()),
+}

@@ -8,6 +8,7 @@ with the reason it is NACKed for; nothing of it reaches the cache.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from relay.constraints import (
 )
 from relay.errors import RelayError
 from relay.resource import CachedResource
+from relay.upstream.bulk import plain_resources
 from relay.xds_types import message_class
 
 
@@ -100,6 +102,24 @@ def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
 def _parse(response: discovery_pb2.DeltaDiscoveryResponse,
            step: int) -> Generator[None, None, ParsedResponse]:
     type_url = _checked_type_url(response)
+    # Plain resources are checked in bulk (relay.upstream.bulk); any other
+    # response, or one the bulk check finds fault with, one by one here.
+    bulk = yield from plain_resources(response, type_url, time.monotonic(), step > 0)
+    heartbeats: list[tuple[str, str, str]] = []
+    if bulk is not None:
+        upserts = bulk
+    else:
+        upserts, heartbeats = yield from _one_by_one(response, type_url, step)
+    removed_variants = _removed_variants(response)
+    _check_resource_errors(response)
+    return ParsedResponse(type_url, response.nonce, upserts, list(response.removed_resources),
+                          removed_variants, heartbeats, list(response.resource_errors))
+
+
+def _one_by_one(response: discovery_pb2.DeltaDiscoveryResponse, type_url: str, step: int
+                ) -> Generator[None, None, tuple[list[CachedResource],
+                                                 list[tuple[str, str, str]]]]:
+    """The response's resources, checked one at a time: (upserts, heartbeats)."""
     body_class = message_class(type_url)
     decode = body_class.FromString if body_class is not None else None
     from_origin = CachedResource.from_origin
@@ -107,7 +127,7 @@ def _parse(response: discovery_pb2.DeltaDiscoveryResponse,
     upserts: list[CachedResource] = []
     heartbeats: list[tuple[str, str, str]] = []
     # (one pass, no call per resource but the body's decoding and the cached
-    # copy's making: a cold big client's response holds 100,000)
+    # copy's making)
     for number, resource in enumerate(response.resources, 1):
         if step and number % step == 0:
             yield
@@ -141,10 +161,7 @@ def _parse(response: discovery_pb2.DeltaDiscoveryResponse,
                 raise UnusableResponse(
                     f"resource {name!r} cannot be decoded as {type_url}: {error}") from None
         upserts.append(from_origin(type_url, name, resource, constraints))
-    removed_variants = _removed_variants(response)
-    _check_resource_errors(response)
-    return ParsedResponse(type_url, response.nonce, upserts, list(response.removed_resources),
-                          removed_variants, heartbeats, list(response.resource_errors))
+    return upserts, heartbeats
 
 
 def _checked_type_url(response: discovery_pb2.DeltaDiscoveryResponse) -> str:

@@ -280,7 +280,7 @@ class UpstreamState:
         # (a member of a glob collection subscribed is subscribed: in_collection)
         wanted = [r for r in parsed.upserts if sub.wildcard or r.name in locators
                   or in_collection(r.name, locators)
-                  or any(alias in locators for alias in r.resource.aliases)]
+                  or any(alias in locators for alias in r.aliases)]
         removed = [n for n in parsed.removed if sub.wildcard or n in locators
                    or in_collection(n, locators)
                    or self.cache.aliases_of(type_url, n) & locators.keys()]

@@ -1,0 +1,149 @@
+"""Checking an origin response's resources in bulk, in C, not one by one.
+
+A cold client of 10,000 names makes the origin send one response of 10,000
+resources, each to be checked (its body decoded, so that a bad one is
+NACKed) and cached. Done resource by resource, that is a Python object, a
+decode call and a re-encoding per resource. Most responses hold only
+*plain* resources: a name, a version (or none) and a body of the
+response's type, nothing else of ``Resource``'s. For those,
+:func:`plain_resources` takes the encoded response apart with protobuf
+messages made for it at run time (*shadow* types): bytes and an embedded
+message share the wire format, so a field can be read as either.
+
+* ``Entries`` reads each ``resources`` entry as bytes: the resource's
+  encoding, reused as it is (no re-encoding).
+* ``Extras`` reads only ``Resource``'s fields beyond name, version and body:
+  with the rest dropped, its size says whether any resource has one.
+* ``Checked`` reads ``Any.value`` as the response's message type: parsing
+  it decodes every body in one C call, a slice of entries at a time.
+
+Anything else (an extra field, a resource without a body or of another
+type, a missing or repeated name, a body that does not decode) sends the
+whole response to the general check in :mod:`relay.upstream.responses`,
+which finds the resource at fault and says why: the reasons, and what is
+cached, are the general check's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Generator, Sequence
+from functools import lru_cache
+from typing import Any
+
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
+
+from relay.encoding import varint
+from relay.resource import CachedResource
+from relay.xds_types import message_class
+
+# How many resources one bulk decode takes (one pause of the parser's per
+# slice: see responses.RESOURCES_PER_STEP).
+SLICE = 1_000
+# Fewer resources than this are checked one by one: the shadow types' fixed
+# cost (encoding the response, three parses) is not worth it.
+BULK_FROM = 32
+
+# Resource's fields a plain resource has (version, resource, name).
+_PLAIN_FIELDS = frozenset({1, 2, 3})
+# The tag of DeltaDiscoveryResponse.resources (field 2, length-delimited).
+_ENTRY_TAG = b"\x12"
+_PACKAGE = "xds_relay.shadow"
+
+_F = descriptor_pb2.FieldDescriptorProto
+
+
+class Shadows:
+    """The shadow types of one response type (see the module's docstring)."""
+
+    def __init__(self, classes: dict[str, Any]) -> None:
+        # (made at run time: to mypy, messages of no known fields)
+        self.entries = classes["Entries"]
+        self.extras = classes["Extras"]
+        self.checked = classes["Checked"]
+
+
+@lru_cache(maxsize=64)
+def shadows(type_url: str) -> Shadows:
+    """The shadow types for responses of ``type_url`` (made once, in the
+    default descriptor pool, under a package of their own)."""
+    body = message_class(type_url)
+    full_name = body.DESCRIPTOR.full_name if body is not None else None
+    package = f"{_PACKAGE}.{re.sub(r'[^A-Za-z0-9_]', '_', full_name or 'bytes_' + type_url)}"
+    file = descriptor_pb2.FileDescriptorProto(
+        name=f"{package.replace('.', '/')}.proto", package=package, syntax="proto2")
+    if body is not None:
+        file.dependency.append(body.DESCRIPTOR.file.name)
+    _message(file, "Entries", [("resources", 2, _F.TYPE_BYTES, _F.LABEL_REPEATED, None)])
+    extras = [(f.name, f.number, _F.TYPE_BYTES,
+               _F.LABEL_REPEATED if f.is_repeated else _F.LABEL_OPTIONAL, None)
+              for f in discovery_pb2.Resource.DESCRIPTOR.fields
+              if f.number not in _PLAIN_FIELDS]
+    _message(file, "ExtraResource", extras)
+    _message(file, "Extras", [("resources", 2, _F.TYPE_MESSAGE, _F.LABEL_REPEATED,
+                               f".{package}.ExtraResource")])
+    value = (("value", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, f".{full_name}")
+             if full_name is not None else ("value", 2, _F.TYPE_BYTES, _F.LABEL_OPTIONAL, None))
+    _message(file, "Body", [("type_url", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None), value])
+    _message(file, "CheckedResource", [
+        ("version", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
+        ("resource", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, f".{package}.Body"),
+        ("name", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None)])
+    _message(file, "Checked", [("resources", 2, _F.TYPE_MESSAGE, _F.LABEL_REPEATED,
+                                f".{package}.CheckedResource")])
+    pool = descriptor_pool.Default()
+    pool.Add(file)
+    return Shadows({name: message_factory.GetMessageClass(
+        pool.FindMessageTypeByName(f"{package}.{name}"))
+        for name in ("Entries", "Extras", "Checked")})
+
+
+def _message(file: descriptor_pb2.FileDescriptorProto, name: str,
+             fields: Sequence[tuple[str, int, Any, Any, str | None]]) -> None:
+    made = file.message_type.add(name=name)
+    for field_name, number, kind, label, type_name in fields:
+        field = made.field.add(name=field_name, number=number, type=kind, label=label)
+        if type_name is not None:
+            field.type_name = type_name
+
+
+Bulk = Generator[None, None, list[CachedResource] | None]
+
+
+def plain_resources(response: discovery_pb2.DeltaDiscoveryResponse, type_url: str,
+                    received: float, step: bool = True) -> Bulk:
+    """The response's resources, checked and made in bulk, when every one is
+    plain and decodes; None when any is not (or there are too few to be
+    worth it): the general check then finds which and why. A generator that
+    pauses (yields) after each slice of :data:`SLICE` when ``step``."""
+    count = len(response.resources)
+    if count < BULK_FROM:
+        return None
+    found = shadows(type_url)
+    encoded = response.SerializeToString()
+    extras = found.extras.FromString(encoded)
+    extras.DiscardUnknownFields()
+    if extras.ByteSize() != 2 * count:  # (each an empty entry: tag and length 0)
+        return None
+    payloads = found.entries.FromString(encoded).resources
+    del encoded, extras
+    made: list[CachedResource] = []
+    from_encoded = CachedResource.from_encoded
+    for start in range(0, count, SLICE):
+        if step and start:
+            yield
+        entries = [_ENTRY_TAG + varint(len(payload)) + payload
+                   for payload in payloads[start:start + SLICE]]
+        try:
+            checked = found.checked.FromString(b"".join(entries))
+        except message.DecodeError:
+            return None
+        for resource, entry in zip(checked.resources, entries, strict=True):
+            name = resource.name
+            if not name or resource.resource.type_url != type_url:
+                return None
+            made.append(from_encoded(type_url, name, resource.version, entry, received))
+    if len({resource.name for resource in made}) != count:
+        return None
+    return made

@@ -1,0 +1,80 @@
+"""CachedResource: what is computed on first read is computed once, and one
+made from its encoding is parsed only when its message is read."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
+
+from relay import resource as resource_module
+from relay.encoding import length_delimited_field
+from relay.resource import CachedResource, content_digest
+from relay.xds_types import ENDPOINT
+from tests.builders import endpoints
+
+
+def origin(version: str = "v1") -> discovery_pb2.Resource:
+    return discovery_pb2.Resource(name="a", version=version, resource=any_pb2.Any(
+        type_url=ENDPOINT, value=endpoints("a", 80).SerializeToString()))
+
+
+def test_a_lazy_attribute_is_computed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    compute = resource_module._LAZY["delta_entry"]
+
+    def counting(made: CachedResource) -> object:
+        calls.append(made.name)
+        return compute(made)
+
+    monkeypatch.setitem(resource_module._LAZY, "delta_entry", counting)
+    made = CachedResource(ENDPOINT, "a", "v1", origin())
+    assert made.delta_entry is made.delta_entry
+    assert made.delta_entry == length_delimited_field(2, origin().SerializeToString())
+    assert calls == ["a"]
+
+
+def test_one_made_from_its_encoding_is_parsed_only_when_its_message_is_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    parses = []
+    compute = resource_module._LAZY["resource"]
+
+    def counting(made: CachedResource) -> object:
+        parses.append(made.name)
+        return compute(made)
+
+    monkeypatch.setitem(resource_module._LAZY, "resource", counting)
+    entry = length_delimited_field(2, origin().SerializeToString())
+    made = CachedResource.from_encoded(ENDPOINT, "a", "v1", entry, received=5.0)
+    assert (made.delta_entry, made.digest, made.plain, made.aliases, made.ttl_seconds,
+            made.do_not_cache, made.received) == (
+        entry, content_digest(origin()), True, (), None, False, 5.0)
+    assert parses == []
+    assert made.resource == origin() and made.resource is made.resource
+    assert made.sotw_entry == length_delimited_field(2, origin().resource.SerializeToString())
+    assert parses == ["a"]
+
+
+def test_an_unknown_attribute_is_an_attribute_error() -> None:
+    made = CachedResource(ENDPOINT, "a", "v1", origin())
+    with pytest.raises(AttributeError, match="'CachedResource' object has no attribute 'nope'"):
+        made.nope  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_it_is_weakly_referenced_and_holds_no_dict() -> None:
+    made = CachedResource(ENDPOINT, "a", "v1", origin())
+    ref = weakref.ref(made)
+    assert not hasattr(made, "__dict__")
+    del made
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_derived_version_is_the_digest_of_the_content_without_it() -> None:
+    made = CachedResource.from_origin(ENDPOINT, "a", origin(version=""))
+    assert made.derived_version and made.version == content_digest(origin(version="")).hex()
+    assert made.origin_version == ""
+    assert made.resource.version == made.version
