@@ -4,6 +4,8 @@ and names the origin refused (relay.demand)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from relay.constraints import EMPTY_PARAMS
@@ -197,3 +199,70 @@ def test_origin_refusals_stay_with_their_node_group() -> None:
     assert refused.value.limit == ORIGIN_REFUSED
     second.apply(Sub(), CLUSTER, adding("x"), "ipv4:10.0.0.1")
     assert second.upstream_names == 1
+
+
+def test_release_all_leaves_what_release_leaves_name_by_name() -> None:
+    """Per count together (all ones, all twos, mixed, some not held), as
+    :meth:`DemandLedger.release` one name at a time leaves it."""
+    names = [f"n{i}" for i in range(300)]
+    cases = [names, names[:100], [*names[50:250], "never-held"], ["never-held"], [], names]
+    one, together = (DemandLedger(10**6, 10**6, Clock().now) for _ in range(2))
+    for ledger in (one, together):
+        ledger.hold_all("h", ENDPOINT, names)
+        ledger.hold_all("h", ENDPOINT, names[:200])
+        ledger.hold_all("h", ENDPOINT, names[100:150])
+        ledger.hold("other", ENDPOINT, "x")
+    for released in cases:
+        for name in released:
+            one.release("h", ENDPOINT, name)
+        together.release_all("h", ENDPOINT, released)
+        assert together.held_by("h", ENDPOINT) == one.held_by("h", ENDPOINT)
+        assert together.host_total("h") == one.host_total("h")
+    # the host held nothing more: forgotten; another host untouched
+    assert together._held.keys() == one._held.keys() == {"other"}
+    assert together.host_total("other") == 1
+    together.release_all("gone", ENDPOINT, names)  # a host never seen: nothing
+
+
+def test_a_host_releasing_most_of_its_names_together_gives_their_table_back() -> None:
+    names = [f"n{i}" for i in range(20_000)]
+    ledger = DemandLedger(10**6, 10**6, Clock().now)
+    ledger.hold_all("h", ENDPOINT, names)
+    ledger.hold_all("h", CLUSTER, ["c"])
+    ledger.release_all("h", ENDPOINT, names[10:])
+    table = ledger.held_by("h", ENDPOINT)
+    assert table == dict.fromkeys(names[:10], 1) and ledger.host_total("h") == 11
+    assert sys.getsizeof(table) < 1_000  # copied to its size: the 20,000 slots gone
+    ledger.release_all("h", ENDPOINT, names[:10])
+    assert ledger.held_by("h", ENDPOINT) == {} and ledger.host_total("h") == 1
+
+
+def test_hold_all_of_names_held_as_often_counts_each_once_more() -> None:
+    one, together = (DemandLedger(10**6, 10**6, Clock().now) for _ in range(2))
+    for ledger in (one, together):
+        ledger.hold_all("h", ENDPOINT, ["a", "b", "c"])
+    for name in ["a", "b", "c"]:
+        one.hold("h", ENDPOINT, name)
+    together.hold_all("h", ENDPOINT, ["a", "b", "c"])  # all held once: all twice now
+    assert together.held_by("h", ENDPOINT) == one.held_by("h", ENDPOINT) == \
+        {"a": 2, "b": 2, "c": 2}
+    assert together.host_total("h") == one.host_total("h") == 3
+
+
+def test_names_held_already_are_not_checked_again_name_by_name() -> None:
+    """A client joining names others hold: only names nobody holds are
+    checked against the routes (the origin's refusals too), none here."""
+    checked: list[str] = []
+
+    def routes(name: str) -> str | None:
+        checked.append(name)
+        return None
+
+    index = InterestIndex()
+    index.limit_demand(DemandLedger(10**6, 10**6, Clock().now, routes=routes))
+    names = [f"n{i}" for i in range(1_000)]
+    index.apply(Sub(), ENDPOINT, adding(*names), "h")
+    assert len(checked) == 1_000
+    index.apply(Sub(), ENDPOINT, adding(*names), "h2")
+    index.apply(Sub(), ENDPOINT, adding(*names[:10], "new"), "h")
+    assert checked[1_000:] == ["new"]
