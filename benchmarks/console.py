@@ -30,11 +30,14 @@ process with N streams, with no console and with one polling
 handled and each response ACKed in this process) subscribed to the wildcard
 of CLUSTERS clusters, and an admin server whose ``/clients`` lists them as a
 relay's does (``iter_client_statuses``). While ``/clients`` is asked and
-read over HTTP, a 1 ms timer measures every time the event loop was held:
-the longest, p90 and median hold of ``--runs`` requests (wall time, and
-the CPU time the loop's thread spent in each: the code's own, whatever the
-machine's load), and how long each took. Run it from another tree (``PYTHONPATH=that tree python
-benchmarks/console.py --wildcard ...``) for a before and after.
+read over HTTP (by a process of its own: read in a thread of this one, the
+thread's share of the GIL showed as holds of 150-250 ms that were not the
+relay's), a 1 ms timer measures every time the event loop was held: the
+longest, p90 and median hold of ``--runs`` requests (wall time, and the CPU
+time the loop's thread spent in each: the code's own, whatever the
+machine's load), and how long each took. ``--relay-src DIR`` runs it with
+the ``relay`` package of another tree (an export of an older commit) and
+this checkout's benchmark, for a before and after.
 
 **Screenshot** (``--screenshot PATH``): a relay with a few real gRPC
 clients (one NACKing, one not answering yet) in headless Chromium, as the
@@ -50,7 +53,11 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -300,6 +307,28 @@ def wildcard_streams(streams: int, clusters: int) -> tuple[Any, Any]:
     return serving, serving.cache
 
 
+# /clients read, timed and counted by a process of its own: its reading and
+# decoding take no share of the relay's loop (nor of its GIL)
+_READER = """
+import json, sys, time, urllib.request
+started = time.perf_counter()
+with urllib.request.urlopen(sys.argv[1], timeout=600) as reply:
+    body = reply.read()
+ms = (time.perf_counter() - started) * 1000
+print(json.dumps({"ms": ms, "bytes": len(body), "clients": len(json.loads(body)["clients"])}))
+"""
+
+
+async def read_clients(url: str) -> dict[str, Any]:
+    """Milliseconds ``url`` took to read, its bytes and the clients it lists."""
+    reader = await asyncio.create_subprocess_exec(sys.executable, "-c", _READER, url,
+                                                  stdout=subprocess.PIPE)
+    out, _ = await reader.communicate()
+    assert reader.returncode == 0, reader.returncode
+    read: dict[str, Any] = json.loads(out)
+    return read
+
+
 async def clients_lag(streams: int, clusters: int, runs: int) -> dict[str, Any]:
     """``/clients`` of ``streams`` wildcard streams of ``clusters`` clusters:
     how long the loop was held while it was built, and how long it took."""
@@ -316,21 +345,14 @@ async def clients_lag(streams: int, clusters: int, runs: int) -> dict[str, Any]:
     took: list[float] = []
     size = 0
 
-    def get() -> tuple[float, bytes]:
-        """/clients, read and decoded in a thread of its own: the loop's holds are the relay's."""
-        started = time.perf_counter()
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/clients", timeout=600) as reply:
-            body = reply.read()
-        return (time.perf_counter() - started) * 1000, body
-
     try:
         for _ in range(runs):
             with LoopWatch() as watch:
                 await asyncio.sleep(0.01)
-                ms, body = await asyncio.to_thread(get)
-            assert len(json.loads(body)["clients"]) == streams
-            took.append(ms)
-            size = len(body)
+                read = await read_clients(f"http://127.0.0.1:{port}/clients")
+            assert read["clients"] == streams, read
+            took.append(read["ms"])
+            size = read["bytes"]
             holds += watch.holds
             cpu_holds += watch.cpu_holds
             longest.append(watch.longest * 1000)
@@ -344,7 +366,8 @@ async def clients_lag(streams: int, clusters: int, runs: int) -> dict[str, Any]:
                 f"{kind}_median_ms": round(statistics.median(ordered) * 1000, 2),
                 f"{kind}s_over_50ms": sum(1 for held in ordered if held > 0.05)}
 
-    return {"streams": streams, "clusters": clusters, "runs": runs,
+    return {"relay": str(Path(sys.modules["relay"].__file__ or "").resolve().parent),
+            "streams": streams, "clusters": clusters, "runs": runs,
             "setup_s": round(setup_s, 1), "clients_bytes": size,
             "clients_ms": [round(ms) for ms in took],
             "hold_max_per_run_ms": [round(ms, 1) for ms in longest],
@@ -481,7 +504,12 @@ def main() -> None:
     parser.add_argument("--wildcard", metavar="STREAMSxCLUSTERS",
                         help="the loop's holds while /clients lists STREAMS wildcard "
                              "streams of CLUSTERS clusters (e.g. 200x5000)")
+    parser.add_argument("--relay-src", type=Path, default=None,
+                        help="with --wildcard: the relay package of this tree (default: this "
+                             "checkout's)")
     args = parser.parse_args()
+    if args.relay_src is not None and _RERUN not in os.environ:
+        sys.exit(rerun_from(args.relay_src.resolve()))
     if args.screenshot is not None:
         asyncio.run(screenshot(args.screenshot))
         return
@@ -500,6 +528,22 @@ def main() -> None:
         print_cost(results["cost"])
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+_RERUN = "XDS_RELAY_BENCHMARK_RERUN"
+
+
+def rerun_from(src: Path) -> int:
+    """This benchmark again, in a process whose ``relay`` is ``src``'s and
+    whose ``benchmarks`` this checkout's: first on its path a directory
+    holding a link to ``src/relay`` only, then this checkout (``-P``: not
+    the working directory)."""
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as shim:
+        (Path(shim) / "relay").symlink_to(src / "relay")
+        env = {**os.environ, _RERUN: "1", "PYTHONPATH": os.pathsep.join((shim, str(root)))}
+        return subprocess.call([sys.executable, "-P", "-m", "benchmarks.console",
+                                *sys.argv[1:]], env=env, cwd=root)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ that rotate: they are read again when they change, with no restart.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import ipaddress
 import json
@@ -43,6 +42,7 @@ from relay.logs import RateLimitedLog, log_level, set_log_level
 from relay.redaction import redacted
 from relay.server.access import REFUSAL_LOG_INTERVAL
 from relay.server.status import ClientRecords
+from relay.turns import give_turn
 from relay.web import FollowedTLS, Listener, listen, quiet_malformed_requests
 from relay.xds_types import PUSH_ORDER, message_class, short_name
 
@@ -200,6 +200,8 @@ class AdminServer:
         names each take seconds to list, and no client of the relay waits for
         all of them. Clients given as :class:`~relay.server.status.ClientRecords`
         let the loop run within a big client's record too, at each of its slices.
+        Each pause is a whole turn (:func:`relay.turns.give_turn`): with one
+        ``sleep(0)``, a client waiting for a timer waited for the slice after too.
         """
         # each client's text as bytes at once: joining and encoding all of
         # them at the end held the loop for as long as tens of MB take
@@ -210,14 +212,14 @@ class AdminServer:
         for client in taken:
             if client is None:  # a slice of a big client's record: the others' turn
                 listed = 0
-                await asyncio.sleep(0)
+                await give_turn()
                 continue
             parts.append(textwrap.indent(json.dumps(client, indent=2), "    ").encode())
             listed += 1 + sum(len(state.get("versions", ())) + len(state.get("unsynced", ()))
                               for state in client.get("types", {}).values())
             if listed >= CLIENT_RESOURCES_PER_TURN:
                 listed = 0
-                await asyncio.sleep(0)
+                await give_turn()
         if not parts:
             return Reply(200, b'{\n  "clients": []\n}\n', _JSON)
         parts[0] = b'{\n  "clients": [\n' + parts[0]

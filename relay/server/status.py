@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from envoy.admin.v3 import config_dump_shared_pb2
 from envoy.config.core.v3 import base_pb2
@@ -38,9 +38,9 @@ from relay.protocol.snapshot import (
     TypeSnapshot,
 )
 from relay.redaction import redacted
+from relay.turns import made
 from relay.xds_types import ADS_SERVICE, PER_TYPE_SERVICES
 
-T = TypeVar("T")
 GenericXdsConfig = csds_pb2.ClientConfig.GenericXdsConfig
 # per type URL, the per-type service whose streams are fixed to it
 _SERVICES = {service.type_url: service.service for service in PER_TYPE_SERVICES}
@@ -191,16 +191,7 @@ class ClientRecords:
 def client_summary(snapshot: SessionSnapshot, peer: str, cache: ResourceCache,
                    times: StreamTimes | None = None) -> dict[str, Any]:
     """:func:`client_summary_slices`, made in one go."""
-    return _made(client_summary_slices(snapshot, peer, cache, times))
-
-
-def _made(slices: Generator[None, None, T]) -> T:
-    """What a generator of slices returns, all its slices made at once."""
-    while True:
-        try:
-            next(slices)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    return made(client_summary_slices(snapshot, peer, cache, times))
 
 
 def client_summary_slices(snapshot: SessionSnapshot, peer: str, cache: ResourceCache,
@@ -322,7 +313,7 @@ def type_sync(state: TypeSnapshot, cache: ResourceCache) -> tuple[str, dict[str,
     parameters select is not in the snapshot. CSDS reports the same resource
     statuses; it does not compare with the cache.
     """
-    return _made(_type_sync_slices(state, cache, _Slices(RESOURCES_PER_SLICE)))
+    return made(_type_sync_slices(state, cache, _Slices(RESOURCES_PER_SLICE)))
 
 
 class _Slices:
