@@ -319,6 +319,11 @@ print(json.dumps({"ms": ms, "bytes": len(body), "clients": len(json.loads(body)[
 """
 
 
+def relay_dir() -> str:
+    """Where the relay package measured is (another tree's, with --relay-src)."""
+    return str(Path(sys.modules["relay"].__file__ or "").resolve().parent)
+
+
 async def read_clients(url: str) -> dict[str, Any]:
     """Milliseconds ``url`` took to read, its bytes and the clients it lists."""
     reader = await asyncio.create_subprocess_exec(sys.executable, "-c", _READER, url,
@@ -366,8 +371,7 @@ async def clients_lag(streams: int, clusters: int, runs: int) -> dict[str, Any]:
                 f"{kind}_median_ms": round(statistics.median(ordered) * 1000, 2),
                 f"{kind}s_over_50ms": sum(1 for held in ordered if held > 0.05)}
 
-    return {"relay": str(Path(sys.modules["relay"].__file__ or "").resolve().parent),
-            "streams": streams, "clusters": clusters, "runs": runs,
+    return {"relay": relay_dir(), "streams": streams, "clusters": clusters, "runs": runs,
             "setup_s": round(setup_s, 1), "clients_bytes": size,
             "clients_ms": [round(ms) for ms in took],
             "hold_max_per_run_ms": [round(ms, 1) for ms in longest],
