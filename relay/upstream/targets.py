@@ -14,12 +14,14 @@ cache, which nothing would keep current.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import itertools
 import math
 from collections import deque
 from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
+from operator import countOf
 from typing import Protocol
 
 from relay.constraints import EMPTY_PARAMS, Locator, Params
@@ -114,6 +116,13 @@ DEFAULT_LINGER_NAMES = 20_000
 TOGETHER = 2.0
 
 
+#: The most locators whose linger ends in one tick of the upstream (see
+#: :meth:`Lingering.due`): each costs its sync, its unsubscribe and its cache
+#: record forgotten (~5 us), so 2,000 keep a tick within ~10 ms, as the
+#: interest index and the upstream take a leaving client's names 2,000 a turn.
+ENDING_PER_TICK = 2_000
+
+
 class _Batch:
     """Locators of one type let go together, lingering until ``until``: a list
     slot each (8 bytes), not a record of their own."""
@@ -198,10 +207,11 @@ class Lingering:
     """
 
     def __init__(self, deadlines: Deadlines, limit: int | None = None,
-                 together: float = 0.0) -> None:
+                 together: float = 0.0, per_tick: int | None = ENDING_PER_TICK) -> None:
         self._deadlines = deadlines
         self.limit = limit
         self.together = together
+        self.per_tick = per_tick  # the most names whose linger ends per tick (None: all)
         self._departures = 0  # departures numbered, per Lingering
         # per type, oldest first (``until`` ascending)
         self._batches: dict[str, deque[_Batch]] = {}
@@ -258,12 +268,23 @@ class Lingering:
 
     def due(self, now: float) -> list[tuple[str, list[str]]]:
         """Per type with something that may go by ``now``: the names whose
-        linger ended (kept for the sync of those names: :meth:`take_ending`)."""
+        linger ended (kept for the sync of those names: :meth:`take_ending`).
+
+        At most :attr:`per_tick` names, all types together (type by type): a
+        linger of 20,000 names ending (or 80,000 cut by the bound at once)
+        is synced a slice at a time, each the work of a few milliseconds,
+        rather than in one step of the event loop. What is due and not taken
+        keeps a deadline that is due already, so the next tick goes on."""
         found = []
+        room = math.inf if self.per_tick is None else self.per_tick
         for type_url in sorted(self.types()):
-            names = self._end_due(type_url, now)
+            names = self._end_due(type_url, now, room)
+            room -= len(names)
             if names or self._wildcard.get(type_url, math.inf) <= now:
                 found.append((type_url, names))
+        for type_url, batches in self._batches.items():
+            if batches[0].until <= now:  # due, left for the next tick
+                self._deadlines.add(LingerEnds(type_url, batches[0].until))
         return found
 
     def take_ending(self, type_url: str, now: float, names: Collection[str] | None) -> _Ending:
@@ -290,23 +311,31 @@ class Lingering:
         return any(batch.until == deadline.at
                    for batch in self._batches.get(deadline.type_url, ()))
 
-    def _end_due(self, type_url: str, now: float) -> list[str]:
-        """Take the batches of the type due by ``now``: the names whose linger ends."""
+    def _end_due(self, type_url: str, now: float, room: float) -> list[str]:
+        """Take the batches of the type due by ``now``, of their locators
+        ``room`` at most (the rest stay at the front of the batches): the
+        names whose linger ends."""
         batches = self._batches.get(type_url)
-        if not batches or batches[0].until > now:
+        if not batches or batches[0].until > now or room <= 0:
             return []
         order: list[str] = []  # the names in the order their batches hold them
         names: set[str] = set()
         variants: set[tuple[str, Params]] = set()
-        while batches and batches[0].until <= now:
-            batch = batches.popleft()
+        cut = 0  # whether the first batch left was cut (the rest of one let go with these)
+        while batches and batches[0].until <= now and room > 0:
+            batch = batches[0]
+            if len(batch) <= room:
+                batches.popleft()
+            else:
+                batch, cut = _first_of(batch, int(room)), 1
+            room -= len(batch)
             if batch.counted:
                 self._count -= len(batch)
             order += batch.names
             order += (name for name, _ in batch.variants)
             names.update(batch.names)
             variants.update(batch.variants)
-        for later in batches:  # let go again since: they linger on
+        for later in itertools.islice(batches, cut, None):  # let go again since: they linger on
             if names:
                 names.difference_update(later.names)
             if variants:
@@ -366,6 +395,19 @@ class Lingering:
                 if not batch:
                     batches.remove(batch)
             self._insert(type_url, cut)
+
+
+def _first_of(batch: _Batch, count: int) -> _Batch:
+    """Take the first ``count`` locators out of ``batch`` (its plain names
+    first), as a batch of their own with the same time."""
+    first = _Batch(batch.until, batch.counted, batch.departure)
+    first.names = batch.names[:count]
+    del batch.names[:count]
+    rest = count - len(first.names)
+    if rest:
+        first.variants = batch.variants[:rest]
+        del batch.variants[:rest]
+    return first
 
 
 def _lowest_in_memory(batches: list[_Batch], count: int) -> list[str]:
@@ -470,19 +512,10 @@ class Targets:
                      *(name for name, _ in already)}
         until = now + self.linger
         if self.linger > 0:
-            plain: list[str] = []
-            variants: list[tuple[str, Params]] = []
-            for name in names:
-                subscribed = sub.locators.get(name)
-                if not subscribed:
-                    continue
-                for params in subscribed - demand.wanted_params(type_url, name):
-                    if (name, params) in already:
-                        continue
-                    if params == EMPTY_PARAMS:
-                        plain.append(name)
-                    else:
-                        variants.append((name, params))
+            # (what is not subscribed cannot be let go: a client joining asks nothing here)
+            held = list(filter(sub.locators.__contains__, names))
+            plain, variants = _let_go(sub.locators, held, _wanted(demand, type_url, held),
+                                      already)
             self.lingering.start(type_url, now, until, plain, variants)
         if demand.wants_wildcard(type_url):
             self.lingering.cancel_wildcard(type_url)
@@ -502,8 +535,9 @@ class Targets:
         if unsubscribe and oversized(sub.locators):  # most of it went: a table as small as the rest
             sub.locators = dict(sub.locators)
         if not wildcard:  # (the wildcard subscription still brings every variant)
-            gone = []  # names no subscription keeps: forgotten together, told once
-            for name, dropped in unsubscribe.items():
+            # names no subscription keeps: forgotten together, told once
+            gone = [] if any(map(target.get, unsubscribe)) else list(unsubscribe)
+            for name, dropped in unsubscribe.items() if not gone else ():
                 kept = target.get(name, set())
                 if kept:
                     self._forget_variants(type_url, name, kept, dropped)
@@ -546,8 +580,9 @@ class Targets:
                names: Collection[str] | None,
                ending: _Ending | None = None) -> tuple[Locators, bool]:
         """The locators to be subscribed to: what is needed and not served
-        from cache already, for ``names`` (None: every name), and whether the
-        wildcard is. Needed is what clients want and what lingers: a locator
+        from cache already, for ``names`` (None: every name; of those given,
+        one whose subscription stays as it is may be left out), and whether
+        the wildcard is. Needed is what clients want and what lingers: a locator
         subscribed that nobody wants, unless its linger is ``ending``; on a
         new stream, nothing is subscribed yet: what was let go and is not
         due."""
@@ -562,7 +597,14 @@ class Targets:
                     needed[name] = needed.get(name, frozenset()) | {params}
             names = {*needed, *current}
         else:
-            needed = {name: demand.wanted_params(type_url, name) for name in names}
+            wants = _wanted(demand, type_url, names)
+            wanted_only = _wanted_only(names, wants) if self.linger > 0 and not ending else None
+            if wanted_only is not None:
+                needed, names = wanted_only, wanted_only.keys()
+            elif ending and _all_ended(current, names, wants, ending):
+                return dict.fromkeys(names, _NOTHING), wildcard
+            else:
+                needed = dict(zip(names, wants, strict=True))
         if self.linger > 0:
             for name in names:
                 subscribed = current.get(name)
@@ -614,12 +656,97 @@ class Targets:
         self.cache.forget_variants(type_url, name, keep, dropped)
 
 
+def _wanted(demand: Demand, type_url: str, names: Iterable[str]) -> list[frozenset[Params]]:
+    """What clients want of each of ``names``, in their order (one look-up
+    each, made in C: no loop here)."""
+    return list(map(functools.partial(demand.wanted_params, type_url), names))
+
+
+def _all_plain(subscribed: Mapping[str, Set[Params]], names: Collection[str]) -> bool:
+    """Whether each of ``names`` is subscribed as a plain name, and nothing else."""
+    return countOf(map(subscribed.get, names), _PLAIN) == len(names)
+
+
+# -- whole-set paths --------------------------------------------------------------
+#
+# A client of many plain names leaving reaches the targets a slice at a time,
+# each slice's names alike: nobody wants them, each is subscribed plain, and
+# later their linger ends together. Each function below does for such a
+# slice, with a few operations on the whole set, what the loop after it does
+# name by name; None where the names are not all alike (the loop then runs).
+# tests/upstream/test_targets_together.py holds each to its loop.
+
+
+def _let_go_together(subscribed: Mapping[str, Set[Params]], names: Collection[str],
+                     wanted: list[frozenset[Params]],
+                     already: Container[tuple[str, Params]]) -> list[str] | None:
+    """The names let go, where none of ``names`` is wanted or lingers
+    ``already`` and each is subscribed plain: all of them."""
+    if already or any(wanted) or not _all_plain(subscribed, names):
+        return None
+    return list(names)
+
+
+def _wanted_only(names: Collection[str], wanted: list[frozenset[Params]]
+                 ) -> dict[str, frozenset[Params]] | None:
+    """What is needed of ``names`` where names nobody wants keep what they
+    have (their linger goes on, or nothing is subscribed): only the wanted
+    ones, each with what is wanted of it (what the others need is what is
+    subscribed: left out, as their subscriptions stay)."""
+    return dict(zip(itertools.compress(names, wanted), filter(None, wanted), strict=True))
+
+
+def _all_ended(current: Mapping[str, Set[Params]], names: Collection[str],
+               wanted: list[frozenset[Params]], ending: _Ending) -> bool:
+    """Whether ``names`` are plain names whose linger ended (all of
+    ``ending``) and nobody wants: all of them go."""
+    return not any(wanted) and not ending.variants and ending.names.issuperset(names) and \
+        _all_plain(current, names)
+
+
+def _replace_together(sub: TypeSubscription, target: Locators) -> Locators | None:
+    """What :func:`_replace` does where every name of ``target`` is let go
+    and subscribed: all unsubscribed, in name order."""
+    if not target or any(target.values()) or not all(map(sub.locators.__contains__, target)):
+        return None
+    names = sorted(target)
+    return dict(zip(names, map(sub.locators.pop, names), strict=True))
+
+
+def _let_go(subscribed: Mapping[str, Set[Params]], names: Collection[str],
+            wanted: list[frozenset[Params]], already: Container[tuple[str, Params]]
+            ) -> tuple[list[str], list[tuple[str, Params]]]:
+    """The locators of ``names`` subscribed that nobody wants (``wanted``: what
+    clients want of each) and not ``already`` lingering: plain names, and
+    names with parameters."""
+    together = _let_go_together(subscribed, names, wanted, already)
+    if together is not None:
+        return together, []
+    plain: list[str] = []
+    variants: list[tuple[str, Params]] = []
+    for name, wants in zip(names, wanted, strict=True):
+        held = subscribed.get(name)
+        if not held:
+            continue
+        for params in held - wants:
+            if (name, params) in already:
+                continue
+            if params == EMPTY_PARAMS:
+                plain.append(name)
+            else:
+                variants.append((name, params))
+    return plain, variants
+
+
 def _replace(sub: TypeSubscription, target: Locators, whole: bool) -> tuple[Locators, Locators]:
     """Subscribe ``target`` for its names (``whole``: and nothing else): what
     is subscribed and what unsubscribed, by name."""
-    scope = {*target, *sub.locators} if whole else set(target)
     subscribe: Locators = {}
+    together = None if whole else _replace_together(sub, target)
+    if together is not None:
+        return subscribe, together
     unsubscribe: Locators = {}
+    scope = {*target, *sub.locators} if whole else set(target)
     for name in sorted(scope):
         new, old = target.get(name, _NOTHING), sub.locators.get(name, _NOTHING)
         if not new:  # (a name let go: a client of many names left)
