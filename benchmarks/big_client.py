@@ -44,8 +44,21 @@ The relay runs from ``--relay-src`` (default: this checkout; a git worktree
 of another commit measures that commit with this checkout's clients and
 baselines).
 
+The relay's ``server.max_response_size`` is 4 MiB by default (gRPC clients'
+default receive limit), and the bare server sends one message whatever its
+size, which this benchmark's client (no receive limit) takes: with
+``--max-response-size default,2GiB`` a second relay, whose limit is what the
+client accepts, is measured too (its rows say ``relay@2GiB``), the fair
+comparison with the bare server's one message. With ``--variant sotw`` the
+big client subscribes over SotW (``StreamAggregatedResources``; each ACK
+names all K again, as Envoy's do) and the bare server is
+:mod:`benchmarks.bare_sotw`, sending one pre-encoded ``DiscoveryResponse``;
+the forwarder (delta only) is left out. ``--servers`` picks among
+bare, relay and forwarder.
+
 Usage: ``python -m benchmarks.big_client [--resources 1000,10000,100000] [--runs 3]
-[--timeout 120] [--relay-src DIR]``
+[--timeout 120] [--variant delta|sotw] [--max-response-size default,2GiB]
+[--servers bare,relay,forwarder] [--relay-src DIR]``
 Writes tables to stdout and JSON to ``benchmarks/results/big_client.json``.
 """
 
@@ -66,12 +79,14 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from benchmarks.bare import BareProcess, bare_process, big_names
+from benchmarks.bare_sotw import bare_sotw_process
 from benchmarks.forwarder import forwarder_process
 from benchmarks.processes import (
     DELTA_ADS,
     Workers,
     cpu_seconds,
     demand_seconds,
+    main_thread_cpu_seconds,
     open_streams,
     relay_process,
     wait_for_worker,
@@ -88,51 +103,99 @@ BASELINE_S = 2.0
 QUIET_SHARE = 0.35
 QUIET_INTERVAL_S = 0.1
 SENT = "sent@"
+# --max-response-size: the relay's own default (server.max_response_size unset)
+DEFAULT_SIZE = "default"
+SOTW_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 
 
 def _ack(response: Any) -> discovery_pb2.DeltaDiscoveryRequest:
     return discovery_pb2.DeltaDiscoveryRequest(type_url=ENDPOINT, response_nonce=response.nonce)
 
 
+class Protocol:
+    """How the big client subscribes and ACKs: delta, or SotW (``--variant``)."""
+
+    def __init__(self, variant: str, names: list[str]) -> None:
+        self.variant = variant
+        self.names = names
+        # delta: the names not received yet; SotW: how many resources are
+        # still to come (a SotW resource is an Any without its name: the
+        # relay sends each once, and decoding every body to read its name
+        # would be the client's work, not the server's)
+        self.missing = set(names)
+        self.to_come = len(names)
+
+    def method(self) -> tuple[str, Any, Any]:
+        """The ADS method, its request serializer and response deserializer."""
+        if self.variant == "sotw":
+            return (SOTW_ADS, discovery_pb2.DiscoveryRequest.SerializeToString,
+                    discovery_pb2.DiscoveryResponse.FromString)
+        return (DELTA_ADS, discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+                discovery_pb2.DeltaDiscoveryResponse.FromString)
+
+    def subscribe(self) -> Any:
+        node = {"id": f"big-client-{os.getpid()}"}
+        if self.variant == "sotw":
+            return discovery_pb2.DiscoveryRequest(node=node, type_url=ENDPOINT,
+                                                  resource_names=self.names)
+        return discovery_pb2.DeltaDiscoveryRequest(node=node, type_url=ENDPOINT,
+                                                   resource_names_subscribe=self.names)
+
+    def ack(self, response: Any) -> Any:
+        """A SotW ACK names the whole subscription again, as Envoy's do."""
+        if self.variant == "sotw":
+            return discovery_pb2.DiscoveryRequest(
+                type_url=ENDPOINT, version_info=response.version_info,
+                response_nonce=response.nonce, resource_names=self.names)
+        return _ack(response)
+
+    def all_in(self, response: Any) -> bool:
+        """Count what ``response`` carries; whether every resource is in now."""
+        if self.variant == "sotw":
+            self.to_come -= len(response.resources)
+            return self.to_come <= 0
+        self.missing.difference_update(resource.name for resource in response.resources)
+        return not self.missing
+
+
 # -- the big client (its own process) ---------------------------------------------
 
 
-def client_main(conn: Connection, _count: int, target: str, resources: int) -> None:
-    asyncio.run(_client(conn, target, resources))
+def client_main(conn: Connection, _count: int, target: str, resources: int,
+                variant: str = "delta") -> None:
+    asyncio.run(_client(conn, target, resources, variant))
 
 
-async def _client(conn: Connection, target: str, resources: int) -> None:
+async def _client(conn: Connection, target: str, resources: int, variant: str) -> None:
     """Connects and says ``"ready"``; on ``"join"`` subscribes and reports the
     times (or the stream's error); on ``"leave"`` cancels its stream, reports
     when, and exits."""
     loop = asyncio.get_running_loop()
     names = big_names(resources)
-    request = discovery_pb2.DeltaDiscoveryRequest(
-        node={"id": f"big-client-{os.getpid()}"}, type_url=ENDPOINT,
-        resource_names_subscribe=names)
+    protocol = Protocol(variant, names)
+    request = protocol.subscribe()
     # 100,000 resources of 1 KB are a 110 MB response.
     channel = grpc.aio.insecure_channel(target, options=[
         ("grpc.max_receive_message_length", -1), ("grpc.use_local_subchannel_pool", 1)])
     await channel.channel_ready()  # connected: the time is the subscription's only
-    call = channel.stream_stream(
-        DELTA_ADS, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
-        response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
+    method, serializer, deserializer = protocol.method()
+    call = channel.stream_stream(method, request_serializer=serializer,
+                                 response_deserializer=deserializer)()
     conn.send("ready")
     command = await loop.run_in_executor(None, conn.recv)
     assert command == "join", command
-    missing = set(names)
     responses = 0
     sent = time.monotonic()
     try:
         await call.write(request)
-        while missing:
+        all_in = False
+        while not all_in:
             response = await call.read()
             if response is grpc.aio.EOF:
                 raise RuntimeError("the stream ended")
             responses += 1
-            for resource in response.resources:
-                missing.discard(resource.name)
-            await call.write(_ack(response))
+            all_in = protocol.all_in(response)
+            await call.write(protocol.ack(response))
         conn.send({"sent": sent, "done": time.monotonic(), "responses": responses})
     except grpc.aio.AioRpcError as error:
         conn.send({"error": f"{error.code().name}: {error.details()}"})
@@ -141,7 +204,7 @@ async def _client(conn: Connection, target: str, resources: int) -> None:
 
     async def ack_all() -> None:
         while (response := await call.read()) is not grpc.aio.EOF:
-            await call.write(_ack(response))
+            await call.write(protocol.ack(response))
 
     acks = asyncio.create_task(ack_all())
     command = await loop.run_in_executor(None, conn.recv)
@@ -231,9 +294,10 @@ async def quiet_after(pid: int, timeout: float) -> tuple[float, float]:
 class Run:
     """One run against one server: its phases' figures and windows."""
 
-    def __init__(self, server: str, pid: int, timeout: float, origin_pid: int | None = None
-                 ) -> None:
+    def __init__(self, server: str, pid: int, timeout: float, origin_pid: int | None = None,
+                 variant: str = "delta") -> None:
         self.figures: dict[str, Any] = {"server": server}
+        self.variant = variant
         self.windows: dict[str, tuple[float, float]] = {}
         self.pid = pid
         self.origin_pid = origin_pid
@@ -247,7 +311,7 @@ class Run:
 
     async def join(self, phase: str, clients: Workers, index: int) -> None:
         pipe, proc = clients.pipes[index], clients.processes[index]
-        cpu = cpu_seconds(self.pid)
+        cpu, main_cpu = cpu_seconds(self.pid), main_thread_cpu_seconds(self.pid)
         origin_cpu = cpu_seconds(self.origin_pid) if self.origin_pid else None
         pipe.send("join")
         try:
@@ -262,6 +326,7 @@ class Run:
         self.figures[f"{phase}_ms"] = round((reply["done"] - reply["sent"]) * 1000, 1)
         self.figures[f"{phase}_responses"] = reply["responses"]
         self.figures[f"{phase}_cpu_s"] = round(cpu_seconds(self.pid) - cpu, 3)
+        self.figures[f"{phase}_main_cpu_s"] = round(main_thread_cpu_seconds(self.pid) - main_cpu, 3)
         if origin_cpu is not None and self.origin_pid:
             self.figures[f"{phase}_origin_cpu_s"] = round(
                 cpu_seconds(self.origin_pid) - origin_cpu, 3)
@@ -292,10 +357,11 @@ class Run:
         return self.figures
 
 
-async def measure_bare(bare: BareProcess, resources: int, timeout: float) -> dict[str, Any]:
+async def measure_bare(bare: BareProcess, resources: int, timeout: float,
+                       variant: str = "delta") -> dict[str, Any]:
     run = Run("bare", bare.pid, timeout)
     async with workers(probe_main, 1, 1, bare.target) as probe, \
-            workers(client_main, 1, 1, bare.target, resources) as clients:
+            workers(client_main, 1, 1, bare.target, resources, variant) as clients:
         try:
             await run.baseline()
             await run.join("join", clients, 0)
@@ -307,6 +373,7 @@ async def measure_bare(bare: BareProcess, resources: int, timeout: float) -> dic
 
 async def measure_forwarder(origin: BareProcess, resources: int, timeout: float
                             ) -> dict[str, Any]:
+    # (delta only: the forwarder speaks delta to its clients)
     async with forwarder_process(origin.target) as forwarder, \
             workers(probe_main, 1, 1, forwarder.target) as probe, \
             workers(client_main, 1, 1, forwarder.target, resources) as clients:
@@ -320,12 +387,15 @@ async def measure_forwarder(origin: BareProcess, resources: int, timeout: float
 
 
 async def measure_relay(origin: BareProcess, resources: int, timeout: float,
-                        src: Path | None = None) -> dict[str, Any]:
-    async with relay_process("big-client-bench", origin.port, drain_period=0,
-                             src=src) as relay, \
+                        src: Path | None = None, max_response_size: str = DEFAULT_SIZE,
+                        variant: str = "delta") -> dict[str, Any]:
+    server = "" if max_response_size == DEFAULT_SIZE else \
+        f"max_response_size: {max_response_size}"
+    async with relay_process("big-client-bench", origin.port, drain_period=0, src=src,
+                             server_extra=server) as relay, \
             workers(probe_main, 1, 1, relay.target) as probe, \
-            workers(client_main, 2, 2, relay.target, resources) as clients:
-        run = Run("relay", relay.process.pid, timeout, origin.pid)
+            workers(client_main, 2, 2, relay.target, resources, variant) as clients:
+        run = Run(relay_kind(max_response_size), relay.process.pid, timeout, origin.pid)
         try:
             await run.baseline()
             await run.join("cold_join", clients, 0)
@@ -337,14 +407,21 @@ async def measure_relay(origin: BareProcess, resources: int, timeout: float,
         return await run.finish(probe, clients)
 
 
-# the servers of each run, in this order (and the next run in the reverse)
+# the servers of each run, in this order (and the next run in the reverse); a
+# relay for each --max-response-size
 KINDS = ("bare", "relay", "forwarder")
+
+
+def relay_kind(max_response_size: str) -> str:
+    """The name of a relay's runs: ``relay``, or ``relay@SIZE`` for a size set."""
+    return "relay" if max_response_size == DEFAULT_SIZE else f"relay@{max_response_size}"
 
 # (label, the relay's figure, the bare server's figure or None)
 ROWS: Sequence[tuple[str, str, str | None]] = (
     ("all K received, relay warm (ms)", "warm_join_ms", "join_ms"),
     ("all K received, relay cold (ms)", "cold_join_ms", "join_ms"),
     ("server CPU, warm join (s)", "warm_join_cpu_s", "join_cpu_s"),
+    ("server main-thread CPU, warm join (s)", "warm_join_main_cpu_s", "join_main_cpu_s"),
     ("server CPU, cold join (s)", "cold_join_cpu_s", "join_cpu_s"),
     ("origin CPU, cold join (s)", "cold_join_origin_cpu_s", None),
     ("server CPU, warm leave (s)", "warm_leave_cpu_s", "leave_cpu_s"),
@@ -371,39 +448,61 @@ FORWARDER_ROWS: Sequence[tuple[str, str, str]] = (
 )
 
 
-def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Comparison]:
-    return {**{label: compare(values(runs["relay"], relay),
+def summarize(runs: dict[str, list[dict[str, Any]]], kind: str = "relay"
+              ) -> dict[str, Comparison]:
+    """The table of one relay's runs (``kind``) against the bare server's and
+    the forwarder's (none: no rows against it)."""
+    return {**{label: compare(values(runs[kind], relay),
                               None if bare is None else values(runs["bare"], bare))
                for label, relay, bare in ROWS},
-            **{label: compare(values(runs["relay"], relay),
+            **{label: compare(values(runs[kind], relay),
                               values(runs["forwarder"], forwarder))
-               for label, relay, forwarder in FORWARDER_ROWS}}
+               for label, relay, forwarder in FORWARDER_ROWS if runs.get("forwarder")}}
+
+
+def kinds_of(args: argparse.Namespace) -> list[str]:
+    """The servers each run measures, in order: the bare server, a relay per
+    ``--max-response-size``, and (delta, unless left out) the forwarder."""
+    chosen = args.servers.split(",")
+    kinds = ["bare"] if "bare" in chosen else []
+    if "relay" in chosen:
+        kinds += [relay_kind(size) for size in args.max_response_size.split(",")]
+    if "forwarder" in chosen and args.variant == "delta":  # (it serves delta only)
+        kinds.append("forwarder")
+    return kinds
+
+
+async def measure(kind: str, bare: BareProcess, origin: BareProcess, resources: int,
+                  args: argparse.Namespace) -> dict[str, Any]:
+    if kind == "bare":
+        return await measure_bare(bare, resources, args.timeout, args.variant)
+    if kind == "forwarder":
+        return await measure_forwarder(origin, resources, args.timeout)
+    size = kind.partition("@")[2] or DEFAULT_SIZE
+    return await measure_relay(origin, resources, args.timeout, args.relay_src, size,
+                               args.variant)
 
 
 async def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
+    kinds = kinds_of(args)
     for resources in (int(x) for x in args.resources.split(",")):
-        runs: dict[str, list[dict[str, Any]]] = {"bare": [], "relay": [], "forwarder": []}
-        async with bare_process(resources, args.size) as bare, \
-                bare_process(resources, args.size) as origin:
+        runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+        baseline = bare_sotw_process(resources, args.size) if args.variant == "sotw" else \
+            bare_process(resources, args.size)
+        async with baseline as bare, bare_process(resources, args.size) as origin:
             for server in (bare, origin):
                 await server.command(f"tick bench {TICK_MS}")
             for run in range(args.runs):
-                for kind in KINDS if run % 2 == 0 else KINDS[::-1]:
-                    if kind == "bare":
-                        figures = await measure_bare(bare, resources, args.timeout)
-                    elif kind == "forwarder":
-                        figures = await measure_forwarder(origin, resources, args.timeout)
-                    else:
-                        figures = await measure_relay(origin, resources, args.timeout,
-                                                      args.relay_src)
+                for kind in kinds if run % 2 == 0 else kinds[::-1]:
+                    figures = await measure(kind, bare, origin, resources, args)
                     runs[kind].append(figures)
                     print(json.dumps({"resources": resources, "run": run, **figures}),
                           flush=True)
         errors = [f"{r['server']} run {i}: {r['error']}"
                   for kind in runs for i, r in enumerate(runs[kind]) if "error" in r]
-        results.append({"resources": resources, "runs": runs, "summary": summarize(runs),
-                        "errors": errors})
+        results.append({"resources": resources, "runs": runs, "errors": errors, "summary": {
+            kind: summarize(runs, kind) for kind in kinds if kind.startswith("relay")}})
     return results
 
 
@@ -416,6 +515,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs per server and K")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds a phase (a join, a leave's aftermath) may take")
+    parser.add_argument("--variant", choices=["delta", "sotw"], default="delta",
+                        help="the big client's protocol (the probe's is delta)")
+    parser.add_argument("--max-response-size", default=DEFAULT_SIZE, metavar="SIZES",
+                        help="the relay's server.max_response_size, comma-separated: a "
+                             "relay for each ('default': unset, 4MiB; '2GiB': as much as "
+                             "the client accepts)")
+    parser.add_argument("--servers", default=",".join(KINDS),
+                        help=f"which of {','.join(KINDS)} to measure")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/big_client.json"))
     parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
                         metavar="DIR", help="run the relay from this source tree (default: "
@@ -423,15 +530,18 @@ def main() -> None:
     args = parser.parse_args()
     args.relay_src = args.relay_src.resolve()
     commit = revision(args.relay_src)
-    print(f"relay at {commit} ({args.relay_src})", flush=True)
+    print(f"relay at {commit} ({args.relay_src}), {args.variant} client", flush=True)
     results = asyncio.run(run_all(args))
     for result in results:
-        rows = [(label, result["summary"][label]) for label, _, _ in (*ROWS, *FORWARDER_ROWS)]
-        print(f"\nK = {result['resources']}, {args.runs} runs each:\n{table(rows, 'figure')}")
+        for kind, summary in result["summary"].items():
+            rows = [(label, summary[label]) for label, _, _ in (*ROWS, *FORWARDER_ROWS)
+                    if label in summary]
+            print(f"\nK = {result['resources']}, {kind}, {args.runs} runs each:\n"
+                  f"{table(rows, 'figure')}")
         for error in result["errors"]:
             print(f"  {error}")
     write_results(args.out, "benchmarks.big_client", runs=args.runs, results=results,
-                  relay_src=str(args.relay_src), revision=commit)
+                  relay_src=str(args.relay_src), revision=commit, variant=args.variant)
 
 
 if __name__ == "__main__":
