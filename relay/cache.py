@@ -524,7 +524,7 @@ class ResourceCache:
         fresh: set[str] = set()
         for resource in update.upserts:
             name = resource.name
-            if resource.plain and name not in records and name not in fresh:
+            if resource.plain and name not in records:  # (so once: twice is not new)
                 records[name] = _Record({"": resource})
                 fresh.add(name)
                 if collections is not None and name.startswith(PREFIX):
@@ -544,7 +544,7 @@ class ResourceCache:
             if params not in answered:
                 answered = _ANSWERED_PLAIN if not answered and \
                     params == EMPTY_PARAMS else answered | {params}
-                if found is None or found.is_bare():
+                if found is None or (not found.variants and found.is_bare()):
                     entry.set_bare(name, found is not None and found.absent, answered)
                 else:
                     found.answered = answered  # (a record with more is never shared)

@@ -218,7 +218,7 @@ class CachedResource:
         :func:`content_digest`'s; a derived version, field 1, goes first,
         where encoding the message with it writes it.
         """
-        made = cls(type_url, name, version, None, UNCONSTRAINED, None, received)
+        made = _Plain(type_url, name, version, received)
         if not version:
             encoded = _payload(entry)
             digest = made.digest = _digest(encoded)
@@ -227,11 +227,6 @@ class CachedResource:
             encoded = _VERSION_TAG + varint(len(version)) + version.encode() + encoded
             entry = _ENTRY_TAG + varint(len(encoded)) + encoded
         made.delta_entry = entry
-        made.aliases = ()
-        made.ttl_seconds = None
-        made.do_not_cache = False
-        made.resource_name = None
-        made.plain = True
         return made
 
     def is_current(self, resource: CachedResource) -> bool:
@@ -259,6 +254,33 @@ class CachedResource:
     def body(self) -> any_pb2.Any:
         body: any_pb2.Any = self.resource.resource
         return body
+
+
+class _Plain(CachedResource):
+    """A plain resource made from its encoding (see :meth:`CachedResource.from_encoded`):
+    what all plain ones share is the class's, not set on each."""
+
+    __slots__ = ()
+
+    constraints = UNCONSTRAINED
+    variant_key = UNCONSTRAINED.key
+    aliases: tuple[str, ...] = ()
+    ttl_seconds = None
+    do_not_cache = False
+    resource_name = None
+    plain = True
+
+    def __init__(self, type_url: str, name: str, version: str, received: float) -> None:
+        # (no super().__init__: one call less for each of 10,000)
+        self.type_url = type_url
+        self.name = name
+        self.version = version
+        self.arrival = _next_arrival()
+        self.received = received
+        self.derived_version = False
+
+    def __repr__(self) -> str:
+        return "plain " + super().__repr__()
 
 
 # -- what a CachedResource computes on first read ------------------------------

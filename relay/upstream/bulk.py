@@ -12,8 +12,9 @@ message share the wire format, so a field can be read as either.
 
 * ``Entries`` reads each ``resources`` entry as bytes: the resource's
   encoding, reused as it is (no re-encoding).
-* ``Extras`` reads only ``Resource``'s fields beyond name, version and body:
-  with the rest dropped, its size says whether any resource has one.
+* ``Extras`` reads only ``Resource``'s fields beyond name, version and
+  body, and the body's type URL: with the rest dropped, its encoding says
+  whether every resource is plain, with a body of the response's type.
 * ``Checked`` reads ``Any.value`` as the response's message type: parsing
   it decodes every body in one C call, a slice of entries at a time.
 
@@ -52,6 +53,8 @@ _ENTRY_TAG = b"\x12"
 _PACKAGE = "xds_relay.shadow"
 
 _F = descriptor_pb2.FieldDescriptorProto
+# a field of a shadow type: name, number, type, label, message type (if one)
+_Field = tuple[str, int, Any, Any, str | None]
 
 
 class Shadows:
@@ -76,16 +79,18 @@ def shadows(type_url: str) -> Shadows:
     if body is not None:
         file.dependency.append(body.DESCRIPTOR.file.name)
     _message(file, "Entries", [("resources", 2, _F.TYPE_BYTES, _F.LABEL_REPEATED, None)])
-    extras = [(f.name, f.number, _F.TYPE_BYTES,
-               _F.LABEL_REPEATED if f.is_repeated else _F.LABEL_OPTIONAL, None)
-              for f in discovery_pb2.Resource.DESCRIPTOR.fields
-              if f.number not in _PLAIN_FIELDS]
+    extras: list[_Field] = [(f.name, f.number, _F.TYPE_BYTES,
+                               _F.LABEL_REPEATED if f.is_repeated else _F.LABEL_OPTIONAL, None)
+                            for f in discovery_pb2.Resource.DESCRIPTOR.fields
+                            if f.number not in _PLAIN_FIELDS]
+    _message(file, "TypeOnly", [("type_url", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None)])
+    extras.append(("resource", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, f".{package}.TypeOnly"))
     _message(file, "ExtraResource", extras)
     _message(file, "Extras", [("resources", 2, _F.TYPE_MESSAGE, _F.LABEL_REPEATED,
                                f".{package}.ExtraResource")])
     value = (("value", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, f".{full_name}")
              if full_name is not None else ("value", 2, _F.TYPE_BYTES, _F.LABEL_OPTIONAL, None))
-    _message(file, "Body", [("type_url", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None), value])
+    _message(file, "Body", [value])
     _message(file, "CheckedResource", [
         ("version", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, None),
         ("resource", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, f".{package}.Body"),
@@ -100,7 +105,7 @@ def shadows(type_url: str) -> Shadows:
 
 
 def _message(file: descriptor_pb2.FileDescriptorProto, name: str,
-             fields: Sequence[tuple[str, int, Any, Any, str | None]]) -> None:
+             fields: Sequence[_Field]) -> None:
     made = file.message_type.add(name=name)
     for field_name, number, kind, label, type_name in fields:
         field = made.field.add(name=field_name, number=number, type=kind, label=label)
@@ -116,18 +121,21 @@ def plain_resources(response: discovery_pb2.DeltaDiscoveryResponse, type_url: st
     """The response's resources, checked and made in bulk, when every one is
     plain and decodes; None when any is not (or there are too few to be
     worth it): the general check then finds which and why. A generator that
-    pauses (yields) after each slice of :data:`SLICE` when ``step``."""
+    pauses (yields) when ``step``: after encoding the response, after
+    checking its fields, and after each slice of :data:`SLICE`."""
     count = len(response.resources)
     if count < BULK_FROM:
         return None
     found = shadows(type_url)
     encoded = response.SerializeToString()
-    extras = found.extras.FromString(encoded)
-    extras.DiscardUnknownFields()
-    if extras.ByteSize() != 2 * count:  # (each an empty entry: tag and length 0)
+    if step:
+        yield
+    if not _only_plain(found, encoded, type_url, count):
         return None
+    if step:
+        yield
     payloads = found.entries.FromString(encoded).resources
-    del encoded, extras
+    del encoded
     made: list[CachedResource] = []
     from_encoded = CachedResource.from_encoded
     for start in range(0, count, SLICE):
@@ -141,9 +149,23 @@ def plain_resources(response: discovery_pb2.DeltaDiscoveryResponse, type_url: st
             return None
         for resource, entry in zip(checked.resources, entries, strict=True):
             name = resource.name
-            if not name or resource.resource.type_url != type_url:
+            if not name:
                 return None
             made.append(from_encoded(type_url, name, resource.version, entry, received))
     if len({resource.name for resource in made}) != count:
         return None
     return made
+
+
+def _only_plain(found: Shadows, encoded: bytes, type_url: str, count: int) -> bool:
+    """Whether every resource of the encoded response has a body of
+    ``type_url`` and no field but name, version and body: read as
+    ``Extras`` with the rest dropped, each must be that body's type alone."""
+    extras = found.extras.FromString(encoded)
+    extras.DiscardUnknownFields()
+    body_type = _field(1, type_url.encode())
+    return bool(extras.SerializeToString() == _field(2, _field(2, body_type)) * count)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return bytes(((number << 3) | 2,)) + varint(len(payload)) + payload

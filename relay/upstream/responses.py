@@ -86,8 +86,9 @@ def parse_response(response: discovery_pb2.DeltaDiscoveryResponse) -> Checked:
 def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
                 step: int = RESOURCES_PER_STEP) -> Parsing:
     """:func:`parse_response` in steps: a generator that pauses (yields) after
-    every ``step`` resources (never with 0) and returns the parsed response,
-    or an :class:`Unusable` with the reason to NACK it.
+    every ``step`` resources (and between the bulk check's stages, see
+    :func:`~relay.upstream.bulk.plain_resources`; never with 0) and returns
+    the parsed response, or an :class:`Unusable` with the reason to NACK it.
 
     Checking a resource means decoding it: 10,000 of them take over 100 ms,
     so a caller with other work to do (an event loop) lets it run between

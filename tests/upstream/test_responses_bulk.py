@@ -254,14 +254,18 @@ def test_a_plain_response_is_decoded_in_slices_and_no_resource_is_parsed(
             counts.messages_parsed) == (3, 0, 0, 0)
 
 
+@pytest.mark.parametrize("change,one_by_one_made", [(_ttl, 2_500), (_heartbeat, 2_499),
+                                                    (_other_type, 1_500)],
+                         ids=["ttl", "heartbeat", "other_type"])
 def test_a_response_the_bulk_check_cannot_take_is_checked_once_one_by_one(
-        counts: Counts) -> None:
+        counts: Counts, change: Callable[[discovery_pb2.Resource], None],
+        one_by_one_made: int) -> None:
     message = response([plain(i) for i in range(2_500)])
-    _ttl(message.resources[1_500])
-    assert isinstance(parse_response(message), ParsedResponse)
-    # the extra field is seen before any body is decoded in bulk
+    change(message.resources[1_500])
+    parse_response(message)
+    # what is not plain is seen before any body is decoded in bulk
     assert (counts.bulk_decodes, counts.made_one_by_one, counts.decoded_one_by_one) == \
-        (0, 2_500, 2_500)
+        (0, one_by_one_made, one_by_one_made)
 
 
 def test_a_small_response_is_checked_one_by_one(counts: Counts) -> None:
