@@ -57,7 +57,7 @@ import hashlib
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,16 +319,19 @@ class BareProcess(ServerProcess):
 @contextlib.asynccontextmanager
 async def bare_process(big: int = 0, size: int = 1024, glob: int = 0, *,
                        options: str = "relay", tls: tuple[Path, Path] | None = None,
-                       gc: str = "default") -> AsyncIterator[BareProcess]:
+                       gc: str = "default", env: Mapping[str, str] | None = None
+                       ) -> AsyncIterator[BareProcess]:
     """``python -m benchmarks.bare`` on a free port, once listening (with
     ``options``, a key of :data:`OPTIONS`; over TLS with ``tls``, the
     certificate and key files; ``gc="relay"``: the relay's collector
-    settings); ended on the way out (end of stdin, then SIGKILL after 10 s)."""
+    settings; ``env``: more of its environment, e.g. ``{"PYTHONMALLOC":
+    "malloc"}``, the relay's allocator); ended on the way out (end of stdin,
+    then SIGKILL after 10 s)."""
     tls_args = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
     # (encoding 100,000 resources takes a few seconds)
     async with listening_process("benchmarks.bare", [
             "--big", str(big), "--size", str(size), "--glob", str(glob), "--options", options,
-            "--gc", gc, *tls_args], ready_within=300) as (process, port):
+            "--gc", gc, *tls_args], ready_within=300, env=env) as (process, port):
         yield BareProcess(process, port)
 
 

@@ -10,9 +10,12 @@ with gRPC's defaults (``bare-default``; but for its queue of calls, see
 two (``bare / bare-default``). ``bare-no-age`` and ``relay-no-age`` are
 each without ``server.max_connection_age`` (gRPC's per-connection timer
 for it is most of that cost; ``relay / relay-no-age`` is what it costs the
-relay). The same worker processes'
-code is the client of all: N delta streams (one gRPC connection each, like
-N Envoys) subscribe to one ClusterLoadAssignment and ACK what they get.
+relay). ``bare-default-malloc`` is ``bare-default`` on glibc's malloc, the
+relay's allocator (``PYTHONMALLOC=malloc``; :mod:`relay.memory`):
+``relay-no-age / bare-default-malloc`` is what the relay's own code holds.
+The same worker processes' code is the client of all: N delta streams
+(one gRPC connection each, like N Envoys) subscribe to one
+ClusterLoadAssignment and ACK what they get.
 
 A run: one stream in this process subscribes (for the relay, it keeps the
 resource cached and the relay synced); then the N streams connect all at
@@ -88,15 +91,16 @@ from tests.builders import endpoints, version_of
 from tests.harness import ScriptedOrigin
 
 # every server a run can measure, in the order they alternate; the default set
-SERVERS = ("bare", "bare-no-age", "bare-default", "bare-gc", "relay", "relay-no-age",
-           "relay-pymalloc")
+SERVERS = ("bare", "bare-no-age", "bare-default", "bare-default-malloc", "bare-gc", "relay",
+           "relay-no-age", "relay-pymalloc")
 DEFAULT_SERVERS = ("bare", "bare-default", "relay")
 # (a, b) of each ratio a / b reported, of the servers that ran; bare / bare-default
 # is what the relay's gRPC options cost (connection ageing above all: see bare-no-age)
 RATIOS = (("relay", "bare"), ("relay", "bare-default"), ("relay", "bare-gc"),
           ("bare", "bare-default"), ("bare-no-age", "bare-default"),
           ("relay-no-age", "bare-no-age"), ("relay-no-age", "bare-default"),
-          ("relay", "relay-no-age"),
+          ("relay", "relay-no-age"), ("relay-no-age", "bare-default-malloc"),
+          ("bare-default-malloc", "bare-default"),
           ("relay-pymalloc", "bare"), ("relay-pymalloc", "bare-default"),
           ("relay-pymalloc", "relay"))
 # label of each figure, in the order reported
@@ -177,11 +181,13 @@ class Server:
 async def bare_server(kind: str = "bare", options: str = "relay",
                       tls: tuple[Path, Path] | None = None,
                       client_tls: Callable[[str], ClientTLS | None] = lambda name: None,
-                      gc: str = "default") -> AsyncIterator[Server]:
+                      gc: str = "default", env: dict[str, str] | None = None
+                      ) -> AsyncIterator[Server]:
     """The bare server with ``options`` (``"relay"``: the relay's gRPC options,
     ``"default"``: gRPC's), over TLS with ``tls`` (certificate and key files),
-    with the relay's garbage collector settings if ``gc="relay"``."""
-    async with bare_process(options=options, tls=tls, gc=gc) as bare:
+    with the relay's garbage collector settings if ``gc="relay"``, ``env``
+    added to its environment."""
+    async with bare_process(options=options, tls=tls, gc=gc, env=env) as bare:
         async def change(port: int) -> None:
             await bare.command(f"update {NAME} {port}")
 
@@ -218,6 +224,8 @@ def starters(src: Path | None = None
         "bare": bare_server,
         "bare-no-age": functools.partial(bare_server, "bare-no-age", "relay-no-age"),
         "bare-default": functools.partial(bare_server, "bare-default", "default"),
+        "bare-default-malloc": functools.partial(bare_server, "bare-default-malloc", "default",
+                                                 env={"PYTHONMALLOC": "malloc"}),
         "bare-gc": functools.partial(bare_server, "bare-gc", gc="relay"),
         "relay": functools.partial(relay_server, src=src),
         "relay-no-age": functools.partial(relay_server, "relay-no-age",

@@ -96,14 +96,17 @@ class ServerProcess:
 
 
 @contextlib.asynccontextmanager
-async def listening_process(module: str, args: Sequence[str], ready_within: float
+async def listening_process(module: str, args: Sequence[str], ready_within: float,
+                            env: Mapping[str, str] | None = None
                             ) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
-    """``python -m module args`` and its port, once it has said on stdout that
-    it listens (``port N``, within ``ready_within`` seconds); ended on the way
-    out (end of stdin, then SIGKILL after 10 s)."""
+    """``python -m module args`` (``env``: more of its environment) and its
+    port, once it has said on stdout that it listens (``port N``, within
+    ``ready_within`` seconds); ended on the way out (end of stdin, then
+    SIGKILL after 10 s)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", module, *args,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, **env} if env else None)
     assert process.stdin is not None and process.stdout is not None
     try:
         line = (await asyncio.wait_for(process.stdout.readline(), ready_within)).decode()
