@@ -11,9 +11,9 @@ See "settle" in ``docs/glossary.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
-from relay.constraints import EMPTY_PARAMS, Locator
+from relay.constraints import EMPTY_PARAMS, Locator, Params
 from relay.upstream.deadlines import Deadlines, SettleDue
 
 #: A locator as the maps below key it: a plain name is the name itself, whose
@@ -25,6 +25,10 @@ _Key = str | Locator
 
 def _key(locator: Locator) -> _Key:
     return locator if locator.params else locator.name
+
+
+# the parameter sets of a plain name, subscribed without parameters
+_PLAIN = frozenset({EMPTY_PARAMS})
 
 
 def _locator(key: _Key) -> Locator:
@@ -57,6 +61,19 @@ class Settling:
             key = _key(locator)
             unsettled.pop(key, None)  # kept in the order they were subscribed
             unsettled[key] = now
+
+    def subscribed_all(self, type_url: str, locators: Mapping[str, Iterable[Params]],
+                       now: float) -> None:
+        """:meth:`subscribed`, given as a subscription holds them (name ->
+        parameter sets). New plain names, a big client's thousands, go in
+        together, with no :class:`Locator` made for each."""
+        unsettled = self._unsettled.setdefault(type_url, {})
+        plain = [name for name, params in locators.items() if params == _PLAIN]
+        if len(plain) == len(locators) and unsettled.keys().isdisjoint(plain):
+            unsettled.update(dict.fromkeys(plain, now))
+        else:
+            self.subscribed(type_url, (Locator(name, params) for name, params_set in
+                                       locators.items() for params in params_set), now)
 
     def unsubscribed(self, type_url: str, locators: Iterable[Locator]) -> None:
         unsettled = self._unsettled.get(type_url, {})

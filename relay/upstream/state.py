@@ -162,7 +162,7 @@ class UpstreamState:
             sub = self._targets.resubscribe(type_url, demand, now)
             if sub is None:
                 continue
-            self._settling.subscribed(type_url, locators_of(sub.locators), now)
+            self._settling.subscribed_all(type_url, sub.locators, now)
             initial, cached = self._resync.declaration(type_url, sub.locators, sub.wildcard)
             split = self._requests.split(SubscriptionChange(
                 type_url, sub.locators, wildcard=True if sub.wildcard else None,
@@ -201,7 +201,7 @@ class UpstreamState:
         """Bring the subscription of ``names`` (None: every name) and of the
         wildcard in line with what is needed: the requests that say so."""
         change = self._targets.sync(type_url, demand, now, names)
-        self._settling.subscribed(type_url, locators_of(change.subscribe), now)
+        self._settling.subscribed_all(type_url, change.subscribe, now)
         self._settling.unsubscribed(type_url, locators_of(change.unsubscribe))
         if self._targets.subscription(type_url) is None:
             self._resync.drop(type_url)

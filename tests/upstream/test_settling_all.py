@@ -1,0 +1,68 @@
+"""Settling.subscribed_all: a subscription's names settle as they do given one
+Locator at a time, and new plain names go in without a Locator made for each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from relay.constraints import EMPTY_PARAMS, Locator, Params, params_of
+from relay.upstream import settling as settling_module
+from relay.upstream.deadlines import Deadlines
+from relay.upstream.settling import Settling
+from relay.xds_types import ENDPOINT
+
+GRACE = 0.5
+PLAIN = frozenset({EMPTY_PARAMS})
+DEV = params_of({"env": "dev"})
+
+
+def history(subscriptions: list[tuple[dict[str, frozenset[Params]], float]],
+            together: bool) -> list[object]:
+    """What a settling told of these subscriptions (in turn) says as time goes on."""
+    deadlines = Deadlines()
+    settling = Settling(GRACE, deadlines)
+    seen: list[object] = []
+    for locators, now in subscriptions:
+        if together:
+            settling.subscribed_all(ENDPOINT, locators, now)
+        else:
+            settling.subscribed(ENDPOINT, [Locator(name, params) for name, params_set in
+                                           locators.items() for params in params_set], now)
+        seen.append(settling.unanswered_names(lambda type_url, locator: False))
+    seen.append(settling.on_response(ENDPOINT, 10.2))
+    seen.append(len(deadlines))
+    seen.append(settling.due(10.6))
+    seen.append(settling.due(11.0))
+    return seen
+
+
+CASES = {
+    "new plain names": [({f"n{i}": PLAIN for i in range(50)}, 10.0)],
+    "a name subscribed again": [({"a": PLAIN, "b": PLAIN}, 10.0), ({"a": PLAIN}, 10.4)],
+    "with parameters": [({"a": PLAIN, "v": frozenset({EMPTY_PARAMS, DEV})}, 10.0)],
+    "then more plain names": [({"a": PLAIN}, 10.0), ({"b": PLAIN, "c": PLAIN}, 10.3)],
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_names_subscribed_together_settle_as_locators_one_by_one(case: str) -> None:
+    assert history(CASES[case], together=True) == history(CASES[case], together=False)
+
+
+def test_new_plain_names_are_subscribed_without_a_locator_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+
+    def counting(name: str, params: Params = EMPTY_PARAMS) -> Any:
+        made.append(name)
+        return Locator(name, params)
+
+    monkeypatch.setattr(settling_module, "Locator", counting)
+    settling = Settling(GRACE, Deadlines())
+    settling.subscribed_all(ENDPOINT, {f"n{i}": PLAIN for i in range(1_000)}, 10.0)
+    settling.subscribed_all(ENDPOINT, {"m": PLAIN}, 10.1)
+    assert made == []
+    settling.subscribed_all(ENDPOINT, {"n3": PLAIN}, 10.2)  # again: its place moves
+    assert made == ["n3"]
