@@ -32,8 +32,11 @@ its latest NACK, with what the rejected response carried (SotW's
 from __future__ import annotations
 
 import enum
+import operator
+from collections.abc import Sequence
 
 from relay.protocol.outcome import Nack
+from relay.resource import CachedResource
 
 __all__ = ["IDLE", "IN_FLIGHT", "IN_FLIGHT_OWING", "NEW", "OWED", "Cycle", "Phase"]
 
@@ -57,26 +60,30 @@ OWED = Phase.OWED
 IN_FLIGHT = Phase.IN_FLIGHT
 IN_FLIGHT_OWING = Phase.IN_FLIGHT_OWING
 
+_NAME_AND_VERSION = operator.attrgetter("name", "version")
+
 
 class Cycle:
     """The request/response/ACK cycle of one type on one stream.
 
     ``phase`` is the state (see the module's table); ``last_nonce``,
-    ``version_info`` and ``resources`` say what the latest response sent was
-    (its nonce, None before the first), the one in flight while the phase
-    is ``IN_FLIGHT`` or ``IN_FLIGHT_OWING``.
+    ``version_info`` and :attr:`resources` say what the latest response sent
+    was (its nonce, None before the first), the one in flight while the
+    phase is ``IN_FLIGHT`` or ``IN_FLIGHT_OWING``.
     """
 
-    __slots__ = ("_request_expected", "acked_nonce", "acked_version", "last_nack",
-                 "last_nonce", "phase", "rejected", "resources", "version_info")
+    __slots__ = ("_carried", "_pairs", "_request_expected", "acked_nonce", "acked_version",
+                 "last_nack", "last_nonce", "phase", "rejected", "version_info")
 
     def __init__(self) -> None:
         self.phase = NEW
         self.last_nonce: str | None = None
         # what the latest response carried: SotW's version_info, delta's
-        # (name, version) pairs (what a NACK of it rejects)
+        # resources (what a NACK of it rejects), while it is in flight; their
+        # (name, version) pairs made only when asked (see ``resources``)
         self.version_info = ""
-        self.resources: tuple[tuple[str, str], ...] = ()
+        self._carried: Sequence[CachedResource] = ()
+        self._pairs: frozenset[tuple[str, str]] | None = None
         # the latest response the client ACKed: its nonce, its version_info
         self.acked_nonce: str | None = None
         self.acked_version = ""
@@ -114,18 +121,36 @@ class Cycle:
             raise _violation("owe", phase)
 
     def sent(self, nonce: str, version_info: str = "",
-             resources: tuple[tuple[str, str], ...] = ()) -> None:
+             resources: Sequence[CachedResource] = ()) -> None:
         """A response went out (``nonce``, and what it carried: a SotW
-        ``version_info``, delta's names and versions): nothing else goes until
-        the client ACKs or NACKs it."""
+        ``version_info``, delta's resources): nothing else goes until the
+        client ACKs or NACKs it. ``resources`` is kept as it is (not copied,
+        nor changed after), and read only if it is NACKed or shown: a big
+        client's response of 10,000 resources made 10,000 (name, version)
+        pairs that nearly always went unread."""
         phase = self.phase
         if phase is not IDLE and phase is not OWED:
             raise _violation("sent", phase)
         self.phase = IN_FLIGHT
         self.last_nonce = nonce
         self.version_info = version_info
-        self.resources = resources
+        self._carried = resources
+        self._pairs = None
         self._request_expected = False  # the expected request waited for this response
+
+    @property
+    def resources(self) -> tuple[tuple[str, str], ...]:
+        """The (name, version) pairs of what the response in flight carries
+        (delta; none once replied to), in order."""
+        return tuple(map(_NAME_AND_VERSION, self._carried))
+
+    def carries(self, name: str, version: str) -> bool:
+        """Whether the response in flight carries ``name`` at ``version``
+        (a set of them made at the first question, for a snapshot's every
+        name: not a pass over the response each)."""
+        if self._pairs is None:
+            self._pairs = frozenset(map(_NAME_AND_VERSION, self._carried))
+        return (name, version) in self._pairs
 
     def awaits(self, nonce: str) -> bool:
         """Whether ``nonce`` is that of the response in flight: a request
@@ -145,6 +170,7 @@ class Cycle:
         self.acked_nonce = self.last_nonce
         self.acked_version = self.version_info
         self.rejected = False
+        self._carried, self._pairs = (), None  # (the client holds them: its state has them)
 
     def nacked(self, message: str, code: int) -> Nack:
         """The client rejected the response in flight, saying why: the NACK,
@@ -154,6 +180,7 @@ class Cycle:
         nack = Nack(self.last_nonce, message, code, self.version_info, self.resources)
         self.last_nack = nack
         self.rejected = True
+        self._carried, self._pairs = (), None
         return nack
 
     def _replied(self, event: str) -> None:

@@ -14,13 +14,12 @@ goes back to the client as it spelled it (see :mod:`relay.protocol.spelling`).
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.cache import ABSENT, UNKNOWN, Missing
+from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import params_of
 from relay.encoding import field_size, text_size
 from relay.protocol.cycle import OWED
@@ -30,11 +29,7 @@ from relay.protocol.requests import DeltaRequest
 from relay.protocol.sizing import ResponseBudget
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.spelling import respelled
-from relay.protocol.subscription import (
-    MAX_NAMES_PER_RESPONSE,
-    MAX_NAMES_PER_WHOLE_PAGE,
-    SubscriptionState,
-)
+from relay.protocol.subscription import SubscriptionState
 from relay.protocol.view import NonceSource, ResourceView
 from relay.protocol.xdstp import collection_of, in_request, is_glob
 from relay.resource import CachedResource
@@ -66,14 +61,6 @@ class DeltaResponsePlan:
 
 
 _NOTHING: set[str] = set()  # never added to
-_DO_NOT_CACHE = operator.attrgetter("do_not_cache")
-_DELTA_ENTRY = operator.attrgetter("delta_entry")
-_NAME_AND_VERSION = operator.attrgetter("name", "version")
-
-# A page of at least this many names looks them up together first (see
-# DeltaSubscription._lookups); a push of a few changed names, the fan-out,
-# asks one by one.
-PREFETCH_FROM = 32
 
 # The most names one piece of a request carries (see :func:`split_request`).
 MAX_NAMES_PER_PIECE = 2_000
@@ -322,111 +309,11 @@ class DeltaSubscription(SubscriptionState):
         return self._emit(nonces, resources, list(removed), list(removed_names.values()),
                           errors, heartbeats)
 
-    def _whole_pages(self, view: ResourceView, candidates: list[str], budget: ResponseBudget
-                     ) -> tuple[Mapping[str, CachedResource] | None,
-                                list[CachedResource] | None, str | None]:
-        """``(served, all_new, full_at)`` for a page of ``candidates``.
-
-        ``served``: a page of many names, without the origin's errors, looked
-        up together (else None). ``all_new``: when the client holds none of
-        them and each is served to every subscriber, the page sent whole, with
-        the next pages that qualify too (else None, and the name-by-name loop
-        makes the page). ``full_at``: the first name the response had no room
-        for, the rest put back for the next.
-        """
-        served = view.served_to_all(self._type_url, candidates) \
-            if len(candidates) >= PREFETCH_FROM and not self._errors_sent and \
-            not view.has_errors(self._type_url) else None
-        all_new = self._all_new(served, candidates, budget) if served is not None else None
-        if all_new is None:
-            return served, None, None
-        if len(all_new) < len(candidates):  # the rest did not fit
-            self._put_back(candidates[len(all_new):])
-            return served, all_new, candidates[len(all_new)]
-        return served, all_new, self._more_new(view, all_new, budget)
-
-    def _all_new(self, served: Mapping[str, CachedResource], candidates: list[str],
-                 budget: ResponseBudget) -> list[CachedResource] | None:
-        """The resources of a page that sends every name of it, when that is
-        plain to see: a page of many names the client subscribed to and holds
-        none of, each a resource every subscriber gets (no variants, aliases,
-        errors or do-not-cache): the names subscribed, or the members of a
-        glob collection. As many as fit in ``budget``, in order (the first
-        of them always, into an empty one): the caller puts the rest back.
-        What the loop of :meth:`_next_page` would send, name by name, found
-        with a few operations on whole sets instead (a big client's pages,
-        the first time); None where the loop must look (it then does all of
-        it). ``served``: what the view serves every subscriber of
-        ``candidates``."""
-        if len(served) != len(candidates) or not self._covers_all(candidates) or \
-                not self._held.keys().isdisjoint(candidates):  # (candidates are distinct)
-            return None
-        resources = list(served.values())
-        if any(map(_DO_NOT_CACHE, resources)):
-            return None
-        if not budget.take_all(sum(map(len, map(_DELTA_ENTRY, resources)))):
-            # (the loop's own rule, entry by entry: where the sum does not fit)
-            fit = budget.fitting([len(r.delta_entry) for r in resources])
-            del resources[fit:]
-            candidates = candidates[:fit]
-            served = dict(zip(candidates, resources, strict=True))
-        self._held.update(served)
-        for names in (self._unanswered, self._resend):
-            if names:
-                names.difference_update(candidates)
-        return resources
-
-    def _more_new(self, view: ResourceView, resources: list[CachedResource],
-                  budget: ResponseBudget) -> str | None:
-        """Add the next pages of the backlog to a response that sends a whole
-        page (``resources``, in place) while they too are sent whole (see
-        :meth:`_all_new`), up to :data:`MAX_NAMES_PER_WHOLE_PAGE` names and
-        ``budget``: a big client's names in one response, or a few, where a
-        page at a time waited for an ACK each (10,000 names: 4-5 round
-        trips). Returns the first name that did not fit (None: all did, or
-        the next page is not sent whole; it waits for the next response).
-        At most one page is looked at and not taken."""
-        type_url = self._type_url
-        while self._backlog and len(resources) < MAX_NAMES_PER_WHOLE_PAGE:
-            more = self._take_more(min(MAX_NAMES_PER_RESPONSE,
-                                       MAX_NAMES_PER_WHOLE_PAGE - len(resources)))
-            new = self._all_new(view.served_to_all(type_url, more), more, budget)
-            if new is None:
-                self._put_back(more)
-                return None
-            resources += new
-            if len(new) < len(more):  # (none, where the budget was spent)
-                self._put_back(more[len(new):])
-                return more[len(new)]
-        return None
-
-    def _covers_all(self, names: list[str]) -> bool:
-        """Whether the subscription covers every one of ``names`` (see
-        :meth:`_covers`): a glob collection's members, by their collection."""
-        if self._wildcard:
-            return True
-        subscribed, globs = self._names, self._globs
-        if globs is None:
-            return subscribed.issuperset(names)
-        return all(name in subscribed or collection_of(name) in globs for name in names)
-
-    def _lookups(self, view: ResourceView, candidates: list[str],
-                 errors: list[discovery_pb2.ResourceError], budget: ResponseBudget,
-                 served: Mapping[str, CachedResource] | None
-                 ) -> Iterable[tuple[str, CachedResource | Missing]]:
-        """What :meth:`_looked_up` gives; for a page of many names without
-        globs or the origin's errors (a big client's, nearly always), in one
-        list built at once, the resources in ``served`` (what the view
-        serves every subscriber: see :meth:`ResourceView.served_to_all
-        <relay.protocol.view.ResourceView.served_to_all>`) found in it."""
-        if served is None or self._globs is not None:
-            return self._looked_up(view, candidates, errors, budget)
-        type_url, found_in = self._type_url, served.get
-        lookup, wildcard, names = view.lookup, self._wildcard, self._names
-        locator_params, node_params = self._locator_params, self._node_params
-        return [(name, found_in(name) or
-                 lookup(type_url, name, locator_params.get(name, node_params)))
-                for name in candidates if wildcard or name in names]
+    def _took_whole(self, served: Mapping[str, CachedResource], names: list[str]) -> None:
+        super()._took_whole(served, names)
+        for waiting in (self._unanswered, self._resend):
+            if waiting:
+                waiting.difference_update(names)
 
     def _emit(self, nonces: NonceSource, resources: list[CachedResource], removed: list[str],
               removed_names: list[discovery_pb2.ResourceName],
@@ -435,7 +322,7 @@ class DeltaSubscription(SubscriptionState):
         """The response, under a new nonce, with every name as the client
         asked for it (see :mod:`relay.protocol.spelling`)."""
         nonce = nonces.next()
-        self._cycle.sent(nonce, "", tuple(map(_NAME_AND_VERSION, resources)))
+        self._cycle.sent(nonce, "", resources)
         plan = DeltaResponsePlan(self._type_url, nonce, resources, removed, removed_names,
                                  errors, heartbeats)
         return plan if self._spelled is None else respelled(plan, self._spelled)
@@ -469,7 +356,7 @@ class DeltaSubscription(SubscriptionState):
 
     def _held_status(self, name: str, held: Held) -> ResourceStatus:
         sent = (held.name or name, held.version)
-        if self._cycle.in_flight is not None and sent in self._cycle.resources:
+        if self._cycle.in_flight is not None and self._cycle.carries(*sent):
             return ResourceStatus.SENT
         last_nack = self._cycle.last_nack
         if last_nack is not None and sent in last_nack.resources:

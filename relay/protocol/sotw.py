@@ -13,6 +13,8 @@ the same origin state report the same version.
 from __future__ import annotations
 
 import hashlib
+import operator
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -55,13 +57,38 @@ class SotwResponsePlan:
 
 
 def held_term(name: str, held: Held) -> int:
-    """One resource's share of a client state's version (see :func:`state_version`)."""
-    digest = hashlib.blake2b(digest_size=8)
-    for part in (name, held.version, held.variant_key or ""):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    digest.update(held.digest or b"")
-    return int.from_bytes(digest.digest(), "big")
+    """One resource's share of a client state's version (see :func:`state_version`):
+    a digest of its name, version and variant key, each ended by a NUL, and
+    its content digest. (Hashed in one call: a big client's 10,000 terms
+    took 15 ms fed part by part, 8 ms so; the bytes, and the term, are the
+    same.)"""
+    return _from_bytes(_blake2b(
+        f"{name}\0{held.version}\0{held.variant_key or ''}\0".encode() + (held.digest or b""),
+        digest_size=8).digest(), "big")
+
+
+_blake2b = hashlib.blake2b
+_from_bytes = int.from_bytes
+
+# A resource's term under its own name, kept while the resource lives: every
+# SotW client sent it needs the same one (a warm big client's 10,000: 8 ms
+# to hash, 2 ms to find here). About 150 bytes a resource ever sent over SotW.
+_OWN_TERMS: weakref.WeakKeyDictionary[CachedResource, int] = weakref.WeakKeyDictionary()
+
+
+def own_term(resource: CachedResource) -> int:
+    """``held_term(resource.name, resource)``, hashed once per resource."""
+    term = _OWN_TERMS.get(resource)
+    if term is None:
+        term = _OWN_TERMS[resource] = held_term(resource.name, resource)
+    return term
+
+
+def _term(name: str, held: Held) -> int:
+    """:func:`held_term`, through :func:`own_term` for a resource held under its own name."""
+    if isinstance(held, CachedResource) and name == held.name:
+        return own_term(held)
+    return held_term(name, held)
 
 
 def state_version(held: Mapping[str, Held]) -> str:
@@ -77,7 +104,7 @@ def state_version(held: Mapping[str, Held]) -> str:
 
 def held_sum(held: Mapping[str, Held]) -> int:
     """The sum of :func:`held_term` over what a client holds (before the modulus)."""
-    return sum(held_term(name, entry) for name, entry in held.items())
+    return sum(_term(name, entry) for name, entry in held.items())
 
 
 def _version_text(total: int) -> str:
@@ -269,11 +296,13 @@ class SotwSubscription(SubscriptionState):
     def _changes_response(self, view: ResourceView, nonces: NonceSource,
                           max_size: int | None) -> SotwResponsePlan | None:
         candidates = self._take_candidates(view, lambda: self._names)
-        resources: list[CachedResource] = []
         errors: list[discovery_pb2.ResourceError] = []
         budget = ResponseBudget(max_size, self._type_url)
-        full_at: str | None = None  # the first name the response had no room for
-        for name, found in self._looked_up(view, candidates, errors, budget):
+        # full_at: the first name the response had no room for
+        served, whole, full_at = self._whole_pages(view, candidates, budget)
+        resources = whole if whole is not None else []
+        for name, found in () if whole is not None else \
+                self._lookups(view, candidates, errors, budget, served):
             if found is UNKNOWN:
                 continue
             if found is ABSENT:
@@ -293,8 +322,8 @@ class SotwSubscription(SubscriptionState):
                 if held is not None:
                     self._unhold(name)
                 self._held[name] = found
-                self._held_sum += held_term(name, found)
-        if full_at is not None:
+                self._held_sum += _term(name, found)
+        if full_at is not None and whole is None:
             self._leave_for_next(candidates, full_at)
         beats = self._heartbeats_that_fit(resources, view, budget, full_at is not None)
         if not resources and not errors and not beats and self._cycle.phase is not OWED:
@@ -305,6 +334,21 @@ class SotwSubscription(SubscriptionState):
     @staticmethod
     def _heartbeat_bytes(resource: CachedResource) -> bytes:
         return resource.sotw_heartbeat_entry
+
+    # (pages sent whole: see SubscriptionState._all_new)
+
+    _whole_entry = operator.attrgetter("sotw_entry")
+
+    def _sent_whole(self, resources: list[CachedResource]) -> bool:
+        """None goes wrapped (see :meth:`_wraps`): each is its ``sotw_entry``."""
+        locators = self._locator_params
+        return not (locators and any(r.name in locators for r in resources)) and \
+            not (self._wrap_ttl and any(r.ttl_seconds is not None for r in resources))
+
+    def _took_whole(self, served: Mapping[str, CachedResource], names: list[str]) -> None:
+        super()._took_whole(served, names)
+        # (``served`` maps each resource's own name to it)
+        self._held_sum += sum(map(own_term, served.values()))
 
     def _wraps(self, resource: CachedResource) -> bool:
         """Whether ``resource`` goes wrapped in ``Resource``: subscribed with a
@@ -323,12 +367,14 @@ class SotwSubscription(SubscriptionState):
               heartbeats: frozenset[str] = frozenset()) -> SotwResponsePlan:
         nonce, version_info = nonces.next(), _version_text(self._held_sum)
         self._cycle.sent(nonce, version_info)  # (what a request expected waits for, too)
-        wrapped = frozenset(r.name for r in resources if self._wraps(r))
+        # (nothing wraps without locators or TTLs to pass on: no pass over them)
+        wrapped = frozenset(r.name for r in resources if self._wraps(r)) \
+            if self._locator_params or self._wrap_ttl else frozenset()
         return SotwResponsePlan(self._type_url, nonce, version_info, resources, wrapped,
                                 errors or [], heartbeats)
 
     def _unhold(self, name: str) -> None:
-        self._held_sum -= held_term(name, self._held.pop(name))
+        self._held_sum -= _term(name, self._held.pop(name))
 
     # -- snapshot ----------------------------------------------------------
 

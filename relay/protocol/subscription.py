@@ -27,7 +27,8 @@ and a :class:`~relay.protocol.snapshot.TypeSnapshot`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import operator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from operator import countOf
 from typing import TypeVar
 
@@ -61,6 +62,13 @@ MAX_NAMES_PER_RESPONSE = 2_500
 # in 13-30 ms on a loaded 2-core machine (20,000: 45-130 ms, past the 50 ms
 # a request may hold the loop). ``server.max_response_size`` still bounds it.
 MAX_NAMES_PER_WHOLE_PAGE = 10_000
+
+# A page of at least this many names looks them up together first (see
+# ``_whole_pages``, and ``DeltaSubscription._lookups``); a push of a few
+# changed names, the fan-out, asks one by one.
+PREFETCH_FROM = 32
+
+_DO_NOT_CACHE = operator.attrgetter("do_not_cache")
 
 T = TypeVar("T")
 
@@ -504,6 +512,128 @@ class SubscriptionState:
             del backlog[:room]
         self._backlog = backlog or None
         return ordered
+
+    def _whole_pages(self, view: ResourceView, candidates: list[str], budget: ResponseBudget
+                     ) -> tuple[Mapping[str, CachedResource] | None,
+                                list[CachedResource] | None, str | None]:
+        """``(served, all_new, full_at)`` for a page of ``candidates``.
+
+        ``served``: a page of many names, without the origin's errors, looked
+        up together (else None). ``all_new``: when the client holds none of
+        them and each is served to every subscriber, the page sent whole, with
+        the next pages that qualify too (else None, and the name-by-name loop
+        makes the page). ``full_at``: the first name the response had no room
+        for, the rest put back for the next.
+        """
+        served = view.served_to_all(self._type_url, candidates) \
+            if len(candidates) >= PREFETCH_FROM and not self._errors_sent and \
+            not view.has_errors(self._type_url) else None
+        all_new = self._all_new(served, candidates, budget) if served is not None else None
+        if all_new is None:
+            return served, None, None
+        if len(all_new) < len(candidates):  # the rest did not fit
+            self._put_back(candidates[len(all_new):])
+            return served, all_new, candidates[len(all_new)]
+        return served, all_new, self._more_new(view, all_new, budget)
+
+    def _all_new(self, served: Mapping[str, CachedResource], candidates: list[str],
+                 budget: ResponseBudget) -> list[CachedResource] | None:
+        """The resources of a page that sends every name of it, when that is
+        plain to see: a page of many names the client subscribed to and holds
+        none of, each a resource every subscriber gets (no variants, aliases,
+        errors or do-not-cache, nothing :meth:`_sent_whole` refuses): the
+        names subscribed, or the members of a glob collection. As many as fit
+        in ``budget``, in order (the first of them always, into an empty
+        one): the caller puts the rest back. What the name-by-name loop of
+        the protocol's response would send, found with a few operations on
+        whole sets instead (a big client's pages, the first time); None where
+        the loop must look (it then does all of it). ``served``: what the
+        view serves every subscriber of ``candidates``."""
+        if len(served) != len(candidates) or not self._covers_all(candidates) or \
+                not self._held.keys().isdisjoint(candidates):  # (candidates are distinct)
+            return None
+        resources = list(served.values())
+        # (no do-not-cache copy ever seen, none is one: a pass over them saved)
+        if (do_not_cache_seen() and any(map(_DO_NOT_CACHE, resources))) or \
+                not self._sent_whole(resources):
+            return None
+        entry = self._whole_entry
+        if not budget.take_all(sum(map(len, map(entry, resources)))):
+            # (the loop's own rule, entry by entry: where the sum does not fit)
+            fit = budget.fitting([len(e) for e in map(entry, resources)])
+            del resources[fit:]
+            candidates = candidates[:fit]
+            served = dict(zip(candidates, resources, strict=True))
+        self._took_whole(served, candidates)
+        return resources
+
+    # (hooks of the protocols for whole pages)
+
+    #: the encoded entry a resource of a page sent whole goes out as
+    _whole_entry: Callable[[CachedResource], bytes] = operator.attrgetter("delta_entry")
+
+    def _sent_whole(self, resources: list[CachedResource]) -> bool:
+        """Whether these resources may go out in a page sent whole (see
+        :meth:`_all_new`) as the protocol's loop would send them."""
+        return True
+
+    def _took_whole(self, served: Mapping[str, CachedResource], names: list[str]) -> None:
+        """The client is sent ``served`` (name -> resource), ``names`` in order:
+        it holds them once this response is ACKed."""
+        self._held.update(served)
+
+    def _more_new(self, view: ResourceView, resources: list[CachedResource],
+                  budget: ResponseBudget) -> str | None:
+        """Add the next pages of the backlog to a response that sends a whole
+        page (``resources``, in place) while they too are sent whole (see
+        :meth:`_all_new`), up to :data:`MAX_NAMES_PER_WHOLE_PAGE` names and
+        ``budget``: a big client's names in one response, or a few, where a
+        page at a time waited for an ACK each (10,000 names: 4-5 round
+        trips). Returns the first name that did not fit (None: all did, or
+        the next page is not sent whole; it waits for the next response).
+        At most one page is looked at and not taken."""
+        type_url = self._type_url
+        while self._backlog and len(resources) < MAX_NAMES_PER_WHOLE_PAGE:
+            more = self._take_more(min(MAX_NAMES_PER_RESPONSE,
+                                       MAX_NAMES_PER_WHOLE_PAGE - len(resources)))
+            new = self._all_new(view.served_to_all(type_url, more), more, budget)
+            if new is None:
+                self._put_back(more)
+                return None
+            resources += new
+            if len(new) < len(more):  # (none, where the budget was spent)
+                self._put_back(more[len(new):])
+                return more[len(new)]
+        return None
+
+    def _covers_all(self, names: list[str]) -> bool:
+        """Whether the subscription covers every one of ``names`` (see
+        :meth:`_covers`): a glob collection's members, by their collection."""
+        if self._wildcard:
+            return True
+        subscribed, globs = self._names, self._globs
+        if globs is None:
+            return subscribed.issuperset(names)
+        return all(name in subscribed or collection_of(name) in globs for name in names)
+
+    def _lookups(self, view: ResourceView, candidates: list[str],
+                 errors: list[discovery_pb2.ResourceError], budget: ResponseBudget,
+                 served: Mapping[str, CachedResource] | None
+                 ) -> Iterable[tuple[str, CachedResource | Missing]]:
+        """What :meth:`_looked_up` gives; for a page of many names without
+        globs or the origin's errors (a big client's, nearly always), in one
+        list built at once, the resources in ``served`` (what the view
+        serves every subscriber: see :meth:`ResourceView.served_to_all
+        <relay.protocol.view.ResourceView.served_to_all>`, and
+        :meth:`_whole_pages`) found in it."""
+        if served is None or self._globs is not None:
+            return self._looked_up(view, candidates, errors, budget)
+        type_url, found_in = self._type_url, served.get
+        lookup, wildcard, names = view.lookup, self._wildcard, self._names
+        locator_params, node_params = self._locator_params, self._node_params
+        return [(name, found_in(name) or
+                 lookup(type_url, name, locator_params.get(name, node_params)))
+                for name in candidates if wildcard or name in names]
 
     def _paged(self, page: Callable[[], T | None]) -> T | None:
         """The first of ``page()``'s responses that holds something, taking the

@@ -8,6 +8,9 @@ import pytest
 
 from relay.protocol.cycle import Cycle, Phase
 from relay.protocol.outcome import Nack
+from relay.resource import CachedResource
+from relay.xds_types import ENDPOINT
+from tests.builders import endpoints, pack
 
 
 def in_phase(phase: Phase) -> Cycle:
@@ -138,8 +141,21 @@ def test_a_nack_names_what_the_rejected_response_carried() -> None:
     sotw.sent("1", version_info="v1")
     assert sotw.nacked("no", 3) == Nack("1", "no", 3, version_info="v1")
     delta = in_phase(Phase.IDLE)
-    delta.sent("1", resources=(("a", "1"), ("b", "2")))
+    delta.sent("1", resources=[resource("a", "1"), resource("b", "2")])
     assert delta.nacked("no", 3) == Nack("1", "no", 3, resources=(("a", "1"), ("b", "2")))
+
+
+def resource(name: str, version: str) -> CachedResource:
+    return CachedResource.from_message(ENDPOINT, pack(endpoints(name, 80)), name, version)
+
+
+def test_what_a_response_carries_is_named_while_it_is_in_flight() -> None:
+    cycle = in_phase(Phase.IDLE)
+    cycle.sent("1", resources=[resource("a", "1"), resource("b", "2")])
+    assert cycle.resources == (("a", "1"), ("b", "2"))
+    assert cycle.carries("b", "2") and not cycle.carries("b", "1")
+    cycle.acked()
+    assert cycle.resources == () and not cycle.carries("b", "2")
 
 
 def test_an_ack_records_the_accepted_response_and_a_nack_does_not() -> None:

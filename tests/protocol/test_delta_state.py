@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.protocol import delta
+from relay.protocol import subscription
 from relay.protocol.delta import DeltaSubscription, split_request
 from relay.protocol.subscription import MAX_NAMES_PER_RESPONSE
 from relay.protocol.view import NonceSource
@@ -262,7 +262,7 @@ def test_invariant_5_a_declared_version_vouches_for_whatever_content_it_names() 
 def test_a_big_subscription_comes_in_responses_of_bounded_size_each_acked(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # (a page per response: see tests/server/test_big_pages.py for pages sent whole)
-    monkeypatch.setattr(delta, "MAX_NAMES_PER_WHOLE_PAGE", MAX_NAMES_PER_RESPONSE)
+    monkeypatch.setattr(subscription, "MAX_NAMES_PER_WHOLE_PAGE", MAX_NAMES_PER_RESPONSE)
     count = MAX_NAMES_PER_RESPONSE + 10
     state, view, nonces = setup(ENDPOINT, **{f"n{i:05}": "1" for i in range(count)})
     state.on_request(Req(type_url=ENDPOINT,
@@ -319,7 +319,7 @@ def test_a_split_requests_first_piece_keeps_every_field_but_the_name_lists() -> 
 def test_names_subscribed_while_a_big_subscription_is_under_way_come_next(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # (a page per response: see tests/server/test_big_pages.py for pages sent whole)
-    monkeypatch.setattr(delta, "MAX_NAMES_PER_WHOLE_PAGE", MAX_NAMES_PER_RESPONSE)
+    monkeypatch.setattr(subscription, "MAX_NAMES_PER_WHOLE_PAGE", MAX_NAMES_PER_RESPONSE)
     limit = MAX_NAMES_PER_RESPONSE
     first = [f"a{i:05}" for i in range(limit + 5)]
     later = [f"b{i:05}" for i in range(limit + 1)]

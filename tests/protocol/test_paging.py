@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.protocol import delta
+from relay.protocol import subscription
 from relay.protocol.delta import DeltaSubscription
 from relay.protocol.sotw import SotwSubscription
 from relay.protocol.subscription import MAX_NAMES_PER_RESPONSE
@@ -33,7 +33,7 @@ COUNT = 4 * MAX_NAMES_PER_RESPONSE
 def _a_page_per_response(monkeypatch: pytest.MonkeyPatch) -> None:
     """Delta responses of a page each: pages a client holds none of are
     otherwise sent several at once (tests/server/test_big_pages.py)."""
-    monkeypatch.setattr(delta, "MAX_NAMES_PER_WHOLE_PAGE", MAX_NAMES_PER_RESPONSE)
+    monkeypatch.setattr(subscription, "MAX_NAMES_PER_WHOLE_PAGE", MAX_NAMES_PER_RESPONSE)
 
 
 def delta_until_idle(state: DeltaSubscription, view: FakeView, nonces: NonceSource,

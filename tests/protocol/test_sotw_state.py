@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from envoy.service.discovery.v3 import discovery_pb2
 from google.rpc import code_pb2, status_pb2
 
-from relay.protocol.sotw import SotwSubscription, state_version
+from relay.protocol.held import Declared
+from relay.protocol.sotw import SotwSubscription, held_term, state_version
 from relay.protocol.view import NonceSource
+from relay.resource import CachedResource
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from tests.protocol.fakes import FakeView
 
@@ -256,3 +260,18 @@ def test_a_nack_marks_the_type_rejected_until_an_ack() -> None:
     state.on_request(Req(type_url=CLUSTER, response_nonce=second.nonce,
                          version_info=second.version_info))
     assert not state.rejected
+
+
+def test_a_held_term_is_the_digest_of_its_parts_each_ended_by_nul() -> None:
+    """A state's version must not change with the relay's code (replicas of
+    two releases report the same one): a term is blake2b-64 of the name,
+    version and variant key, each followed by NUL, then the content digest."""
+    view = FakeView(ENDPOINT, {"é-name": "v7"})
+    sent = view.lookup(ENDPOINT, "é-name", frozenset())
+    assert isinstance(sent, CachedResource)
+    for name, held in (("é-name", sent), ("alias", sent), ("declared", Declared("3"))):
+        digest = hashlib.blake2b(digest_size=8)
+        for part in (name, held.version, held.variant_key or ""):
+            digest.update(part.encode() + b"\0")
+        digest.update(held.digest or b"")
+        assert held_term(name, held) == int.from_bytes(digest.digest(), "big")

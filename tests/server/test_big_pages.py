@@ -25,7 +25,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import Update
 from relay.constraints import compile_constraints
 from relay.core import Core
-from relay.protocol import delta, subscription
+from relay.protocol import subscription
 from relay.protocol.view import CacheView
 from relay.resource import CachedResource
 from relay.server.serving import ServingSettings
@@ -176,7 +176,7 @@ def test_a_big_page_sends_what_the_name_by_name_loop_sends(
     core, subscribed, request = scenario()
     fast = subscribe(core, subscribed, **request)
     core, subscribed, request = scenario()
-    monkeypatch.setattr(delta, "PREFETCH_FROM", 10**9)  # every page: name by name
+    monkeypatch.setattr(subscription, "PREFETCH_FROM", 10**9)  # every page: name by name
     slow = subscribe(core, subscribed, **request)
     assert merged(fast) == merged(slow)
     assert len(merged(fast).resources) > 0
@@ -197,7 +197,7 @@ def test_pages_sent_whole_are_the_responses_of_the_loop_with_pages_as_large(
     fast = subscribe(core, subscribed, **request)
     assert [len(r.resources) for r in fast] == [N]
     core, subscribed, request = scenario()
-    monkeypatch.setattr(delta, "PREFETCH_FROM", 10**9)
+    monkeypatch.setattr(subscription, "PREFETCH_FROM", 10**9)
     monkeypatch.setattr(subscription, "MAX_NAMES_PER_RESPONSE",
                         subscription.MAX_NAMES_PER_WHOLE_PAGE)
     assert fast == subscribe(core, subscribed, **request)  # nonces and all
@@ -205,7 +205,7 @@ def test_pages_sent_whole_are_the_responses_of_the_loop_with_pages_as_large(
 
 def test_pages_sent_whole_stop_at_the_whole_page_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(delta, "MAX_NAMES_PER_WHOLE_PAGE", 5_000)
+    monkeypatch.setattr(subscription, "MAX_NAMES_PER_WHOLE_PAGE", 5_000)
     core, subscribed, _ = all_cached()
     together = count_calls(monkeypatch, CacheView, "served_to_all")
     responses = subscribe(core, subscribed)
@@ -230,7 +230,7 @@ def test_pages_sent_whole_keep_within_max_response_size(
     assert [len(r.resources) for r in fast] == [4_000, 2_000]
     assert all(r.ByteSize() <= limit for r in fast)
     core, subscribed, _ = sized()
-    monkeypatch.setattr(delta, "PREFETCH_FROM", 10**9)
+    monkeypatch.setattr(subscription, "PREFETCH_FROM", 10**9)
     monkeypatch.setattr(subscription, "MAX_NAMES_PER_RESPONSE",
                         subscription.MAX_NAMES_PER_WHOLE_PAGE)
     assert fast == subscribe(core, subscribed)
@@ -315,9 +315,155 @@ def unsubscribing_while_paged(core: Core) -> list[Response]:
 def test_names_unsubscribed_while_they_wait_for_a_page_are_not_sent(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # (a page per response, so that names wait: else the first takes them all)
-    monkeypatch.setattr(delta, "MAX_NAMES_PER_WHOLE_PAGE", subscription.MAX_NAMES_PER_RESPONSE)
+    monkeypatch.setattr(subscription, "MAX_NAMES_PER_WHOLE_PAGE",
+                        subscription.MAX_NAMES_PER_RESPONSE)
     fast = unsubscribing_while_paged(all_cached()[0])
-    monkeypatch.setattr(delta, "PREFETCH_FROM", 10**9)
+    monkeypatch.setattr(subscription, "PREFETCH_FROM", 10**9)
     assert fast == unsubscribing_while_paged(all_cached()[0])
     sent = [r.name for response in fast for r in response.resources]
     assert len(sent) == N - 100 and names()[3_000] not in sent
+
+
+# -- SotW: the same pages, in DiscoveryResponses ------------------------------------------
+
+Sotw = discovery_pb2.DiscoveryRequest
+SotwResponse = discovery_pb2.DiscoveryResponse
+RESOURCE_IN_SOTW = "xds.config.supports-resource-in-sotw"
+
+
+def sotw_subscribe(core: Core, subscribed: list[str], **request: object) -> list[SotwResponse]:
+    """A SotW client's responses, each ACKed (naming every name again, as
+    Envoy's ACKs do), until none is due."""
+    stream = DownstreamStream(core.serving, "sotw", "peer")
+    stream.handle_request(Sotw(type_url=ENDPOINT, resource_names=subscribed,
+                               **request))  # type: ignore[arg-type]
+    return list(sotw_served(stream, subscribed))
+
+
+def sotw_served(stream: DownstreamStream, subscribed: list[str]) -> Iterator[SotwResponse]:
+    """Every response due, each ACKed, until none is."""
+    while due := list(stream.ready_responses()):
+        for raw in due:
+            response = SotwResponse.FromString(raw)
+            yield response
+            stream.handle_request(Sotw(type_url=ENDPOINT, resource_names=subscribed,
+                                       response_nonce=response.nonce,
+                                       version_info=response.version_info))
+
+
+def with_ttl() -> tuple[Core, list[str], dict[str, object]]:
+    """Every 1,000th resource has a TTL, which a client taking Resource in
+    SotW gets wrapped."""
+    core = Core.create()
+    made = [resource(name) for name in names()]
+    for ttl in made[::1_000]:
+        ttl.resource.ttl.FromSeconds(30)
+    warm(core, made)
+    node = base_pb2.Node(id="client", client_features=[RESOURCE_IN_SOTW])
+    return core, names(), {"node": node}
+
+
+def with_locators() -> tuple[Core, list[str], dict[str, object]]:
+    """Names subscribed by plain name and, every 1,000th, by locator: those
+    go wrapped in Resource."""
+    core = Core.create()
+    warm(core, [resource(name) for name in names()])
+    located = names()[::1_000]
+    return core, [n for n in names() if n not in located], {
+        "resource_locators": [discovery_pb2.ResourceLocator(name=n) for n in located]}
+
+
+SOTW_SCENARIOS = [all_cached, some_unknown_some_absent, complete_type_with_missing_names,
+                  some_do_not_cache, in_one_page_of_aliases, some_with_variants, with_ttl,
+                  with_locators]
+
+
+def sotw_merged(responses: list[SotwResponse]) -> SotwResponse:
+    """What ``responses`` sent, in order, as one, with the last version (no nonce)."""
+    whole = SotwResponse(type_url=ENDPOINT, version_info=responses[-1].version_info)
+    for response in responses:
+        whole.resources.extend(response.resources)
+        whole.resource_errors.extend(response.resource_errors)
+    return whole
+
+
+@pytest.mark.parametrize("scenario", SOTW_SCENARIOS, ids=lambda s: s.__name__)
+def test_a_big_sotw_page_sends_what_the_name_by_name_loop_sends(
+        scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    core, subscribed, request = scenario()
+    fast = sotw_subscribe(core, subscribed, **request)
+    core, subscribed, request = scenario()
+    monkeypatch.setattr(subscription, "PREFETCH_FROM", 10**9)  # every page: name by name
+    slow = sotw_subscribe(core, subscribed, **request)
+    assert sotw_merged(fast) == sotw_merged(slow)  # the version (what it holds) too
+    assert len(sotw_merged(fast).resources) > 0
+    assert len(fast) <= len(slow)
+
+
+def test_sotw_pages_sent_whole_are_the_responses_of_the_loop_with_pages_as_large(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    core, subscribed, _ = all_cached()
+    fast = sotw_subscribe(core, subscribed)
+    assert [len(r.resources) for r in fast] == [N]
+    core, subscribed, _ = all_cached()
+    monkeypatch.setattr(subscription, "PREFETCH_FROM", 10**9)
+    monkeypatch.setattr(subscription, "MAX_NAMES_PER_RESPONSE",
+                        subscription.MAX_NAMES_PER_WHOLE_PAGE)
+    assert fast == sotw_subscribe(core, subscribed)  # nonces, versions and all
+
+
+def test_sotw_pages_sent_whole_keep_within_max_response_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = len(resource(names()[0]).sotw_entry)
+    limit = 64 + len(ENDPOINT) + 4_000 * entry  # (the head's bytes: see relay.protocol.sizing)
+
+    def sized() -> Core:
+        core = Core.create(settings=ServingSettings(max_response_size=limit))
+        warm(core, [resource(name) for name in names()])
+        return core
+
+    fast = sotw_subscribe(sized(), names())
+    assert [len(r.resources) for r in fast] == [4_000, 2_000]
+    assert all(r.ByteSize() <= limit for r in fast)
+    monkeypatch.setattr(subscription, "PREFETCH_FROM", 10**9)
+    monkeypatch.setattr(subscription, "MAX_NAMES_PER_RESPONSE",
+                        subscription.MAX_NAMES_PER_WHOLE_PAGE)
+    assert fast == sotw_subscribe(sized(), names())
+
+
+def test_a_fresh_big_sotw_client_is_served_without_a_lookup_per_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    core, subscribed, _ = all_cached()
+    lookups = count_calls(monkeypatch, CacheView, "lookup")
+    together = count_calls(monkeypatch, CacheView, "served_to_all")
+    responses = sotw_subscribe(core, subscribed)
+    assert [len(r.resources) for r in responses] == [N]  # its pages whole, in one
+    assert lookups[0] == 0
+    assert together[0] == 3  # once per page
+
+
+def sotw_holding_then_more(core: Core) -> list[SotwResponse]:
+    """A SotW client holds the first 3,000 names; 10 of them change as, in
+    its ACK, it asks for all 6,000: its responses from then on."""
+    stream = DownstreamStream(core.serving, "sotw", "peer")
+    first = names()[:3_000]
+    stream.handle_request(Sotw(type_url=ENDPOINT, resource_names=first))
+    held = list(sotw_served(stream, first))
+    assert sum(len(r.resources) for r in held) == 3_000
+    warm(core, [resource(name, "2") for name in first[:10]])
+    stream.handle_request(Sotw(type_url=ENDPOINT, resource_names=names(),
+                               version_info=held[-1].version_info,
+                               response_nonce=held[-1].nonce))
+    return list(sotw_served(stream, names()))
+
+
+def test_a_sotw_page_the_client_holds_some_of_is_not_sent_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = sotw_holding_then_more(all_cached()[0])
+    # the first page (10 changed, 2,490 new) name by name; the rest whole
+    assert [len(r.resources) for r in fast] == [2_500, 510]
+    monkeypatch.setattr(subscription, "PREFETCH_FROM", 10**9)
+    slow = sotw_holding_then_more(all_cached()[0])
+    for response in (*fast, *slow):
+        response.nonce = ""  # (the loop took more responses for the first 3,000)
+    assert fast == slow
