@@ -27,13 +27,13 @@ cached, are the general check's.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Generator, Sequence
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
+from google.protobuf.descriptor import Descriptor
 
 from relay.encoding import varint
 from relay.resource import CachedResource
@@ -67,17 +67,24 @@ class Shadows:
         self.checked = classes["Checked"]
 
 
-@lru_cache(maxsize=64)
 def shadows(type_url: str) -> Shadows:
-    """The shadow types for responses of ``type_url`` (made once, in the
-    default descriptor pool, under a package of their own)."""
+    """The shadow types for responses of ``type_url``: those of its message
+    (any type URL naming it), or, for a type this process does not know,
+    the ones that read bodies as bytes."""
     body = message_class(type_url)
-    full_name = body.DESCRIPTOR.full_name if body is not None else None
-    package = f"{_PACKAGE}.{re.sub(r'[^A-Za-z0-9_]', '_', full_name or 'bytes_' + type_url)}"
+    return _shadows(body.DESCRIPTOR if body is not None else None)
+
+
+@cache
+def _shadows(body: Descriptor | None) -> Shadows:
+    """Made once per message type (a file of the default descriptor pool can
+    be added once), under a package named after it."""
+    full_name = body.full_name if body is not None else None
+    package = f"{_PACKAGE}.{'unknown' if full_name is None else 'of.' + full_name}"
     file = descriptor_pb2.FileDescriptorProto(
         name=f"{package.replace('.', '/')}.proto", package=package, syntax="proto2")
     if body is not None:
-        file.dependency.append(body.DESCRIPTOR.file.name)
+        file.dependency.append(body.file.name)
     _message(file, "Entries", [("resources", 2, _F.TYPE_BYTES, _F.LABEL_REPEATED, None)])
     extras: list[_Field] = [(f.name, f.number, _F.TYPE_BYTES,
                                _F.LABEL_REPEATED if f.is_repeated else _F.LABEL_OPTIONAL, None)
@@ -126,7 +133,10 @@ def plain_resources(response: discovery_pb2.DeltaDiscoveryResponse, type_url: st
     count = len(response.resources)
     if count < BULK_FROM:
         return None
-    found = shadows(type_url)
+    try:
+        found = shadows(type_url)
+    except TypeError:  # (the pool refused the types: checked one by one, as before)
+        return None
     encoded = response.SerializeToString()
     if step:
         yield

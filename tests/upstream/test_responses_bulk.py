@@ -274,9 +274,29 @@ def test_a_small_response_is_checked_one_by_one(counts: Counts) -> None:
     assert (counts.bulk_decodes, counts.made_one_by_one) == (0, bulk.BULK_FROM - 1)
 
 
-def test_the_shadow_types_are_made_once_per_type() -> None:
+def test_the_shadow_types_are_made_once_per_message_type() -> None:
     assert bulk.shadows(ENDPOINT) is bulk.shadows(ENDPOINT)
     assert bulk.shadows(ENDPOINT) is not bulk.shadows(CLUSTER)
+    # another type URL of the same message (a pool file can be added once)
+    other = "example.com/" + ENDPOINT.rsplit("/", 1)[1]
+    assert bulk.shadows(other) is bulk.shadows(ENDPOINT)
+    # types this process does not know all read bodies as bytes
+    assert bulk.shadows(UNKNOWN) is bulk.shadows("example.com/another.Unknown")
     # a node is no response type, and still gets types of its own
     node = "type.googleapis.com/" + base_pb2.Node.DESCRIPTOR.full_name
     assert bulk.shadows(node).checked is not bulk.shadows(ENDPOINT).checked
+
+
+def test_a_message_under_another_type_url_is_checked_in_bulk_too() -> None:
+    other = "example.com/" + ENDPOINT.rsplit("/", 1)[1]
+    message = response([plain(i, type_url=other) for i in range(COUNT)], other)
+    for resource in message.resources:  # (plain() gives opaque bodies to unknown URLs)
+        resource.resource.value = endpoints(resource.name, 80).SerializeToString()
+    made, general = parse_response(message), one_by_one(message)
+    assert isinstance(made, ParsedResponse) and isinstance(general, ParsedResponse)
+    assert not any(parsed_message(r) for r in made.upserts)
+    for ours, theirs in zip(made.upserts, general.upserts, strict=True):
+        assert_same(ours, theirs)
+    message.resources[9].resource.value = b"\xff"
+    assert parse_response(message) == one_by_one(message)
+    assert isinstance(parse_response(message), Unusable)
