@@ -47,6 +47,8 @@ class ParsedResponse:
     heartbeats: list[tuple[str, str, str]]
     # the origin's per-resource errors
     errors: list[discovery_pb2.ResourceError]
+    # whether every upsert is plain (checked in bulk: see relay.upstream.bulk)
+    plain: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ def _parse(response: discovery_pb2.DeltaDiscoveryResponse,
     removed_variants = _removed_variants(response)
     _check_resource_errors(response)
     return ParsedResponse(type_url, response.nonce, upserts, list(response.removed_resources),
-                          removed_variants, heartbeats, list(response.resource_errors))
+                          removed_variants, heartbeats, list(response.resource_errors),
+                          plain=bulk is not None)
 
 
 def _one_by_one(response: discovery_pb2.DeltaDiscoveryResponse, type_url: str, step: int

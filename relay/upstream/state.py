@@ -257,8 +257,8 @@ class UpstreamState:
         self._targets.responded(type_url)
         upserts, removed = update.upserts, list(update.removed)
         removed_variants = list(update.removed_variants)
-        if not (removed or removed_variants or
-                any(r.constraints is not UNCONSTRAINED for r in upserts)):
+        if not (removed or removed_variants or (not parsed.plain and
+                any(r.constraints is not UNCONSTRAINED for r in upserts))):
             return Acked([ack], update)
         # Variants changed: a client served from cache may need its own locator.
         touched = {*(r.name for r in upserts), *removed,

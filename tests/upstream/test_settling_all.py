@@ -18,13 +18,21 @@ PLAIN = frozenset({EMPTY_PARAMS})
 DEV = params_of({"env": "dev"})
 
 
-def history(subscriptions: list[tuple[dict[str, frozenset[Params]], float]],
-            together: bool) -> list[object]:
-    """What a settling told of these subscriptions (in turn) says as time goes on."""
+Step = tuple[dict[str, frozenset[Params]], float] | float
+
+
+def history(steps: list[Step], together: bool) -> list[object]:
+    """What a settling says as time goes on, told of these subscriptions
+    (names, when) and responses (when) in turn."""
     deadlines = Deadlines()
     settling = Settling(GRACE, deadlines)
     seen: list[object] = []
-    for locators, now in subscriptions:
+    for step in steps:
+        if isinstance(step, float):
+            seen.append(settling.on_response(ENDPOINT, step))
+            seen.append(len(deadlines))
+            continue
+        locators, now = step
         if together:
             settling.subscribed_all(ENDPOINT, locators, now)
         else:
@@ -38,11 +46,14 @@ def history(subscriptions: list[tuple[dict[str, frozenset[Params]], float]],
     return seen
 
 
-CASES = {
+CASES: dict[str, list[Step]] = {
     "new plain names": [({f"n{i}": PLAIN for i in range(50)}, 10.0)],
     "a name subscribed again": [({"a": PLAIN, "b": PLAIN}, 10.0), ({"a": PLAIN}, 10.4)],
     "with parameters": [({"a": PLAIN, "v": frozenset({EMPTY_PARAMS, DEV})}, 10.0)],
     "then more plain names": [({"a": PLAIN}, 10.0), ({"b": PLAIN, "c": PLAIN}, 10.3)],
+    "again while settling": [({"a": PLAIN, "b": PLAIN}, 10.0), 10.1, ({"a": PLAIN}, 10.15),
+                             ({"c": PLAIN}, 10.15)],
+    "answered, then more": [({"a": PLAIN}, 9.0), 9.6, ({"b": PLAIN}, 10.0)],
 }
 
 
@@ -66,3 +77,15 @@ def test_new_plain_names_are_subscribed_without_a_locator_each(
     assert made == []
     settling.subscribed_all(ENDPOINT, {"n3": PLAIN}, 10.2)  # again: its place moves
     assert made == ["n3"]
+
+
+def test_a_locator_subscribed_again_while_settling_comes_due_after_the_others() -> None:
+    deadlines = Deadlines()
+    settling = Settling(GRACE, deadlines)
+    settling.subscribed_all(ENDPOINT, {"a": PLAIN, "b": PLAIN}, 10.0)
+    assert settling.on_response(ENDPOINT, 10.1) == []  # too soon: both settle at 10.5
+    settling.subscribed_all(ENDPOINT, {"a": PLAIN, "c": PLAIN}, 10.15)
+    assert settling.on_response(ENDPOINT, 10.2) == []
+    assert len(deadlines) == 2  # 10.5 and 10.65
+    assert settling.due(10.6) == {ENDPOINT: [Locator("b")]}
+    assert settling.due(10.7) == {ENDPOINT: [Locator("a"), Locator("c")]}
