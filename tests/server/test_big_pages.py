@@ -1,17 +1,18 @@
 """A big client's pages: found with whole-set operations, the same bytes as name by name.
 
-A delta client subscribing to thousands of cached names gets them over pages
-(see :data:`relay.protocol.subscription.MAX_NAMES_PER_RESPONSE`). A page the
+A client subscribing to thousands of cached names gets them over pages (see
+:data:`relay.protocol.subscription.MAX_NAMES_PER_RESPONSE`). A page the
 client holds none of, whose every name is a resource all subscribers get, is
-built without a lookup per name (``DeltaSubscription._all_new``), and takes
+built without a lookup per name (``SubscriptionState._all_new``), and takes
 the next pages into the same response while they are so too, up to
 :data:`~relay.protocol.subscription.MAX_NAMES_PER_WHOLE_PAGE` names and the
-response's byte budget (``DeltaSubscription._more_new``); a page that is not
-so looks its names up together first (``DeltaSubscription._lookups``). All
-must send exactly what the name-by-name loop sends, which is what they are
-checked against here (the loop is forced by raising ``PREFETCH_FROM``; with
-pages as large as the whole-page bound, the very same responses), and must do
-the work they claim: counted, not timed.
+response's byte budget (``SubscriptionState._more_new``); a page that is not
+so looks its names up together first (``SubscriptionState._lookups``). Delta
+and SotW clients alike. All must send exactly what the name-by-name loop
+sends, which is what they are checked against here (the loop is forced by
+raising ``PREFETCH_FROM``; with pages as large as the whole-page bound, the
+very same responses, SotW's versions included), and must do the work they
+claim: counted, not timed.
 """
 
 from __future__ import annotations
