@@ -512,8 +512,8 @@ def main() -> None:
                         help="with --wildcard: the relay package of this tree (default: this "
                              "checkout's)")
     args = parser.parse_args()
-    if args.relay_src is not None and _RERUN not in os.environ:
-        sys.exit(rerun_from(args.relay_src.resolve()))
+    if args.relay_src is not None and RERUN not in os.environ:
+        sys.exit(rerun_from(args.relay_src.resolve(), "benchmarks.console"))
     if args.screenshot is not None:
         asyncio.run(screenshot(args.screenshot))
         return
@@ -534,20 +534,23 @@ def main() -> None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
 
-_RERUN = "XDS_RELAY_BENCHMARK_RERUN"
+#: Set in a benchmark run again by :func:`rerun_from` (it does not run itself again).
+RERUN = "XDS_RELAY_BENCHMARK_RERUN"
 
 
-def rerun_from(src: Path) -> int:
-    """This benchmark again, in a process whose ``relay`` is ``src``'s and
-    whose ``benchmarks`` this checkout's: first on its path a directory
-    holding a link to ``src/relay`` only, then this checkout (``-P``: not
-    the working directory)."""
+def rerun_from(src: Path, module: str) -> int:
+    """The benchmark ``module`` again, with this process's arguments, in a
+    process whose ``relay`` is ``src``'s and whose ``benchmarks`` and
+    ``tests`` are this checkout's: first on its path a directory holding
+    a link to ``src/relay`` only, then this checkout (``-P``: not the
+    working directory). For benchmarks that measure the relay in their own
+    process."""
     root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as shim:
         (Path(shim) / "relay").symlink_to(src / "relay")
-        env = {**os.environ, _RERUN: "1", "PYTHONPATH": os.pathsep.join((shim, str(root)))}
-        return subprocess.call([sys.executable, "-P", "-m", "benchmarks.console",
-                                *sys.argv[1:]], env=env, cwd=root)
+        env = {**os.environ, RERUN: "1", "PYTHONPATH": os.pathsep.join((shim, str(root)))}
+        return subprocess.call([sys.executable, "-P", "-m", module, *sys.argv[1:]], env=env,
+                               cwd=root)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,26 @@ each (``--pollers`` pollers, default 2 there, ``--polls`` each, default 5),
 with the CPU per poll and per name, to see that a poll costs what its names
 do (the same per name at every size).
 
+``--holds 5000,20000,50000``: how long one big poll holds the relay's event
+loop. In this process (``--in-process``, the relay's ``--relay-src``
+package imported here): a real REST server on a loopback port, over a
+cache of N small ClusterLoadAssignments, and a 1 ms timer measuring every
+hold of the loop (as :mod:`benchmarks.console`: wall, and the loop thread's
+CPU time, which the machine's load does not inflate), while one poll at a
+time comes from a process of its own. Otherwise, as another client sees it
+in a relay process: A probe (its own process) polls one name
+again and again (each answered ``304`` from the answers kept), and its
+slowest answer while the big poll is served is the stall. Per run and
+size, every name cached first: ``idle``, the probe with no big poll (its
+own pace); ``first``, a poll of N names the relay has no lease of (N - 1
+of the first N, and one more: a new lease, a fetch, and the lease's JSON
+written), then ``again``, the same names as another node (a fetch; the
+JSON is the lease's). With the big poll's own time and the relay's CPU
+time for it.
+
 Usage: ``python -m benchmarks.rest [--pollers 100] [--resources 100]
 [--size 1024] [--polls 50] [--runs 3] [--workers 2] [--relay-src DIR]
-[--names 5000,20000,50000]``
+[--names 5000,20000,50000] [--holds 5000,20000,50000]``
 Writes a table to stdout and JSON to ``benchmarks/results/rest.json``
 (``rest-names.json`` with ``--names``).
 """
@@ -48,10 +65,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import multiprocessing as mp
 import os
+import statistics
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -265,6 +286,218 @@ async def run_all(args: argparse.Namespace, sizes: Sequence[int]
     return results
 
 
+# -- --holds: the stall one big poll causes, as a probe sees it ---------------------
+
+
+def probe_main(conn: Connection, url: str, body: bytes) -> None:
+    """Poll ``url`` with ``body`` again and again; "start" clears the record,
+    "stop" answers the slowest answer and how many answers came since."""
+    asyncio.run(_probe(conn, url, body))
+
+
+async def _probe(conn: Connection, url: str, body: bytes) -> None:
+    import aiohttp
+
+    slowest, answers, running = 0.0, 0, True
+
+    async def polling(session: aiohttp.ClientSession) -> None:
+        nonlocal slowest, answers
+        while running:
+            started = time.perf_counter()
+            async with session.post(url, data=body) as reply:
+                await reply.read()
+                assert reply.status in (200, 304), reply.status
+            slowest = max(slowest, time.perf_counter() - started)
+            answers += 1
+            await asyncio.sleep(0.002)
+
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as session:
+        task = loop.create_task(polling(session))
+        conn.send("ready")
+        while (message := await loop.run_in_executor(None, conn.recv)) is not None:
+            if message == "start":
+                slowest, answers = 0.0, 0
+            else:
+                conn.send((slowest * 1000, answers))
+        running = False
+        await task
+
+
+async def hold_of(url: str, body: bytes | None, probe: Connection, pid: int
+                  ) -> dict[str, float]:
+    """One big poll: its time, the relay's CPU for it, the probe's slowest
+    answer (``body`` None: 0.3 s of no poll, the probe's own pace)."""
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as session:
+        probe.send("start")
+        await asyncio.sleep(0.2)  # the probe's answers before: its own pace
+        cpu, started = cpu_seconds(pid), time.perf_counter()
+        if body is None:
+            await asyncio.sleep(0.3)
+        else:
+            async with session.post(url, data=body) as reply:
+                answer = await reply.read()
+                assert reply.status == 200, (reply.status, answer[:200])
+        took, cpu = time.perf_counter() - started, cpu_seconds(pid) - cpu
+        await asyncio.sleep(0.1)
+        probe.send("stop")
+        slowest, answers = await loop.run_in_executor(None, probe.recv)
+    return {"poll_ms": took * 1000, "relay_cpu_ms": cpu * 1000, "probe_slowest_ms": slowest,
+            "probe_answers": answers}
+
+
+async def run_holds(args: argparse.Namespace, sizes: Sequence[int]
+                    ) -> dict[int, dict[str, list[dict[str, float]]]]:
+    """Per size, ``first`` and ``again`` polls' holds, ``args.runs`` of each."""
+    rest_port = free_port()
+    results: dict[int, dict[str, list[dict[str, float]]]] = {}
+    async with bare_process(big=max(sizes) + args.runs + 1, size=args.size) as origin, \
+            relay_process("rest-holds-relay", origin.port, 1.0,
+                          sections=f'rest: {{address: "127.0.0.1:{rest_port}", lease: 600s}}',
+                          src=args.relay_src) as relay:
+        url = f"http://127.0.0.1:{rest_port}{PATH}"
+        # every name cached first (what a poll of names the relay has not
+        # cached costs is the origin's and the cache's, not the poll's)
+        everything = big_names(max(sizes) + args.runs + 1)
+        await first_answer(url, request_body(everything, node_id="warm"), len(everything))
+        probe_body = request_body(["big-0"], node_id="probe")
+        answer = await first_answer(url, probe_body, 1)
+        probe_body = request_body(["big-0"], json.loads(answer)["versionInfo"], "probe")
+        ctx = mp.get_context("spawn")
+        ours, theirs = ctx.Pipe()
+        probe = ctx.Process(target=probe_main, args=(theirs, url, probe_body))
+        probe.start()
+        try:
+            assert await asyncio.get_running_loop().run_in_executor(None, ours.recv) == "ready"
+            for size in sizes:
+                runs: dict[str, list[dict[str, float]]] = {"idle": [], "first": [],
+                                                           "again": []}
+                for run in range(args.runs):
+                    names = [*big_names(size - 1), f"big-{size + run}"]
+                    runs["idle"].append(await hold_of(url, None, ours, relay.process.pid))
+                    for kind in ("first", "again"):
+                        runs[kind].append(await hold_of(
+                            url, request_body(names, node_id=f"{kind}-{size}-{run}"), ours,
+                            relay.process.pid))
+                results[size] = runs
+        finally:
+            ours.send(None)
+            probe.join(10)
+            if probe.is_alive():
+                probe.kill()
+    return results
+
+
+# a poll from a process of its own: its writing and reading are no part of the loop's holds
+_POLLER = """
+import sys, time, urllib.request
+started = time.perf_counter()
+request = urllib.request.Request(sys.argv[1], data=sys.stdin.buffer.read(), method="POST")
+with urllib.request.urlopen(request, timeout=600) as reply:
+    body = reply.read()
+print(reply.status, len(body), (time.perf_counter() - started) * 1000)
+"""
+
+
+async def polled_from_outside(url: str, body: bytes) -> float:
+    """Milliseconds a poll took, posted by a process of its own (a 200 expected)."""
+    poller = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _POLLER, url, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    out, _ = await poller.communicate(body)
+    status, _, ms = out.decode().split()
+    assert status == "200", out
+    return float(ms)
+
+
+async def holds_in_process(args: argparse.Namespace, sizes: Sequence[int]
+                           ) -> dict[int, dict[str, list[dict[str, float]]]]:
+    """:func:`run_holds`' polls, each measured by a :class:`LoopWatch` in the
+    process serving it (the relay's layers, no origin: every name cached)."""
+    from benchmarks.console import LoopWatch
+    from relay.cache import Update
+    from relay.config.values import Address
+    from relay.core import Core
+    from relay.protocol.limits import DEFAULT_LIMITS
+    from relay.resource import CachedResource
+    from relay.runtime import tune_gc
+    from relay.server.fetch import Fetcher
+    from relay.server.rest import RestServer
+    from relay.server.serving import ServingSettings
+    from tests.builders import endpoints, pack
+    from tests.clock import ManualClock
+    from tests.test_fetch_linear import Up
+
+    clock = ManualClock()
+    core = Core.create(settings=ServingSettings(limits=dataclasses.replace(
+        DEFAULT_LIMITS, leases_per_host=1000)), clock=clock)
+    core.index.link(Up())
+    everything = big_names(max(sizes) + args.runs + 1)
+    core.cache.apply(ENDPOINT, Update([
+        CachedResource.from_message(ENDPOINT, pack(endpoints(name, 1 + i % 7)), name, "v1")
+        for i, name in enumerate(everything)]))
+    rest = RestServer(core.serving, Fetcher(core.serving, clock, 600.0, 0.0),
+                      Address("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{await rest.start()}{PATH}"
+    tune_gc()
+    results: dict[int, dict[str, list[dict[str, float]]]] = {}
+    try:
+        for size in sizes:
+            runs: dict[str, list[dict[str, float]]] = {"first": [], "again": []}
+            for run in range(args.runs):
+                names = [*big_names(size - 1), f"big-{size + run}"]
+                for kind in ("first", "again"):
+                    body = request_body(names, node_id=f"{kind}-{size}-{run}")
+                    with LoopWatch() as watch:
+                        await asyncio.sleep(0.01)
+                        ms = await polled_from_outside(url, body)
+                    runs[kind].append({
+                        "poll_ms": ms, "hold_max_ms": watch.longest * 1000,
+                        "cpu_hold_max_ms": max(watch.cpu_holds) * 1000,
+                        "holds_over_50ms": sum(held > 0.05 for held in watch.holds),
+                        "cpu_holds_over_50ms": sum(held > 0.05 for held in watch.cpu_holds)})
+            results[size] = runs
+    finally:
+        await rest.stop()
+    return results
+
+
+def print_in_process(args: argparse.Namespace,
+                     results: dict[int, dict[str, list[dict[str, float]]]]) -> None:
+    from benchmarks.console import relay_dir
+
+    print(f"relay package {relay_dir()}; one poll at a time, in-process loop watch; "
+          f"min / median / max of {args.runs} runs")
+    rows = []
+    keys = ("cpu_hold_max_ms", "cpu_holds_over_50ms", "hold_max_ms", "holds_over_50ms",
+            "poll_ms")
+    for size, runs in results.items():
+        for kind, measured in runs.items():
+            cells = [f"{min(v):.0f} / {statistics.median(v):.0f} / {max(v):.0f}"
+                     for key in keys for v in [[m[key] for m in measured]]]
+            rows.append(f"| {size:,} | {kind} | {' | '.join(cells)} |")
+    print("\n| names | poll | longest hold, CPU (ms) | CPU holds > 50 ms | longest hold, "
+          "wall (ms) | wall holds > 50 ms | the poll (ms) |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows))
+
+
+def print_holds(args: argparse.Namespace, results: dict[int, dict[str, list[dict[str, float]]]]
+                ) -> None:
+    print(f"relay at {revision(args.relay_src)} ({args.relay_src}); one big poll at a time, "
+          f"ClusterLoadAssignments of ~{args.size} B; min / median of {args.runs} runs")
+    rows = []
+    for size, runs in results.items():
+        for kind, measured in runs.items():
+            cells = [f"{min(v):.0f} / {statistics.median(v):.0f}"
+                     for key in ("probe_slowest_ms", "poll_ms", "relay_cpu_ms")
+                     for v in [[m[key] for m in measured]]]
+            rows.append(f"| {size:,} | {kind} | {' | '.join(cells)} |")
+    print("\n| names | poll | probe's slowest answer (ms) | the poll (ms) | relay CPU (ms) |\n"
+          "| --- | --- | --- | --- | --- |\n" + "\n".join(rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pollers", type=int, default=None,
@@ -279,7 +512,22 @@ def main() -> None:
                         help="the tree the relay runs from (default: this checkout)")
     parser.add_argument("--names", default="",
                         help="comma-separated numbers of names per poll: per-name costs")
+    parser.add_argument("--holds", default="",
+                        help="comma-separated numbers of names per poll: the stall each causes")
+    parser.add_argument("--in-process", action="store_true",
+                        help="with --holds: measure the loop's holds in this process")
     args = parser.parse_args()
+    if args.holds and args.in_process:
+        in_process(args)
+        return
+    if args.holds:
+        args.relay_src = args.relay_src.resolve()
+        holds = asyncio.run(run_holds(args, [int(n) for n in args.holds.split(",") if n]))
+        print_holds(args, holds)
+        write_results(Path("benchmarks/results/rest-holds.json"), "benchmarks.rest",
+                      relay_src=str(args.relay_src), revision=revision(args.relay_src),
+                      runs={str(size): runs for size, runs in holds.items()})
+        return
     sizes = [int(n) for n in args.names.split(",") if n] or [args.resources]
     args.pollers = args.pollers or (2 if args.names else 100)
     args.polls = args.polls or (5 if args.names else 50)
@@ -304,6 +552,17 @@ def main() -> None:
                        else "benchmarks/results/rest.json"), "benchmarks.rest",
                   relay_src=str(args.relay_src), revision=revision(args.relay_src),
                   runs={str(size): runs for size, runs in results.items()}, summary=summary)
+
+
+def in_process(args: argparse.Namespace) -> None:
+    """``--holds --in-process``: here, or run again with ``--relay-src``'s relay."""
+    from benchmarks.console import RERUN, rerun_from
+
+    here = Path(__file__).resolve().parents[1]
+    if args.relay_src.resolve() != here and RERUN not in os.environ:
+        sys.exit(rerun_from(args.relay_src.resolve(), "benchmarks.rest"))
+    sizes = [int(n) for n in args.holds.split(",") if n]
+    print_in_process(args, asyncio.run(holds_in_process(args, sizes)))
 
 
 if __name__ == "__main__":

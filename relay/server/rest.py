@@ -267,28 +267,32 @@ def render_json_slices(plan: SotwResponsePlan, per_slice: int = RESOURCES_PER_RE
 
     ``json_format`` writes a message as ``json.dumps`` of the dictionary it
     makes of it: here each resource's dictionary is made and dumped on its
-    own, a slice at a time, and the pieces are joined as ``json.dumps``
-    joins a list's items and a dictionary's keys (``, `` and ``: ``), the
-    resources at their field's place among the response's other fields.
+    own, a slice at a time (each slice's resources encoded as the whole
+    response encodes them: :func:`~relay.server.plans.encode_plan` encodes
+    each on its own), and the pieces are joined as ``json.dumps`` joins a
+    list's items and a dictionary's keys (``, `` and ``: ``), the resources
+    at their field's place among the response's other fields. The whole is
+    joined once, as bytes (ASCII: ``json.dumps`` escapes the rest).
     """
     if len(plan.resources) <= per_slice:
         return render_json(plan)
-    response = _response_of(plan)
-    head = discovery_pb2.DiscoveryResponse()
-    head.CopyFrom(response)
-    head.ClearField("resources")
-    fields = {key: json.dumps(value)
-              for key, value in _json_of(head, json_format.MessageToDict).items()}
-    resources: list[str] = []
-    for start in range(0, len(response.resources), per_slice):
+    head = _json_of(_response_of(dataclasses.replace(plan, resources=[])),
+                    json_format.MessageToDict)
+    fields = {key: json.dumps(value).encode() for key, value in head.items()}
+    resources: list[bytes] = []
+    for start in range(0, len(plan.resources), per_slice):
         if start:
             yield
-        resources.extend(json.dumps(_json_of(resource, json_format.MessageToDict))
-                         for resource in response.resources[start:start + per_slice])
-    fields["resources"] = f"[{', '.join(resources)}]"
-    keys = sorted(fields, key=_RESPONSE_FIELDS.__getitem__)
-    text = ", ".join(f"{json.dumps(key)}: {fields[key]}" for key in keys)
-    return f"{{{text}}}\n".encode()
+        page = _response_of(dataclasses.replace(
+            plan, resources=plan.resources[start:start + per_slice]))
+        resources.extend(json.dumps(_json_of(resource, json_format.MessageToDict)).encode()
+                         for resource in page.resources)
+    pieces = [b"{"]
+    for key in sorted([*fields, "resources"], key=_RESPONSE_FIELDS.__getitem__):
+        pieces += [b", " if len(pieces) > 1 else b"", json.dumps(key).encode(), b": "]
+        pieces += [b"[", b", ".join(resources), b"]"] if key == "resources" else [fields[key]]
+    pieces.append(b"}\n")
+    return b"".join(pieces)
 
 
 def _response_of(plan: SotwResponsePlan) -> discovery_pb2.DiscoveryResponse:
