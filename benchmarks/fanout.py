@@ -52,7 +52,10 @@ with ``PYTHONMALLOC=pymalloc`` (CPython's own allocator; ``xds-relay run``
 otherwise starts again on glibc's malloc), reported against the relay too.
 
 Usage: ``python -m benchmarks.fanout [--streams 1000,2000] [--runs 3] [--rounds 5] [--workers 2]
-[--relay-src DIR] [--servers bare,bare-default,relay]``
+[--relay-src DIR] [--before-src DIR] [--servers bare,bare-default,relay]``;
+``--before-src`` adds ``relay-before``, the relay from another tree (an
+export of an earlier commit), alternating with the rest: before and after
+in one invocation, under the same noise.
 Writes tables to stdout and JSON to ``benchmarks/results/fanout.json``.
 """
 
@@ -92,7 +95,7 @@ from tests.harness import ScriptedOrigin
 
 # every server a run can measure, in the order they alternate; the default set
 SERVERS = ("bare", "bare-no-age", "bare-default", "bare-default-malloc", "bare-gc", "relay",
-           "relay-no-age", "relay-pymalloc")
+           "relay-no-age", "relay-pymalloc", "relay-before")
 DEFAULT_SERVERS = ("bare", "bare-default", "relay")
 # (a, b) of each ratio a / b reported, of the servers that ran; bare / bare-default
 # is what the relay's gRPC options cost (connection ageing above all: see bare-no-age)
@@ -102,7 +105,8 @@ RATIOS = (("relay", "bare"), ("relay", "bare-default"), ("relay", "bare-gc"),
           ("relay", "relay-no-age"), ("relay-no-age", "bare-default-malloc"),
           ("bare-default-malloc", "bare-default"),
           ("relay-pymalloc", "bare"), ("relay-pymalloc", "bare-default"),
-          ("relay-pymalloc", "relay"))
+          ("relay-pymalloc", "relay"),
+          ("relay-before", "bare"), ("relay-before", "bare-default"), ("relay", "relay-before"))
 # label of each figure, in the order reported
 FIGURES = {
     "update_all_ms": "update reaches all streams (ms)",
@@ -217,9 +221,10 @@ async def relay_server(kind: str = "relay", server_extra: str = "",
         await origin.stop()
 
 
-def starters(src: Path | None = None
+def starters(src: Path | None = None, before: Path | None = None
              ) -> dict[str, Callable[[], AbstractAsyncContextManager[Server]]]:
-    """How to start a fresh server of each kind in :data:`SERVERS` (the relay's from ``src``)."""
+    """How to start a fresh server of each kind in :data:`SERVERS` (the relay's
+    from ``src``; ``relay-before``'s from ``before``)."""
     return {
         "bare": bare_server,
         "bare-no-age": functools.partial(bare_server, "bare-no-age", "relay-no-age"),
@@ -232,6 +237,7 @@ def starters(src: Path | None = None
                                           "max_connection_age: 0s", src=src),
         "relay-pymalloc": functools.partial(relay_server, "relay-pymalloc", src=src,
                                             env={"PYTHONMALLOC": "pymalloc"}),
+        "relay-before": functools.partial(relay_server, "relay-before", src=before),
     }
 
 
@@ -343,7 +349,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 async def run_all(args: argparse.Namespace, servers: list[str]) -> list[dict[str, Any]]:
-    start = starters(args.relay_src)
+    start = starters(args.relay_src, args.before_src)
     results = []
     for n in (int(x) for x in args.streams.split(",")):
         runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in servers}
@@ -370,24 +376,32 @@ def main() -> None:
     parser.add_argument("--streams-per-connection", type=int, default=1)
     parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
                         help="the tree the relay runs from (default: this checkout)")
+    parser.add_argument("--before-src", type=Path,
+                        help="another tree, run as the server relay-before (added to "
+                             "--servers): before and after in one invocation, alternating")
     parser.add_argument("--servers", default=",".join(DEFAULT_SERVERS),
                         help=f"a subset of {','.join(SERVERS)}")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/fanout.json"))
     args = parser.parse_args()
-    asked = args.servers.split(",")
+    asked = args.servers.split(",") + (["relay-before"] if args.before_src else [])
     if unknown := set(asked) - set(SERVERS):
         parser.error(f"unknown servers: {', '.join(sorted(unknown))}")
     servers = [s for s in SERVERS if s in asked]
+    if "relay-before" in asked and args.before_src is None:
+        parser.error("relay-before runs the tree given by --before-src")
     args.relay_src = args.relay_src.resolve()
     commit = revision(args.relay_src)
+    before = "" if args.before_src is None else \
+        f", relay-before at {revision(args.before_src)} ({args.before_src.resolve()})"
     results = asyncio.run(run_all(args, servers))
     for result in results:
         loads = [run["load"] for runs in result["runs"].values() for run in runs]
         print(f"\n{result['streams']} streams, {args.runs} runs each, relay at {commit} "
-              f"({args.relay_src}), 1-minute load {min(loads):.1f}-{max(loads):.1f}:\n"
+              f"({args.relay_src}){before}, 1-minute load {min(loads):.1f}-{max(loads):.1f}:\n"
               f"{server_tables(result['summary'], FIGURES, servers)}")
     write_results(args.out, "benchmarks.fanout", runs=args.runs, rounds=args.rounds,
                   relay_src=str(args.relay_src), revision=commit, servers=servers,
+                  before_src=None if args.before_src is None else str(args.before_src),
                   results=results)
 
 

@@ -45,12 +45,14 @@ workers' CPU during the storm (the handshakes' client side, which on a small
 machine competes with the relay for the same cores).
 
 The relay runs from ``--relay-src`` (default: this checkout), as in
-:mod:`benchmarks.fanout`.
+:mod:`benchmarks.fanout`; ``--before-src DIR`` adds the mode ``tls-before``,
+``tls`` with the relay of another tree (an export of an earlier commit):
+before and after in one invocation, alternating.
 
 Usage (about 5 minutes per N on 2 cores)::
 
     .venv/bin/python -m benchmarks.tls [--streams 1000,2000] [--runs 3] [--rounds 5]
-        [--workers 2] [--relay-src DIR]
+        [--workers 2] [--relay-src DIR] [--before-src DIR]
         [--modes bare,bare-default,bare-tls,bare-tls-default,plaintext,tls,mtls]
 
 Writes tables to stdout and JSON to ``benchmarks/results/tls.json``.
@@ -76,15 +78,17 @@ from benchmarks.processes import ClientTLS, new_streams, subscription
 from benchmarks.report import revision, server_tables, summarize_servers, write_results
 from tests.certs import Authority
 
-MODES = ("bare", "bare-default", "bare-tls", "bare-tls-default", "plaintext", "tls", "mtls")
+MODES = ("bare", "bare-default", "bare-tls", "bare-tls-default", "plaintext", "tls", "mtls",
+         "tls-before")
 MODE_LABELS = {"bare": "bare", "bare-default": "bare default", "bare-tls": "bare TLS",
                "bare-tls-default": "bare TLS default", "plaintext": "plaintext",
-               "tls": "TLS", "mtls": "mTLS"}
+               "tls": "TLS", "mtls": "mTLS", "tls-before": "TLS before"}
 # (numerator, denominator) of each ratio reported
 RATIOS = (("tls", "bare-tls"), ("tls", "bare-tls-default"), ("mtls", "bare-tls"),
           ("mtls", "bare-tls-default"), ("tls", "plaintext"), ("mtls", "plaintext"),
           ("mtls", "tls"), ("plaintext", "bare"), ("plaintext", "bare-default"),
-          ("bare-tls", "bare"))
+          ("bare-tls", "bare"), ("tls-before", "bare-tls"),
+          ("tls-before", "bare-tls-default"), ("tls", "tls-before"))
 ALLOW = "spiffe://bench/ns/*/sa/*"
 # label of each figure, in the order reported
 FIGURES = {
@@ -131,9 +135,10 @@ class Certificates:
         return f"tls: {json.dumps(files)}, authorization: {{allow: {json.dumps([ALLOW])}}}"
 
 
-def starters(certificates: Certificates, src: Path | None = None
+def starters(certificates: Certificates, src: Path | None = None, before: Path | None = None
              ) -> dict[str, Callable[[], AbstractAsyncContextManager[Server]]]:
-    """How to start a fresh server of each mode (the relay's from ``src``)."""
+    """How to start a fresh server of each mode (the relay's from ``src``,
+    ``tls-before``'s from ``before``)."""
     plain = certificates.server_tls()
     files = (certificates.relay.cert_file, certificates.relay.key_file)
     return {
@@ -148,6 +153,9 @@ def starters(certificates: Certificates, src: Path | None = None
                                  lambda name: plain, src=src),
         "mtls": functools.partial(relay_server, "mtls", certificates.server_extra(True),
                                   certificates.client, src=src),
+        "tls-before": functools.partial(relay_server, "tls-before",
+                                        certificates.server_extra(False), lambda name: plain,
+                                        src=before),
     }
 
 
@@ -185,7 +193,7 @@ async def run_all(args: argparse.Namespace, modes: Sequence[str]) -> list[dict[s
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-tls-") as directory:
         certificates = Certificates(Path(directory))
-        start = starters(certificates, args.relay_src)
+        start = starters(certificates, args.relay_src, args.before_src)
         if "mtls" in modes:
             await check_authorization(certificates, args.relay_src)
         for n in (int(x) for x in args.streams.split(",")):
@@ -214,11 +222,17 @@ def main() -> None:
                         help=f"a subset of {','.join(MODES)}")
     parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
                         help="the tree the relay runs from (default: this checkout)")
+    parser.add_argument("--before-src", type=Path,
+                        help="another tree, run as the mode tls-before (added to --modes): "
+                             "before and after in one invocation, alternating")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/tls.json"))
     args = parser.parse_args()
-    modes = [m for m in MODES if m in args.modes.split(",")]
-    if unknown := set(args.modes.split(",")) - set(MODES):
+    asked = args.modes.split(",") + (["tls-before"] if args.before_src else [])
+    modes = [m for m in MODES if m in asked]
+    if unknown := set(asked) - set(MODES):
         parser.error(f"unknown modes: {', '.join(sorted(unknown))}")
+    if "tls-before" in modes and args.before_src is None:
+        parser.error("tls-before runs the tree given by --before-src")
     args.relay_src = args.relay_src.resolve()
     commit = revision(args.relay_src)
     started = time.monotonic()
@@ -232,7 +246,9 @@ def main() -> None:
     print(f"\n{elapsed:.0f} s in all")
     write_results(args.out, "benchmarks.tls", runs=args.runs, rounds=args.rounds,
                   workers=args.workers, allow=[ALLOW], elapsed_s=round(elapsed),
-                  relay_src=str(args.relay_src), revision=commit, results=results)
+                  relay_src=str(args.relay_src), revision=commit,
+                  before_src=None if args.before_src is None else str(args.before_src),
+                  results=results)
 
 
 if __name__ == "__main__":
