@@ -143,15 +143,13 @@ class CachedResource:
     sotw_entry: bytes
     sotw_wrapped_entry: bytes
 
-    def __init__(self, type_url: str, name: str, version: str,
-                 resource: discovery_pb2.Resource | None = None,
+    def __init__(self, type_url: str, name: str, version: str, resource: discovery_pb2.Resource,
                  constraints: Constraints = UNCONSTRAINED, arrival: int | None = None,
                  received: float | None = None, derived_version: bool = False) -> None:
         self.type_url = type_url
         self.name = name
         self.version = version
-        if resource is not None:
-            self.resource = resource
+        self.resource = resource
         self.constraints = constraints
         self.variant_key = constraints.key
         self.arrival = _next_arrival() if arrival is None else arrival
