@@ -189,7 +189,12 @@ class DeltaSubscription(SubscriptionState):
                 self._globs = globs | (self._globs or set())
                 # (a collection is never answered by its own name)
                 subscribe = subscribe - globs
-            self._unanswered = subscribe | (self._unanswered or set())
+            # (added to in place: a request in pieces, 2,000 names each, copied
+            # what the pieces before had added, once per piece)
+            if self._unanswered is None:
+                self._unanswered = subscribe  # (a set of this request's own)
+            else:
+                self._unanswered |= subscribe
 
     def _declared(self, request: DeltaRequest) -> dict[str, Held]:
         """What the first request says the client holds, xdstp names canonical."""
