@@ -277,3 +277,14 @@ def test_without_a_bound_per_tick_a_linger_ends_whole() -> None:
     lingering = Lingering(Deadlines(), per_tick=None)
     lingering.start(ENDPOINT, 0.0, 30.0, NAMES)
     assert lingering.due(30.0) == [(ENDPOINT, NAMES)]
+
+
+def test_what_the_bound_cut_goes_whole_and_what_lingers_ends_in_slices() -> None:
+    lingering = Lingering(Deadlines(), limit=2, per_tick=1)
+    lingering.start(ENDPOINT, 0.0, 30.0, ["a", "b", "c", "d"])  # two of them cut at once
+    [(_, cut)] = lingering.due(0.0)
+    assert len(cut) == 2 and lingering.count() == 2  # whole, past per_tick
+    [(_, first)] = lingering.due(30.0)
+    [(_, second)] = lingering.due(30.0)
+    assert len(first) == len(second) == 1 and {*cut, *first, *second} == {"a", "b", "c", "d"}
+    assert lingering.due(30.0) == [] and lingering.count() == 0
