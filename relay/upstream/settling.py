@@ -11,7 +11,6 @@ See "settle" in ``docs/glossary.md``.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Mapping
 
 from relay.constraints import EMPTY_PARAMS, Locator, Params
@@ -90,18 +89,13 @@ class Settling:
         they were subscribed."""
         unsettled = self._unsettled.pop(type_url, {})
         settling = self._settling.setdefault(type_url, {})
-        grace = self.grace
-        dues = [subscribed_at + grace for subscribed_at in unsettled.values()]
-        if settling.keys().isdisjoint(unsettled):  # (the common case: all together)
-            settling.update(zip(unsettled, dues, strict=True))
-        else:
-            for key, due in zip(unsettled, dues, strict=True):
-                settling.pop(key, None)  # kept in the order they come due
-                settling[key] = due
-        # one deadline for every locator of the type due at once
         last_due = None
-        for due, _ in itertools.groupby(dues):
+        for key, subscribed_at in unsettled.items():
+            due = subscribed_at + self.grace
+            settling.pop(key, None)  # kept in the order they come due
+            settling[key] = due
             if due > now and due != last_due:
+                # one deadline for every locator of the type due at once
                 self._deadlines.add(SettleDue(type_url, due))
                 last_due = due
         return self._settled(type_url, now)
