@@ -127,9 +127,10 @@ def encoded(served: Served) -> bytes:
 
 async def test_a_fetch_of_5000_names_is_made_in_slices_with_the_loop_run_between() -> None:
     outcome, turns = await fetched(per_slice=1_000)
-    # before the request's checks, before its lease, before the cache's
-    # look-ups; 4 pauses in their 5,000 names; then one before each of 5 pages
-    assert len(turns.seen) == 3 + 4 + 5
+    # before the request's checks, before its lease is looked up, before it
+    # is registered, before the cache's look-ups; 4 pauses in their 5,000
+    # names; then one before each of 5 pages
+    assert len(turns.seen) == 4 + 4 + 5
     assert turns.others_ran_between()
     assert len(outcome.plan.resources) == NAMES
 
@@ -137,7 +138,7 @@ async def test_a_fetch_of_5000_names_is_made_in_slices_with_the_loop_run_between
 async def test_a_fetch_made_in_small_slices_is_the_fetch_made_in_pages_to_the_byte() -> None:
     small, _ = await fetched(per_slice=700)
     paged, turns = await fetched(per_slice=2_500)
-    assert len(turns.seen) == 3 + 1 + 2
+    assert len(turns.seen) == 4 + 1 + 2
     assert encoded(small) == encoded(paged)
     assert small.plan.version_info == paged.plan.version_info
 
