@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -107,16 +107,20 @@ class CachedResource:
     * ``delta_entry``, ``sotw_entry``, ``sotw_wrapped_entry``,
       ``heartbeat_entry``, ``sotw_heartbeat_entry``: its encoded
       ``resources`` entries (see :mod:`relay.encoding`);
-    * ``aliases``, ``ttl_seconds``, ``do_not_cache``, ``resource_name``:
-      read from ``resource``;
-    * ``plain``: none of those: unconstrained, no TTL, aliases or
-      do-not-cache, the case the cache takes in bulk.
+    * ``do_not_cache``, ``resource_name``: read from ``resource``.
+
+    ``aliases`` and ``ttl_seconds`` are read from ``resource`` each time (a
+    message changed after the copy is made, as tests do, is seen).
     """
 
-    __slots__ = ("__weakref__", "_heartbeat", "aliases", "arrival", "constraints", "delta_entry",
-                 "derived_version", "digest", "do_not_cache", "heartbeat_entry", "name", "plain",
+    __slots__ = ("__weakref__", "_heartbeat", "arrival", "constraints", "delta_entry",
+                 "derived_version", "digest", "do_not_cache", "heartbeat_entry", "name",
                  "received", "resource", "resource_name", "sotw_entry", "sotw_heartbeat_entry",
-                 "sotw_wrapped_entry", "ttl_seconds", "type_url", "variant_key", "version")
+                 "sotw_wrapped_entry", "type_url", "variant_key", "version")
+
+    #: Whether it is a plain resource made from its encoding, one the cache
+    #: takes in bulk (see from_encoded); never one made from a message.
+    plain: bool = False
 
     type_url: str
     name: str
@@ -131,11 +135,8 @@ class CachedResource:
     # computed on first read (see _LAZY)
     resource: discovery_pb2.Resource
     digest: bytes
-    aliases: tuple[str, ...]
-    ttl_seconds: float | None
     do_not_cache: bool
     resource_name: discovery_pb2.ResourceName | None
-    plain: bool
     _heartbeat: discovery_pb2.Resource
     heartbeat_entry: bytes
     sotw_heartbeat_entry: bytes
@@ -171,6 +172,20 @@ class CachedResource:
             value = compute(self)
             setattr(self, attribute, value)
             return value
+
+    @property
+    def aliases(self) -> Sequence[str]:
+        """Other names this resource goes by (``Resource.aliases``)."""
+        aliases: Sequence[str] = self.resource.aliases
+        return aliases
+
+    @property
+    def ttl_seconds(self) -> float | None:
+        """The TTL the origin gave this resource, if any."""
+        if not self.resource.HasField("ttl"):
+            return None
+        seconds: float = self.resource.ttl.ToTimedelta().total_seconds()
+        return seconds
 
     @property
     def origin_version(self) -> str:
@@ -316,25 +331,12 @@ def _content_digest(made: CachedResource) -> bytes:
     return content_digest(resource)
 
 
-def _ttl_seconds(made: CachedResource) -> float | None:
-    """The TTL the origin gave this resource, if any."""
-    if not made.resource.HasField("ttl"):
-        return None
-    seconds: float = made.resource.ttl.ToTimedelta().total_seconds()
-    return seconds
-
-
 def _resource_name(made: CachedResource) -> discovery_pb2.ResourceName | None:
     """Name and constraints, for variants sent with constraints (else None)."""
     if made.constraints is UNCONSTRAINED:
         return None
     name: discovery_pb2.ResourceName = made.resource.resource_name
     return name
-
-
-def _plain(made: CachedResource) -> bool:
-    return (made.constraints is UNCONSTRAINED and made.ttl_seconds is None
-            and not made.do_not_cache and not made.aliases)
 
 
 def _heartbeat(made: CachedResource) -> discovery_pb2.Resource:
@@ -353,11 +355,8 @@ def _wrapped(value: bytes) -> bytes:
 _LAZY: dict[str, Callable[[CachedResource], object]] = {
     "resource": _resource,
     "digest": _content_digest,
-    "aliases": lambda made: tuple(made.resource.aliases),
-    "ttl_seconds": _ttl_seconds,
     "do_not_cache": lambda made: bool(made.resource.cache_control.do_not_cache),
     "resource_name": _resource_name,
-    "plain": _plain,
     "_heartbeat": _heartbeat,
     # this resource without its body (a heartbeat) as a delta ``resources`` entry
     "heartbeat_entry": lambda made: length_delimited_field(

@@ -1,6 +1,7 @@
-"""ResourceCache.apply's bulk path: a plain resource of a name new to the cache
-gets a record in one loop. What readers and listeners see is what the general
-path (``_upsert``) gives, and the general path is not called for it."""
+"""ResourceCache.apply's bulk path: a plain resource made from its encoding
+(relay.upstream.bulk) of a name new to the cache gets a record in one loop.
+What readers and listeners see is what the general path (``_upsert``)
+gives, and the general path is not called for it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from google.protobuf import any_pb2
 
 from relay.cache import ABSENT, CacheChange, ResourceCache, Update
 from relay.constraints import EMPTY_PARAMS, Locator, compile_constraints
+from relay.encoding import length_delimited_field
 from relay.resource import CachedResource
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints
@@ -22,12 +24,14 @@ MEMBER = "xdstp://auth/envoy.config.endpoint.v3.ClusterLoadAssignment/pool/m1"
 
 def made(name: str, version: str = "1", general: bool = False,
          **fields: Any) -> CachedResource:
+    """A resource as the origin sent it; a plain one as the bulk check makes
+    it (from its encoding), unless ``general``."""
     resource = discovery_pb2.Resource(name=name, version=version, resource=any_pb2.Any(
         type_url=ENDPOINT, value=endpoints(name, 80).SerializeToString()), **fields)
-    out = CachedResource(ENDPOINT, name, version, resource)
-    if general:
-        out.plain = False  # (what the bulk path takes: only resources it may)
-    return out
+    if general or fields:
+        return CachedResource(ENDPOINT, name, version, resource)
+    return CachedResource.from_encoded(ENDPOINT, name, version, length_delimited_field(
+        2, resource.SerializeToString()), received=1.0)
 
 
 def scenario(general: bool) -> tuple[ResourceCache, list[CacheChange], list[frozenset[str]]]:

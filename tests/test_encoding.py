@@ -53,6 +53,9 @@ class CountingResource:
         self.calls += 1
         return self.inner.SerializeToString()
 
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)  # (what CachedResource reads as it is made)
+
 
 def test_fan_out_serializes_each_resource_once() -> None:
     counting = CountingResource(cached("a").resource)

@@ -58,8 +58,9 @@ def parsed_message(made: CachedResource) -> bool:
 def assert_same(made: CachedResource, general: CachedResource) -> None:
     """Everything a reader of the two can see is the same."""
     fields = ("type_url", "name", "version", "derived_version", "constraints", "variant_key",
-              "aliases", "ttl_seconds", "do_not_cache", "resource_name", "plain")
+              "ttl_seconds", "do_not_cache", "resource_name")
     assert [getattr(made, f) for f in fields] == [getattr(general, f) for f in fields]
+    assert list(made.aliases) == list(general.aliases)
     assert made.delta_entry == general.delta_entry
     assert made.digest == general.digest
     assert made.is_current(general) and general.is_current(made)
