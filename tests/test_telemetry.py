@@ -35,3 +35,18 @@ def test_build_info_is_one_labelled_with_the_versions() -> None:
             if name == "xds_relay_build_info"] == [
         ({"version": metadata.version("xds-relay"), "python": platform.python_version(),
           "grpc": metadata.version("grpcio")}, 1.0)]
+
+
+def test_the_streams_gauge_goes_down_to_zero_as_streams_leave_and_is_a_gauge() -> None:
+    provider, registry = prometheus_provider()
+    metrics = new_metrics(provider, registry)
+    for protocol in ("delta", "delta", "sotw"):
+        metrics.downstream_streams.add(protocol)
+    metrics.downstream_streams.add("delta", amount=-1)
+    metrics.downstream_streams.add("sotw", amount=-1)
+    families = {family.name: family for family in
+                text_string_to_metric_families(generate_latest(registry).decode())}
+    streams = families["xds_relay_downstream_streams"]
+    assert streams.type == "gauge"
+    assert sorted((s.labels["protocol"], s.value) for s in streams.samples) == [
+        ("delta", 1.0), ("sotw", 0.0)]

@@ -202,7 +202,7 @@ class DownstreamStream:
         async generators less per message on the fan-out path.
         """
         metrics = self.serving.metrics
-        metrics.downstream_streams.add(1, {"protocol": self.protocol})
+        metrics.downstream_streams.add(self.protocol)
         self.serving.join(self)
         # When gRPC ends the call (the client left, or its connection died:
         # keepalive), it cancels the task running this handler, whether or
@@ -240,7 +240,7 @@ class DownstreamStream:
             if self.group is not None and self.serving.settings.groups is not None:
                 self.serving.settings.groups.leave(self.group)
                 self.group = None
-            metrics.downstream_streams.add(-1, {"protocol": self.protocol})
+            metrics.downstream_streams.add(self.protocol, amount=-1)
 
     def _status_for(self, error: BaseException) -> tuple[grpc.StatusCode, str]:
         """The status that ends a stream whose reader failed: never OK. Counted,

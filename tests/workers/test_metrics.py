@@ -34,13 +34,13 @@ def labels(**pairs: str) -> Labels:
 def hub(metrics: Metrics) -> None:
     metrics.upstream_connected.add(1)
     metrics.upstream_responses.add(3, {"type": "Cluster", "outcome": "ack"})
-    metrics.downstream_streams.add(2, {"protocol": "delta"})  # its two workers
+    metrics.downstream_streams.add("delta", amount=2)  # its two workers
     metrics.worker_restarts.add(1)
 
 
 def worker(streams: int, latency: float) -> Callable[[Metrics], None]:
     def record(metrics: Metrics) -> None:
-        metrics.downstream_streams.add(streams, {"protocol": "delta"})
+        metrics.downstream_streams.add("delta", amount=streams)
         metrics.push("delta", CLUSTER)
         metrics.push_latency.record(latency, "Cluster")
         metrics.upstream_connected.add(1)  # its stream to the hub
