@@ -22,7 +22,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import params_of
 from relay.encoding import field_size, text_size
-from relay.protocol.cycle import OWED
+from relay.protocol.cycle import IDLE, NEW, OWED
 from relay.protocol.held import Declared, Held
 from relay.protocol.outcome import RequestOutcome
 from relay.protocol.requests import DeltaRequest
@@ -151,6 +151,23 @@ class DeltaSubscription(SubscriptionState):
         self._unsubscribe_from(request)
         return outcome
 
+    def on_reply(self, request: DeltaRequest) -> RequestOutcome | None:
+        """:meth:`on_request` for a request that names nothing and is not the
+        type's first: an ACK or NACK (or one of a stale nonce), the bulk of
+        all traffic; None for any other (:meth:`on_request` takes it).
+
+        Such a request changes no subscription: the session need not check
+        its names nor ask what the interest index must learn (nothing).
+        """
+        if request.resource_names_subscribe or request.resource_locators_subscribe or \
+                request.resource_names_unsubscribe or \
+                request.resource_locators_unsubscribe or self._cycle.phase is NEW:
+            return None
+        outcome = RequestOutcome()
+        if self._cycle.awaits(request.response_nonce):
+            self._take_reply(request, outcome)
+        return outcome
+
     def _subscribe_from(self, request: DeltaRequest, first: bool,
                         listed: Sequence[str] | None) -> None:
         """What ``request`` subscribes (and, the first, declares it holds)."""
@@ -251,7 +268,49 @@ class DeltaSubscription(SubscriptionState):
         """The response to send now, if any (none while one is in flight), of
         at most ``max_size`` bytes unless one resource alone is larger: what
         does not fit waits for the next response."""
+        pending = self._pending
+        if len(pending) == 1 and self._cycle.phase is IDLE and self._backlog is None and \
+                not self._recheck_all and self._globs is None and self._spelled is None and \
+                not self._pending_heartbeats and not self._errors_sent:
+            plan = self._one_changed(view, nonces, pending)
+            if plan is not None:
+                return plan
         return self._paged(lambda: self._next_page(view, nonces, max_size))
+
+    def _one_changed(self, view: ResourceView, nonces: NonceSource,
+                     pending: set[str]) -> DeltaResponsePlan | None:
+        """The response to the one name marked, where it sends that name's
+        resource: a push of one changed resource, to each stream of the
+        fan-out. What :meth:`_next_page` sends then (one resource fits any
+        empty response), without its page, budget, sets and generator; None,
+        changing nothing, where :meth:`_next_page` must look (nothing to
+        send, a removal, an error, a do-not-cache copy).
+
+        The caller saw the rest plain: no backlog, heartbeats, globs,
+        respellings or errors told, nothing in flight or owed.
+        """
+        type_url = self._type_url
+        [name] = pending
+        if not (self._wildcard or name in self._names) or not view.is_synced(type_url) or \
+                view.has_errors(type_url):
+            return None
+        found = view.lookup(type_url, name, self._locator_params.get(name, self._node_params))
+        if not isinstance(found, CachedResource) or found.do_not_cache:
+            return None
+        held, resend = self._held.get(name), self._resend
+        if held is not None and held.is_current(found) and not (resend and name in resend):
+            return None
+        self._looked_at_everything()
+        self._pages_taken += 1
+        self._held[name] = found
+        if resend:
+            resend.discard(name)
+            self._resend = resend or None
+        unanswered = self._unanswered
+        if unanswered:
+            unanswered.discard(name)
+            self._unanswered = unanswered or None
+        return self._emit(nonces, [found], [], [], [], [])
 
     def _next_page(self, view: ResourceView, nonces: NonceSource,
                    max_size: int | None) -> DeltaResponsePlan | None:

@@ -171,6 +171,12 @@ class Session:
         """Apply one request; raises :class:`ProtocolError` for one that breaks the
         protocol or :class:`LimitExceeded` for one beyond ``limits``."""
         type_url = self._type_url_of(request)
+        if self._is_delta(request) and not request.HasField("node"):
+            state = self._states.get(type_url)
+            if isinstance(state, DeltaSubscription):
+                replied = state.on_reply(request)  # an ACK, most often: nothing to check
+                if replied is not None:
+                    return Received(type_url, replied)
         node_changed = False
         if request.HasField("node"):
             self._check_node(request.node)
@@ -411,6 +417,12 @@ class Session:
 
     def due(self, view: ResourceView) -> Due:
         """The responses to send now, in make-before-break order, and re-fetches."""
+        if len(self._in_push_order) == 1:
+            # (one type, as a per-type service's stream: no order to keep)
+            [(type_url, state)] = self._in_push_order
+            plan = state.next_response(view, self._nonces, self._max_response_size)
+            names = state.take_refetch()
+            return Due([] if plan is None else [plan], {type_url: names} if names else {})
         responses: list[Plan] = []
         cluster_removals: list[Plan] = []
         for type_url, state in self._in_push_order:

@@ -70,6 +70,8 @@ PREFETCH_FROM = 32
 
 _DO_NOT_CACHE = operator.attrgetter("do_not_cache")
 
+_NO_NAMES: frozenset[str] = frozenset()
+
 T = TypeVar("T")
 
 
@@ -245,7 +247,9 @@ class SubscriptionState:
     def take_refetch(self) -> frozenset[str]:
         """Names whose cached do-not-cache copy predates this client's interest:
         they need a fresh fetch from the origin (taken once)."""
-        names, self._refetch = frozenset(self._refetch or ()), None
+        if self._refetch is None:
+            return _NO_NAMES  # (nearly always: no set made)
+        names, self._refetch = frozenset(self._refetch), None
         return names
 
     def expect_request(self) -> None:
