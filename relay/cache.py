@@ -84,9 +84,11 @@ class Update:
     ``heartbeats`` are (name, variant key, the origin's version) whose TTL
     restarts. ``answered`` are locators the origin has answered since they
     were subscribed (a subscriber whose parameters match no variant then
-    learns the name does not exist for it). ``complete`` says whether the
-    cache now holds every resource of the type (a wildcard subscription or a
-    file source), so that a missing name means the resource does not exist.
+    learns the name does not exist for it); a plain name may be given as its
+    name alone (no :class:`Locator` made for each of a big client's names).
+    ``complete`` says whether the cache now holds every resource of the type
+    (a wildcard subscription or a file source), so that a missing name means
+    the resource does not exist.
     ``deadlines`` give, by (name, variant key), the clock time at which an
     upsert's TTL lapses when it is not its TTL from now (a restored snapshot).
     """
@@ -96,7 +98,7 @@ class Update:
     removed_variants: Iterable[tuple[str, str]] = ()
     errors: Iterable[discovery_pb2.ResourceError] = ()
     heartbeats: Iterable[tuple[str, str, str]] = ()
-    answered: Iterable[Locator] = ()
+    answered: Iterable[Locator | str] = ()
     complete: bool | None = None
     deadlines: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
@@ -536,21 +538,37 @@ class ResourceCache:
         return fresh - changed
 
     @staticmethod
-    def _answer(entry: _TypeEntry, locators: Iterable[Locator], changed: set[str]) -> None:
-        """The origin has answered these locators (see :attr:`Update.answered`)."""
-        records = entry.records
+    def _answer(entry: _TypeEntry, locators: Iterable[Locator | str], changed: set[str]) -> None:
+        """The origin has answered these locators (see :attr:`Update.answered`).
+
+        Only what a reader can see changes a name. A name whose record holds
+        one variant, unconstrained, is that variant to every subscriber,
+        answered or not (see :meth:`served_to_all`): its answer is written and
+        nobody is told. So the settling of a big client's names, cached by
+        the response that answered them, tells nobody of thousands of names
+        (each subscriber would look each of them up again, to send nothing).
+        """
+        get = entry.records.get
         for locator in locators:
-            name, params = locator.name, locator.params
-            found = records.get(name)
+            if isinstance(locator, str):
+                name, params = locator, EMPTY_PARAMS
+            else:
+                name, params = locator
+            found = get(name)
             answered = found.answered if found is not None else frozenset()
-            if params not in answered:
-                answered = _ANSWERED_PLAIN if not answered and \
-                    params == EMPTY_PARAMS else answered | {params}
-                if found is None or (not found.variants and found.is_bare()):
-                    entry.set_bare(name, found is not None and found.absent, answered)
-                else:
-                    found.answered = answered  # (a record with more is never shared)
+            if params in answered:
+                continue
+            answered = _ANSWERED_PLAIN if not answered and \
+                params == EMPTY_PARAMS else answered | {params}
+            if found is None or (not found.variants and found.is_bare()):
+                entry.set_bare(name, found is not None and found.absent, answered)
                 changed.add(name)
+                continue
+            found.answered = answered  # (a record with more is never shared)
+            if len(variants := found.variants) != 1 or \
+                    (only := variants.get("")) is None or \
+                    only.constraints is not UNCONSTRAINED or "*" in name:
+                changed.add(name)  # (a glob's answer is news to its members' subscribers)
 
     @staticmethod
     def _set_error(entry: _TypeEntry, error: discovery_pb2.ResourceError,

@@ -21,6 +21,8 @@ from relay.upstream.deadlines import Deadlines, SettleDue
 #: :class:`Locator` (a client of 100,000 plain names settling would otherwise
 #: hold 100,000 tuples of 72 bytes each).
 _Key = str | Locator
+#: (public: what :meth:`Settling.answered_keys` and :meth:`Settling.due_keys` give)
+AnsweredKey = _Key
 
 
 def _key(locator: Locator) -> _Key:
@@ -87,6 +89,12 @@ class Settling:
         """A response of the type arrived: the locators it answers (subscribed
         ``grace`` before it, or earlier); the rest settle ``grace`` after
         they were subscribed."""
+        return [_locator(key) for key in self.answered_keys(type_url, now)]
+
+    def answered_keys(self, type_url: str, now: float) -> list[_Key]:
+        """:meth:`on_response`, each locator as the maps key it: a plain name
+        as its name (what :attr:`relay.cache.Update.answered` takes), so that
+        a big client's thousands of names settle with no Locator made for each."""
         unsettled = self._unsettled.pop(type_url, {})
         settling = self._settling.setdefault(type_url, {})
         last_due = None
@@ -102,8 +110,13 @@ class Settling:
 
     def due(self, now: float) -> dict[str, list[Locator]]:
         """Per type, the settling locators answered by ``now`` (none left out)."""
+        return {type_url: [_locator(key) for key in keys]
+                for type_url, keys in self.due_keys(now).items()}
+
+    def due_keys(self, now: float) -> dict[str, list[_Key]]:
+        """:meth:`due`, each locator as the maps key it (see :meth:`answered_keys`)."""
         settled = {type_url: self._settled(type_url, now) for type_url in list(self._settling)}
-        return {type_url: locators for type_url, locators in settled.items() if locators}
+        return {type_url: keys for type_url, keys in settled.items() if keys}
 
     def stands(self, deadline: SettleDue) -> bool:
         """Whether the soonest locator of the type still settles at the deadline.
@@ -115,8 +128,16 @@ class Settling:
         settling = self._settling.get(deadline.type_url)
         return settling is not None and next(iter(settling.values()), None) == deadline.at
 
-    def _settled(self, type_url: str, now: float) -> list[Locator]:
-        settling = self._settling.get(type_url, {})
+    def _settled(self, type_url: str, now: float) -> list[_Key]:
+        settling = self._settling.get(type_url)
+        if not settling:
+            self._settling.pop(type_url, None)
+            return []
+        if next(reversed(settling.values())) <= now:
+            # all of them (a big client's names, subscribed together, settle
+            # together): taken whole, with no loop over them
+            del self._settling[type_url]
+            return list(settling)
         due = []
         for key, at in settling.items():
             if at > now:
@@ -124,9 +145,7 @@ class Settling:
             due.append(key)
         for key in due:
             del settling[key]
-        if not settling:
-            self._settling.pop(type_url, None)
-        return [_locator(key) for key in due]
+        return due
 
     def unanswered_names(self, is_answered: Callable[[str, Locator], bool]
                          ) -> dict[str, set[str]]:

@@ -214,7 +214,7 @@ class UpstreamState:
     def on_tick(self, demand: Demand, now: float) -> list[Request]:
         """Drop lingering subscriptions whose time is up; settle and reconcile what is due."""
         self._deadlines.drop_due(now)
-        for type_url, settled in self._settling.due(now).items():
+        for type_url, settled in self._settling.due_keys(now).items():
             self.cache.apply(type_url, Update(answered=settled))
         for type_url, gone in self._resync.due(now).items():
             self.cache.apply(type_url, Update(removed_variants=gone))
@@ -291,5 +291,5 @@ class UpstreamState:
         self._resync.on_response(type_url, now, wanted, beats, errors)
         gone = self._resync.reconcile(type_url, now)
         return Update(wanted, removed, [*parsed.removed_variants, *gone], errors, beats,
-                      answered=self._settling.on_response(type_url, now),
+                      answered=self._settling.answered_keys(type_url, now),
                       complete=True if sub.wildcard else None)

@@ -123,7 +123,7 @@ def test_a_usable_response_is_acked_with_what_the_cache_was_told() -> None:
     assert ack.response_nonce == "1" and not ack.HasField("error_detail")
     assert outcome.update is not None
     assert [(r.name, r.version) for r in outcome.update.upserts] == [("a", "v1")]
-    assert list(outcome.update.answered) == [Locator("a")]
+    assert list(outcome.update.answered) == ["a"]  # (a plain name given as its name)
 
 
 def test_an_unusable_response_is_nacked_with_its_reason_and_nothing_of_it_is_kept() -> None:
