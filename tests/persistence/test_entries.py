@@ -7,6 +7,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import duration_pb2
 
 from relay.constraints import compile_constraints
+from relay.encoding import length_delimited_field
 from relay.persistence.entries import FORMAT, CorruptEntry, decode_entry, encode_entry
 from relay.resource import CachedResource
 from relay.xds_types import CLUSTER
@@ -55,6 +56,26 @@ def test_a_derived_version_comes_back_derived_so_a_resend_is_no_news() -> None:
     assert variant.resource.version == stored.version == resent.version
     assert variant.resource.digest == resent.digest
     assert variant.resource.origin_version == ""
+
+
+def test_a_derived_version_made_from_the_encoding_comes_back_the_same() -> None:
+    # A response of many plain resources is checked in bulk (relay.upstream.bulk):
+    # each is made from its encoding, its digest taken over those bytes. The
+    # snapshot is restored one by one: the same version and digest as either
+    # path gives the origin's resend, so that it is no news.
+    def plain() -> CachedResource:
+        resource = discovery_pb2.Resource(name="a", resource=pack(cluster("a")))
+        entry = length_delimited_field(2, resource.SerializeToString())
+        return CachedResource.from_encoded(CLUSTER, "a", "", entry, 0.0)
+
+    stored = plain()
+    assert stored.plain and stored.derived_version
+    _, (variant,) = decode_entry(CLUSTER, encode_entry("a", [(stored, None)]))
+    restored = variant.resource
+    for resent in (plain(), origin_resource("a", version="")):
+        assert (restored.version, restored.digest) == (resent.version, resent.digest)
+        assert restored.is_current(resent) and resent.is_current(restored)
+    assert restored.derived_version and restored.delta_entry == stored.delta_entry
 
 
 def test_an_origin_version_stays_the_origins() -> None:
