@@ -171,12 +171,17 @@ class Session:
         """Apply one request; raises :class:`ProtocolError` for one that breaks the
         protocol or :class:`LimitExceeded` for one beyond ``limits``."""
         type_url = self._type_url_of(request)
-        if self._is_delta(request) and not request.HasField("node"):
+        if not request.HasField("node"):
+            # An ACK, most often: nothing to check, no interest changed.
             state = self._states.get(type_url)
-            if isinstance(state, DeltaSubscription):
-                replied = state.on_reply(request)  # an ACK, most often: nothing to check
-                if replied is not None:
-                    return Received(type_url, replied)
+            replied = None
+            if self._is_delta(request):
+                if isinstance(state, DeltaSubscription):
+                    replied = state.on_reply(request)
+            elif isinstance(state, SotwSubscription):
+                replied = state.on_reply(request, self._limits.names_per_request)
+            if replied is not None:
+                return Received(type_url, replied)
         node_changed = False
         if request.HasField("node"):
             self._check_node(request.node)

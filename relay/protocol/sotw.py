@@ -22,7 +22,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
 from relay.constraints import Params, params_of
-from relay.protocol.cycle import OWED
+from relay.protocol.cycle import NEW, OWED
 from relay.protocol.held import Held
 from relay.protocol.outcome import RequestOutcome
 from relay.protocol.requests import SotwRequest
@@ -193,6 +193,38 @@ class SotwSubscription(SubscriptionState):
         if same and not (self._wildcard or locators or self._locator_params):
             return outcome  # the same plain names again (an ACK, most often)
         self._set_names(requested, locators, first=False)
+        return outcome
+
+    def on_reply(self, request: SotwRequest, most: int) -> RequestOutcome | None:
+        """:meth:`on_request` for a request that names exactly the plain names
+        subscribed (at most ``most`` of them, counted with repeats), no
+        locators, no wildcard, and is not the type's first: an ACK or NACK
+        (or one of a stale nonce), which carries the whole subscription;
+        None for any other (:meth:`on_request` takes it).
+
+        Such a request changes no subscription: the session need not check
+        its names again (they were checked when subscribed), nor ask what
+        the interest index must learn. Its names are read once, into the set
+        compared, where the general path read them into a list, a set and
+        two checks (10,000 names: ~1.9 ms an ACK).
+        """
+        cycle, names = self._cycle, request.resource_names
+        if cycle.phase is NEW or self._wildcard or self._locator_params or \
+                request.resource_locators or not len(self._names) <= len(names) <= most:
+            return None
+        requested = set(names)
+        if requested != self._names:
+            return None
+        outcome = RequestOutcome()
+        nonce = request.response_nonce
+        if cycle.last_nonce is not None and nonce != cycle.last_nonce:
+            return outcome  # stale, as in on_request
+        if cycle.awaits(nonce):
+            self._take_reply(request, outcome)
+        if cycle.take_expected(nonce):
+            for name in requested & self._held.keys():
+                self._unhold(name)
+            self._pending |= requested
         return outcome
 
     def _set_names(self, requested: set[str], locators: dict[str, Params], first: bool) -> None:

@@ -28,6 +28,7 @@ _SHARED_BODIES = 256
 # (in C, for responses of thousands of resources)
 _DELTA_ENTRY = operator.attrgetter("delta_entry")
 _HEARTBEAT_ENTRY = operator.attrgetter("heartbeat_entry")
+_SOTW_ENTRY = operator.attrgetter("sotw_entry")
 
 
 def encode_plan(plan: Plan) -> bytes:
@@ -35,6 +36,10 @@ def encode_plan(plan: Plan) -> bytes:
     if isinstance(plan, DeltaResponsePlan):
         return encode_delta_response(plan.head(), [
             *map(_DELTA_ENTRY, plan.resources), *map(_HEARTBEAT_ENTRY, plan.heartbeats)])
+    if not (plan.heartbeats or plan.wrapped):
+        # (each its plain entry, nearly always: in C, not a generator's
+        # Python per resource, ~5 % of a response of 10,000)
+        return encode_sotw_response(plan.head(), map(_SOTW_ENTRY, plan.resources))
     return encode_sotw_response(plan.head(), (
         r.sotw_heartbeat_entry if r.name in plan.heartbeats else
         r.sotw_wrapped_entry if r.name in plan.wrapped else r.sotw_entry

@@ -1,4 +1,5 @@
-"""The fan-out's fast paths: a push of one changed resource, and its plain ACK.
+"""The fan-out's fast paths: a push of one changed resource, and its plain ACK
+(and SotW's ACK, which names the whole subscription again).
 
 Each stream of a fan-out gets one changed resource per update and ACKs it.
 :meth:`DeltaSubscription._one_changed
@@ -20,12 +21,15 @@ import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.protocol.delta import DeltaSubscription
+from relay.protocol.limits import LimitExceeded, Limits
 from relay.protocol.session import Session
+from relay.protocol.sotw import SotwSubscription
 from relay.protocol.subscription import SubscriptionState
 from relay.server.plans import encode_plan
 from tests.protocol.fakes import FakeView
 
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 Delta = discovery_pb2.DeltaDiscoveryRequest
 
 
@@ -188,3 +192,88 @@ def test_the_fast_paths_give_what_the_general_path_gives(
     assert len(fast) == len(slow)
     for fast_step, slow_step in zip(fast, slow, strict=True):
         assert fast_step == slow_step
+
+
+# -- SotW: an ACK carries the whole subscription ---------------------------------
+
+Sotw = discovery_pb2.DiscoveryRequest
+
+
+def test_a_sotw_ack_of_the_names_subscribed_skips_their_checks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    view = FakeView(EDS, {"a": "1", "b": "1"})
+    session = Session("sotw", limits=Limits(names_per_request=3))
+    session.receive(Sotw(type_url=EDS, resource_names=["a", "b"]))
+    [plan] = session.due(view).responses
+    checks = _counted(monkeypatch, Session, "_check_names")
+    sizes = _counted(monkeypatch, Session, "_check_locator_sizes")
+    interest = _counted(monkeypatch, SubscriptionState, "take_interest_change")
+    received = session.receive(Sotw(type_url=EDS, resource_names=["b", "a"],
+                                    response_nonce=plan.nonce, version_info=plan.version_info))
+    assert received.outcome.ack_nonce == plan.nonce and received.interest == []
+    assert (checks, sizes, interest) == ([0], [0], [0])
+    # The same names, repeated past the limit: refused as before.
+    with pytest.raises(LimitExceeded, match="names 4 resources; at most 3"):
+        session.receive(Sotw(type_url=EDS, resource_names=["a", "b", "a", "b"],
+                             response_nonce=plan.nonce))
+    # Other names: checked.
+    session.receive(Sotw(type_url=EDS, resource_names=["a"], response_nonce=plan.nonce))
+    assert checks == [2]
+
+
+def _sotw_replay(nack_at: set[int]) -> list[Any]:
+    """A SotW stream's requests, responses (as bytes) and snapshots over a
+    history of ACKs, NACKs, stale nonces and changes of names."""
+    view = FakeView(EDS, {"a": "1", "b": "1", "c": "1"})
+    session = Session("sotw")
+    seen: list[Any] = []
+    subscriptions = [["a", "b"], ["a", "b"], ["b", "a", "a"], ["a", "b", "c"], ["c"], [],
+                     ["a", "*"], ["a", "*"], ["a", "b"], ["a", "b"]]
+    nonce, version = "", ""
+    for i, names in enumerate(subscriptions):
+        request = Sotw(type_url=EDS, resource_names=names, response_nonce=nonce,
+                       version_info=version)
+        if i in nack_at:
+            request.error_detail.message = "no"
+        received = session.receive(request)
+        seen.append((received.outcome, received.interest))
+        seen.append(session.receive(Sotw(type_url=EDS, resource_names=names,
+                                         response_nonce="stale")).outcome)
+        view.set("a", f"{i + 2}")
+        session.mark_changed(EDS, frozenset(["a"]), False)
+        for plan in session.due(view).responses:
+            seen.append(encode_plan(plan))
+            nonce, version = plan.nonce, plan.version_info
+        seen.append(session.snapshot())
+    # Warming: after a cluster push, an endpoint request that looks like a
+    # plain ACK is answered in full.
+    clusters = FakeView(CDS, {"x": "1"})
+    session.receive(Sotw(type_url=CDS, resource_names=["x"]))
+    [cluster_plan] = session.due(clusters).responses
+    seen.append(encode_plan(cluster_plan))
+    received = session.receive(Sotw(type_url=EDS, resource_names=["a", "b"],
+                                    response_nonce=nonce, version_info=version))
+    seen.append((received.outcome, received.interest))
+    seen.extend(encode_plan(plan) for plan in session.due(view).responses)
+    seen.append(session.snapshot())
+    return seen
+
+
+@pytest.mark.parametrize("nack_at", [set(), {2, 3}])
+def test_the_sotw_fast_ack_gives_what_the_general_path_gives(
+        monkeypatch: pytest.MonkeyPatch, nack_at: set[int]) -> None:
+    taken = [0]
+    on_reply = SotwSubscription.on_reply
+
+    def counting(*args: Any) -> Any:
+        outcome = on_reply(*args)
+        taken[0] += outcome is not None
+        return outcome
+
+    monkeypatch.setattr(SotwSubscription, "on_reply", counting)
+    fast = _sotw_replay(nack_at)
+    assert taken[0] >= 5
+    with monkeypatch.context() as general:
+        general.setattr(SotwSubscription, "on_reply", lambda *args: None)
+        slow = _sotw_replay(nack_at)
+    assert fast == slow

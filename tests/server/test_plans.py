@@ -43,3 +43,29 @@ def test_a_plan_with_other_content_gets_its_own_body() -> None:
     sotw = encoder.encode(SotwResponsePlan(CLUSTER, "3", "v9", [cluster_resource("c", "1")]))
     response = discovery_pb2.DiscoveryResponse.FromString(sotw)
     assert (response.version_info, response.nonce, len(response.resources)) == ("v9", "3", 1)
+
+
+def test_a_sotw_plan_of_plain_entries_is_the_bytes_of_the_general_choice() -> None:
+    """Without heartbeats or wrapped names each resource is its ``sotw_entry``,
+    taken in one pass (no choice made per resource): the bytes the
+    per-resource choice gives, which a wrapped name the plan does not carry
+    forces."""
+    resources = [cluster_resource(f"c{i}", "1") for i in range(5)]
+    plain = SotwResponsePlan(CLUSTER, "3", "v9", resources)
+    general = SotwResponsePlan(CLUSTER, "3", "v9", resources, wrapped=frozenset(["none"]))
+    assert encode_plan(plain) == encode_plan(general)
+    asked: list[str] = []
+
+    class Counting:
+        """A resource that notes which of its entries is read."""
+
+        def __init__(self, resource: CachedResource) -> None:
+            self._resource = resource
+
+        def __getattr__(self, name: str) -> object:
+            asked.append(name)
+            return getattr(self._resource, name)
+
+    counted = SotwResponsePlan(CLUSTER, "3", "v9", [Counting(r) for r in resources])
+    assert encode_plan(counted) == encode_plan(plain)
+    assert asked == ["sotw_entry"] * 5  # (not its name, twice, per resource)
