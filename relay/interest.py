@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict, deque
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import countOf, is_
 from typing import Protocol
@@ -223,6 +223,7 @@ def _counted(counts: Mapping[Params, int], params: Params, by: int) -> dict[Para
 #: The parameter sets of a name held by plain subscriptions only: one frozenset
 #: for every such name (the upstream reads one per name).
 _PLAIN: frozenset[Params] = frozenset({EMPTY_PARAMS})
+_NONE: frozenset[Params] = frozenset()  # (what nobody wants)
 
 
 class InterestIndex:
@@ -681,6 +682,22 @@ class InterestIndex:
         """The distinct parameter sets subscribers use for one name (empty: none wants it)."""
         found = self._holders.get(type_url, {}).get(name)
         return frozenset() if found is None else self._params_of(type_url, name, found)
+
+    def wanted_among(self, type_url: str, names: Collection[str]) -> list[frozenset[Params]]:
+        """:meth:`wanted_params` of each of ``names``, in their order. Where one
+        holder (a subscriber, or one group of them) holds them all, as a big
+        client's names are held, all are looked up at once: no call per name."""
+        holders = self._holders.get(type_url, {})
+        found = list(map(holders.get, names))
+        if found and (first := found[0]) is not None and len(set(map(id, found))) == 1:
+            if isinstance(first, _Shared):
+                return [frozenset(first.counts)] * len(found)
+            held = self._per_subscriber[first][type_url].names
+            params = held[next(iter(names))]
+            if countOf(map(held.__getitem__, names), params) == len(found):
+                return [_PLAIN if params == EMPTY_PARAMS else frozenset((params,))] * len(found)
+        return [_NONE if holder is None else self._params_of(type_url, name, holder)
+                for name, holder in zip(names, found, strict=True)]
 
     def wanted_types(self) -> list[str]:
         """Types with at least one name or wildcard subscription."""

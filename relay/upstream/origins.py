@@ -20,7 +20,7 @@ outage, NACK or reconnect touches only its names.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 from relay.constraints import Params
@@ -110,6 +110,14 @@ class RoutedDemand:
 
     def wanted_params(self, type_url: str, name: str) -> frozenset[Params]:
         return self._demand.wanted_params(type_url, name) if self._owns(name) else frozenset()
+
+    def wanted_among(self, type_url: str, names: Collection[str]) -> list[frozenset[Params]]:
+        owned = list(map(self._owns, names))
+        wanted = self._demand.wanted_among(type_url, names)
+        if all(owned):
+            return wanted
+        return [params if owns else frozenset()
+                for params, owns in zip(wanted, owned, strict=True)]
 
     def wants_wildcard(self, type_url: str) -> bool:
         return self._wildcard and self._demand.wants_wildcard(type_url)

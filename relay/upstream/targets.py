@@ -14,7 +14,6 @@ cache, which nothing would keep current.
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
 import itertools
 import math
@@ -22,7 +21,7 @@ from collections import deque
 from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from operator import countOf
-from typing import Protocol
+from typing import Protocol, cast
 
 from relay.constraints import EMPTY_PARAMS, Locator, Params
 from relay.memory import oversized
@@ -53,6 +52,9 @@ class Demand(Protocol):
 
     def wanted_params(self, type_url: str, name: str) -> frozenset[Params]:
         """The distinct parameter sets clients want one name with (empty: none)."""
+
+    def wanted_among(self, type_url: str, names: Collection[str]) -> list[frozenset[Params]]:
+        """:meth:`wanted_params` of each of ``names``, in their order."""
 
     def wants_wildcard(self, type_url: str) -> bool:
         """Whether any client wants every resource of the type."""
@@ -664,10 +666,10 @@ class Targets:
         self.cache.forget_variants(type_url, name, keep, dropped)
 
 
-def _wanted(demand: Demand, type_url: str, names: Iterable[str]) -> list[frozenset[Params]]:
-    """What clients want of each of ``names``, in their order (one look-up
-    each, made in C: no loop here)."""
-    return list(map(functools.partial(demand.wanted_params, type_url), names))
+def _wanted(demand: Demand, type_url: str, names: Collection[str]) -> list[frozenset[Params]]:
+    """What clients want of each of ``names``, in their order (the demand
+    looks them up together: a big client's names at once)."""
+    return demand.wanted_among(type_url, names)
 
 
 def _all_plain(subscribed: Mapping[str, Set[Params]], names: Collection[str]) -> bool:
@@ -721,6 +723,18 @@ def _replace_together(sub: TypeSubscription, target: Locators) -> Locators | Non
     return dict(zip(names, map(sub.locators.pop, names), strict=True))
 
 
+def _subscribe_together(sub: TypeSubscription, target: Locators) -> Locators | None:
+    """What :func:`_replace` does where every name of ``target`` is wanted
+    plain and none is subscribed (a big client joining): all subscribed, in
+    name order."""
+    if not target or countOf(target.values(), _PLAIN) != len(target) or \
+            not sub.locators.keys().isdisjoint(target):
+        return None
+    joined = dict.fromkeys(sorted(target), _PLAIN)
+    sub.locators.update(joined)
+    return cast(Locators, joined)
+
+
 def _let_go(subscribed: Mapping[str, Set[Params]], names: Collection[str],
             wanted: list[frozenset[Params]], already: Container[tuple[str, Params]]
             ) -> tuple[list[str], list[tuple[str, Params]]]:
@@ -753,6 +767,9 @@ def _replace(sub: TypeSubscription, target: Locators, whole: bool) -> tuple[Loca
     together = None if whole else _replace_together(sub, target)
     if together is not None:
         return subscribe, together
+    joined = None if whole else _subscribe_together(sub, target)
+    if joined is not None:
+        return joined, {}
     unsubscribe: Locators = {}
     scope = {*target, *sub.locators} if whole else set(target)
     for name in sorted(scope):

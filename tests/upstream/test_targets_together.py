@@ -172,6 +172,13 @@ def loops_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(targets_module, "_wanted_only", lambda *args: None)
     monkeypatch.setattr(targets_module, "_all_ended", lambda *args: False)
     monkeypatch.setattr(targets_module, "_replace_together", lambda *args: None)
+    monkeypatch.setattr(targets_module, "_subscribe_together", lambda *args: None)
+    monkeypatch.setattr(InterestIndex, "wanted_among", one_by_one)
+
+
+def one_by_one(self: InterestIndex, type_url: str, names: Iterable[str]) -> list[Any]:
+    """InterestIndex.wanted_among as wanted_params name by name."""
+    return [self.wanted_params(type_url, name) for name in names]
 
 
 def played(name: str) -> Relay:
@@ -205,18 +212,53 @@ def counted(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
     return results
 
 
+def asked_of(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names the targets ask the demand about, one by one or together."""
+    asked: list[str] = []
+    one, among = InterestIndex.wanted_params, InterestIndex.wanted_among
+
+    def wanted_params(self: InterestIndex, type_url: str, name: str) -> frozenset[Params]:
+        asked.append(name)
+        return one(self, type_url, name)
+
+    def wanted_among(self: InterestIndex, type_url: str, names: Any) -> list[frozenset[Params]]:
+        asked.extend(names)
+        return among(self, type_url, names)
+
+    monkeypatch.setattr(InterestIndex, "wanted_params", wanted_params)
+    monkeypatch.setattr(InterestIndex, "wanted_among", wanted_among)
+    return asked
+
+
+def test_a_big_client_joining_takes_the_whole_set_paths(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    joined = counted(monkeypatch, "_subscribe_together")
+    params_of_calls: list[str] = []
+    original = InterestIndex._params_of
+
+    def params_of_counted(self: InterestIndex, type_url: str, name: str, found: Any) -> Any:
+        params_of_calls.append(name)
+        return original(self, type_url, name, found)
+
+    monkeypatch.setattr(InterestIndex, "_params_of", params_of_counted)
+    relay = Relay()
+    relay.join(0, NAMES, 0.0)  # one slice: every name new and plain
+    relay.join(1, NAMES, 0.0)  # held already: nothing for the origin
+    assert [names and len(names) for names in joined] == [N, None]
+    assert relay.changes[:2] == [([(name, frozenset({EMPTY_PARAMS})) for name in NAMES], []),
+                                 ([], [])]
+    assert params_of_calls == []  # looked up together, no call per name
+    joined.clear()
+    relay.join(2, NAMES[:10], 0.0, CANARY)  # these 10: one group of three holders
+    assert joined == [None] and params_of_calls == []  # (not plain: the loop subscribes)
+    assert relay.changes[-1] == ([(name, frozenset({CANARY})) for name in NAMES[:10]], [])
+
+
 def test_a_big_client_leaving_takes_the_whole_set_paths(monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
     let_go, ended, replaced = (counted(monkeypatch, name) for name in
                                ("_let_go_together", "_all_ended", "_replace_together"))
-    asked: list[str] = []
-    original = InterestIndex.wanted_params
-
-    def wanted_params(self: InterestIndex, type_url: str, name: str) -> frozenset[Params]:
-        asked.append(name)
-        return original(self, type_url, name)
-
-    monkeypatch.setattr(InterestIndex, "wanted_params", wanted_params)
+    asked = asked_of(monkeypatch)
     relay = Relay()
     relay.join(0, NAMES, 0.0)
     joined = len(asked)

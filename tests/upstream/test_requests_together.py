@@ -1,0 +1,86 @@
+"""split_requests: a change of plain names goes in together (sizes summed at
+once, each request taking the run that fits it); the requests are the bytes
+the name-by-name path makes, and no size is computed per name (counted)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from envoy.config.core.v3 import base_pb2
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relay.constraints import EMPTY_PARAMS, params_of
+from relay.upstream import requests as requests_module
+from relay.upstream.requests import SubscriptionChange, split_requests
+from relay.xds_types import ENDPOINT
+
+NODE = base_pb2.Node(id="relay", cluster="xds-relay")
+PLAIN = frozenset({EMPTY_PARAMS})
+DEV = params_of({"env": "dev"})
+
+
+def both(change: SubscriptionChange, limit: int, node: base_pb2.Node | None
+         ) -> tuple[list[bytes], list[bytes]]:
+    """The requests' bytes, with the whole-set path and without it."""
+    together = split_requests(change, limit, node)
+    original = requests_module._Builder.add_names
+    requests_module._Builder.add_names = lambda *args: False  # type: ignore[method-assign]
+    try:
+        alone = split_requests(change, limit, node)
+    finally:
+        requests_module._Builder.add_names = original  # type: ignore[method-assign]
+    assert together.declared == alone.declared
+    return ([r.SerializeToString() for r in together.requests],
+            [r.SerializeToString() for r in alone.requests])
+
+
+NAME = st.one_of(st.text(alphabet="abcxyz-0123456789", max_size=12),
+                 st.text(max_size=8),  # (not ASCII, some of them)
+                 st.just("n" * 127), st.just("l" * 128), st.just(""))
+
+
+@settings(max_examples=150, deadline=None)
+@given(subscribe=st.lists(NAME, max_size=40), unsubscribe=st.lists(NAME, max_size=10),
+       versions=st.dictionaries(NAME, st.text(max_size=4), max_size=3),
+       with_params=st.sets(NAME, max_size=2), wildcard=st.sampled_from([None, True, False]),
+       limit=st.sampled_from([40, 90, 200, 400, 1 << 20]), node=st.booleans())
+def test_names_together_make_the_requests_names_one_by_one_make(
+        subscribe: list[str], unsubscribe: list[str], versions: dict[str, str],
+        with_params: set[str], wildcard: bool | None, limit: int, node: bool) -> None:
+    change = SubscriptionChange(
+        ENDPOINT, {n: frozenset({DEV}) if n in with_params else PLAIN for n in subscribe},
+        dict.fromkeys(unsubscribe, PLAIN), wildcard=wildcard, initial_versions=versions)
+    together, alone = both(change, limit, NODE if node else None)
+    assert together == alone
+
+
+def test_a_big_clients_names_are_sized_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    sized: list[str] = []
+    original = requests_module.text_size
+
+    def counting(text: str) -> Any:
+        sized.append(text)
+        return original(text)
+
+    monkeypatch.setattr(requests_module, "text_size", counting)
+    names = [f"big-{i}" for i in range(10_000)]
+    change = SubscriptionChange(ENDPOINT, dict.fromkeys(reversed(names), PLAIN))
+    [request] = split_requests(change, 1 << 20, NODE).requests
+    assert sized == [] and list(request.resource_names_subscribe) == sorted(names)
+    # too many for one request: cut where they no longer fit, still together
+    several = split_requests(change, 40_000, NODE).requests
+    assert len(several) == 3 and sized == []
+    assert [n for r in several for n in r.resource_names_subscribe] == sorted(names)
+
+
+@pytest.mark.parametrize("node", [None, NODE])
+def test_requests_are_cut_where_one_by_one_cuts_them(node: base_pb2.Node | None) -> None:
+    names = [f"n{i:03d}" * (1 + i % 3) for i in range(30)]
+    unsubscribe = [f"u{i}" for i in range(7)]
+    for limit in range(30, 260):  # (every cut point, the node alone too large for some)
+        change = SubscriptionChange(ENDPOINT, dict.fromkeys(names, PLAIN),
+                                    dict.fromkeys(unsubscribe, PLAIN))
+        together, alone = both(change, limit, node)
+        assert together == alone, limit
