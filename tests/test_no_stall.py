@@ -9,7 +9,9 @@ import asyncio
 import dataclasses
 import itertools
 import json
-from collections.abc import Generator
+import random
+from collections.abc import Generator, Iterable
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
@@ -21,19 +23,26 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 from google.rpc import status_pb2
 
+from relay.cache import Update
 from relay.config.values import Address
+from relay.core import Core
+from relay.demand import DemandLedger
+from relay.interest import InterestChange
+from relay.protocol.limits import DEFAULT_LIMITS
 from relay.protocol.sotw import SotwResponsePlan
 from relay.resource import CachedResource
-from relay.server.fetch import Fetcher, Served
+from relay.server.fetch import Fetcher, Limited, Served, sorted_slices
 from relay.server.plans import encode_plan
 from relay.server.rest import RestServer, Unrenderable, render_json, render_json_slices
-from relay.turns import give_turn, made, made_in_turns
+from relay.server.serving import ServingSettings
+from relay.turns import Turn, give_turn, made, made_in_turns
 from relay.xds_types import ENDPOINT, LISTENER
 from tests.builders import endpoints, pack
 from tests.clock import ManualClock
 from tests.test_fetch_linear import request, setup
 
 NAMES = 5_000
+T = TypeVar("T")
 
 
 class Turns:
@@ -128,9 +137,10 @@ def encoded(served: Served) -> bytes:
 async def test_a_fetch_of_5000_names_is_made_in_slices_with_the_loop_run_between() -> None:
     outcome, turns = await fetched(per_slice=1_000)
     # before the request's checks, before its lease is looked up, before it
-    # is registered, before the cache's look-ups; 4 pauses in their 5,000
-    # names; then one before each of 5 pages
-    assert len(turns.seen) == 4 + 4 + 5
+    # is registered, 2 between its 3 pieces (2,000 names each at most),
+    # before the cache's look-ups; 4 pauses in their 5,000 names; then one
+    # before each of 5 pages
+    assert len(turns.seen) == 3 + 2 + 1 + 4 + 5
     assert turns.others_ran_between()
     assert len(outcome.plan.resources) == NAMES
 
@@ -138,7 +148,7 @@ async def test_a_fetch_of_5000_names_is_made_in_slices_with_the_loop_run_between
 async def test_a_fetch_made_in_small_slices_is_the_fetch_made_in_pages_to_the_byte() -> None:
     small, _ = await fetched(per_slice=700)
     paged, turns = await fetched(per_slice=2_500)
-    assert len(turns.seen) == 4 + 1 + 2
+    assert len(turns.seen) == 3 + 2 + 1 + 1 + 2
     assert encoded(small) == encoded(paged)
     assert small.plan.version_info == paged.plan.version_info
 
@@ -147,6 +157,18 @@ async def test_a_fetch_of_one_slice_of_names_is_made_without_a_pause() -> None:
     outcome, turns = await fetched(per_slice=1_000, count=1_000)
     assert turns.seen == []
     assert len(outcome.plan.resources) == 1_000
+
+
+@pytest.mark.parametrize("order", ["near sorted", "shuffled"])
+def test_a_fetchs_names_are_sorted_in_slices_as_sorted_sorts_them_at_once(order: str) -> None:
+    asked = [f"big-{i}" for i in range(25_000)] + ["big-7", "big-24999", "a", "a"]
+    if order == "shuffled":
+        random.Random(7).shuffle(asked)
+    count, made_ = pauses(sorted_slices(asked, per_slice=10_000))
+    assert count == 3 + 1  # before each of 3 slices of the 25,001 unique names, and the merge
+    assert made_ == sorted(set(asked))
+    assert pauses(sorted_slices(asked[:10_000], per_slice=10_000)) == \
+        (0, sorted(set(asked[:10_000])))
 
 
 # ------------------------------------------------------------------------------ a poll's JSON
@@ -164,7 +186,7 @@ def plan_of(count: int, wrapped: int = 0, errors: int = 0) -> SotwResponsePlan:
          for i in range(errors)])
 
 
-def pauses(slices: Generator[None, None, bytes]) -> tuple[int, bytes]:
+def pauses(slices: Generator[None, None, T]) -> tuple[int, T]:
     count = 0
     while True:
         try:
@@ -267,3 +289,136 @@ async def test_polls_share_a_lease_only_when_names_and_their_parameters_are_the_
     await poll(locators=("e00003",))
     await poll(locators=("e00003",), node="another")
     assert len(fetcher.leases()) == 4
+
+
+# ------------------------------------------------------------------ a lease's registration
+
+
+class Told:
+    """The interest index's upward side: every name it said changed."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def interest_changed(self, type_url: str, names: Iterable[str]) -> None:
+        self.names.update(names)
+
+    def refetch(self, type_url: str, names: object) -> None:
+        pass
+
+
+def registering(count: int, upstream_names: int = 10**6, leases_per_host: int = 10,
+                per_piece: int = 700, turn: Turn = give_turn
+                ) -> tuple[Core, Fetcher, DemandLedger, Told, list[int]]:
+    """A relay of ``count`` cached names whose index counts the names each
+    call adds, the interest it reports and the demand it takes."""
+    core = Core.create(settings=ServingSettings(limits=dataclasses.replace(
+        DEFAULT_LIMITS, leases_per_host=leases_per_host)), clock=(clock := ManualClock()))
+    core.cache.apply(ENDPOINT, Update([
+        CachedResource.from_message(ENDPOINT, pack(endpoints(name, 1)), name, "1")
+        for name in names(count)]))
+    core.index.link(told := Told())
+    core.index.limit_demand(ledger := DemandLedger(upstream_names, 10**6, clock.now))
+    applied: list[int] = []
+    apply = core.index.apply
+
+    def counted(subscriber: Any, type_url: str, change: InterestChange, host: Any = None
+                ) -> None:
+        if change.added:  # (not what remove() takes back)
+            applied.append(len(change.added))
+        apply(subscriber, type_url, change, host)
+
+    core.index.apply = counted  # type: ignore[method-assign]
+    return core, Fetcher(core.serving, clock, 60.0, 0.0, 1_000, turn, per_piece), ledger, \
+        told, applied
+
+
+HOST = "ipv4:127.0.0.1"
+
+
+def held(core: Core, ledger: DemandLedger, fetcher: Fetcher) -> tuple[object, ...]:
+    index = core.index
+    return (index.wanted_locators(ENDPOINT), index.upstream_names,
+            [index.names_held(lease) for lease in fetcher.leases()],
+            dict(ledger.held_by(HOST, ENDPOINT)), ledger.host_total(HOST))
+
+
+async def poll(fetcher: Fetcher, asked: list[str], node: str = "n") -> object:
+    return await fetcher.fetch(discovery_pb2.DiscoveryRequest(
+        node={"id": node}, resource_names=asked), ENDPOINT, "ipv4:127.0.0.1:1")
+
+
+@pytest.mark.parametrize("wildcard", [False, True])
+async def test_a_big_lease_is_registered_in_pieces_and_the_index_ends_as_one_call_leaves_it(
+        wildcard: bool) -> None:
+    # a lease before it holds 1,500 of the names (held by two afterwards)
+    made = []
+    for per_piece in (700, 10**6):
+        turns = Turns()
+        core, fetcher, ledger, told, applied = registering(6_000, per_piece=per_piece,
+                                                          turn=turns)
+        with turns:
+            assert isinstance(await poll(fetcher, names(1_500)[::-1], "a"), Served)
+            asked = [*names(5_000)[::-1], *(["*"] if wildcard else [])]
+            assert isinstance(await poll(fetcher, asked, "b"), Served)
+        made.append((held(core, ledger, fetcher), told.names, applied, turns))
+    (pieces, told, applied, turns), (whole, told_whole, applied_whole, _) = made
+    assert pieces == whole
+    assert told == told_whole == set(names(5_000))
+    assert core.index.wants_wildcard(ENDPOINT) is wildcard
+    assert applied_whole == [1_500, 5_000]
+    assert applied == [700, 700, 100, *[700] * 7, 100]
+    assert turns.others_ran_between()
+
+
+async def test_polls_of_the_same_names_while_its_lease_is_registered_share_it() -> None:
+    turns = Turns()
+    core, fetcher, ledger, _, applied = registering(5_000, leases_per_host=1, turn=turns)
+    with turns:
+        outcomes = await asyncio.gather(*(poll(fetcher, names(5_000), node)
+                                          for node in ("a", "b", "c")))
+    [lease] = fetcher.leases()
+    assert all(isinstance(o, Served) and o.lease is lease for o in outcomes)
+    assert applied == [700] * 7 + [100]  # registered once
+    assert held(core, ledger, fetcher)[1:] == (5_000, [5_000], dict.fromkeys(names(5_000), 1),
+                                               5_000)
+    fetcher.close()
+    assert core.index.upstream_names == 0  # nothing else held them
+    assert core.index.wanted_types() == []
+
+
+async def test_a_big_lease_beyond_the_upstream_demand_is_refused_whole_holding_nothing() -> None:
+    core, fetcher, ledger, _, applied = registering(5_000, upstream_names=3_000,
+                                                    leases_per_host=1, per_piece=1_000)
+    outcome = await poll(fetcher, names(5_000))
+    assert outcome == Limited("upstream_names", (
+        "subscribing 5000 more names would have the relay ask its origin for 5000, more "
+        "than it may (limits.upstream_names: 3000)"))
+    # three pieces taken, the fourth refused, the whole checked again (and refused)
+    assert applied == [1_000] * 4 + [5_000]
+    assert held(core, ledger, fetcher) == ({}, 0, [], {}, 0)
+    # the host's one lease was given back: another may be taken
+    assert isinstance(await poll(fetcher, names(3_000)), Served)
+    assert held(core, ledger, fetcher)[1:] == (3_000, [3_000], dict.fromkeys(names(3_000), 1),
+                                               3_000)
+
+
+async def test_a_poll_cancelled_while_its_lease_is_registered_leaves_nothing_held() -> None:
+    task: asyncio.Task[object] | None = None
+    turns = 0
+
+    async def turn() -> None:
+        nonlocal turns
+        turns += 1
+        if turns == 5:  # between the second piece and the third
+            assert task is not None
+            task.cancel()
+        await give_turn()
+
+    core, fetcher, ledger, _, applied = registering(5_000, leases_per_host=1, turn=turn)
+    task = asyncio.get_running_loop().create_task(poll(fetcher, names(5_000)))
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert applied == [700, 700]
+    assert held(core, ledger, fetcher) == ({}, 0, [], {}, 0)
+    assert isinstance(await poll(fetcher, names(5_000)), Served)  # the host may again
