@@ -49,6 +49,9 @@ class DeltaResponsePlan:
     errors: list[discovery_pb2.ResourceError] = field(default_factory=list)
     # resources confirmed by an origin heartbeat: sent without their body
     heartbeats: list[CachedResource] = field(default_factory=list)
+    # the resources' ``delta_entry``, where the response's page read them
+    # already to size it (None: the encoder reads them)
+    entries: list[bytes] | None = None
 
     def head(self) -> discovery_pb2.DeltaDiscoveryResponse:
         """The response without its resources (they are appended pre-encoded)."""
@@ -328,7 +331,7 @@ class DeltaSubscription(SubscriptionState):
         held_now, unanswered = self._held, self._unanswered or _NOTHING
         resend = self._resend or _NOTHING
         # full_at: the first name the response had no room for
-        served, all_new, full_at = self._whole_pages(view, candidates, budget)
+        served, all_new, full_at, entries = self._whole_pages(view, candidates, budget)
         for name, found in () if all_new is not None else \
                 self._lookups(view, candidates, errors, budget, served):
             if found is UNKNOWN:
@@ -371,7 +374,7 @@ class DeltaSubscription(SubscriptionState):
                 self._cycle.phase is OWED):
             return None
         return self._emit(nonces, resources, list(removed), list(removed_names.values()),
-                          errors, heartbeats)
+                          errors, heartbeats, entries if all_new is not None else None)
 
     def _took_whole(self, served: Mapping[str, CachedResource], names: list[str]) -> None:
         super()._took_whole(served, names)
@@ -382,13 +385,15 @@ class DeltaSubscription(SubscriptionState):
     def _emit(self, nonces: NonceSource, resources: list[CachedResource], removed: list[str],
               removed_names: list[discovery_pb2.ResourceName],
               errors: list[discovery_pb2.ResourceError],
-              heartbeats: list[CachedResource]) -> DeltaResponsePlan:
+              heartbeats: list[CachedResource], entries: list[bytes] | None = None
+              ) -> DeltaResponsePlan:
         """The response, under a new nonce, with every name as the client
-        asked for it (see :mod:`relay.protocol.spelling`)."""
+        asked for it (see :mod:`relay.protocol.spelling`); ``entries``: the
+        resources' own, if read already."""
         nonce = nonces.next()
         self._cycle.sent(nonce, "", resources)
         plan = DeltaResponsePlan(self._type_url, nonce, resources, removed, removed_names,
-                                 errors, heartbeats)
+                                 errors, heartbeats, entries)
         return plan if self._spelled is None else respelled(plan, self._spelled)
 
     @staticmethod

@@ -48,6 +48,9 @@ class SotwResponsePlan:
     errors: list[discovery_pb2.ResourceError] = field(default_factory=list)
     # names sent as heartbeats (wrapped Resource without a body)
     heartbeats: frozenset[str] = frozenset()
+    # the resources' ``sotw_entry``, where the response's page read them
+    # already to size it (None: the encoder reads them)
+    entries: list[bytes] | None = None
 
     def head(self) -> discovery_pb2.DiscoveryResponse:
         """The response without its resources (they are appended pre-encoded)."""
@@ -331,7 +334,7 @@ class SotwSubscription(SubscriptionState):
         errors: list[discovery_pb2.ResourceError] = []
         budget = ResponseBudget(max_size, self._type_url)
         # full_at: the first name the response had no room for
-        served, whole, full_at = self._whole_pages(view, candidates, budget)
+        served, whole, full_at, entries = self._whole_pages(view, candidates, budget)
         resources = whole if whole is not None else []
         for name, found in () if whole is not None else \
                 self._lookups(view, candidates, errors, budget, served):
@@ -361,7 +364,8 @@ class SotwSubscription(SubscriptionState):
         if not resources and not errors and not beats and self._cycle.phase is not OWED:
             return None
         return self._emit(resources + beats, nonces, errors,
-                          frozenset(r.name for r in beats))
+                          frozenset(r.name for r in beats),
+                          entries if whole is not None and not beats else None)
 
     @staticmethod
     def _heartbeat_bytes(resource: CachedResource) -> bytes:
@@ -396,14 +400,15 @@ class SotwSubscription(SubscriptionState):
 
     def _emit(self, resources: list[CachedResource], nonces: NonceSource,
               errors: list[discovery_pb2.ResourceError] | None = None,
-              heartbeats: frozenset[str] = frozenset()) -> SotwResponsePlan:
+              heartbeats: frozenset[str] = frozenset(),
+              entries: list[bytes] | None = None) -> SotwResponsePlan:
         nonce, version_info = nonces.next(), _version_text(self._held_sum)
         self._cycle.sent(nonce, version_info)  # (what a request expected waits for, too)
         # (nothing wraps without locators or TTLs to pass on: no pass over them)
         wrapped = frozenset(r.name for r in resources if self._wraps(r)) \
             if self._locator_params or self._wrap_ttl else frozenset()
         return SotwResponsePlan(self._type_url, nonce, version_info, resources, wrapped,
-                                errors or [], heartbeats)
+                                errors or [], heartbeats, entries)
 
     def _unhold(self, name: str) -> None:
         self._held_sum -= _term(name, self._held.pop(name))

@@ -51,9 +51,10 @@ def respelled(plan: DeltaResponsePlan, spelled: Mapping[str, str]) -> DeltaRespo
             removed == plan.removed and removed_names == plan.removed_names and \
             errors == plan.errors:
         return plan
+    # (renamed resources are other entries: the encoder reads them)
     return dataclasses.replace(plan, resources=resources, removed=removed,
                                removed_names=removed_names, errors=errors,
-                               heartbeats=heartbeats)
+                               heartbeats=heartbeats, entries=None)
 
 
 def renamed(resource: CachedResource, name: str) -> CachedResource:

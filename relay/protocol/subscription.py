@@ -519,29 +519,33 @@ class SubscriptionState:
 
     def _whole_pages(self, view: ResourceView, candidates: list[str], budget: ResponseBudget
                      ) -> tuple[Mapping[str, CachedResource] | None,
-                                list[CachedResource] | None, str | None]:
-        """``(served, all_new, full_at)`` for a page of ``candidates``.
+                                list[CachedResource] | None, str | None, list[bytes]]:
+        """``(served, all_new, full_at, entries)`` for a page of ``candidates``.
 
         ``served``: a page of many names, without the origin's errors, looked
         up together (else None). ``all_new``: when the client holds none of
         them and each is served to every subscriber, the page sent whole, with
         the next pages that qualify too (else None, and the name-by-name loop
         makes the page). ``full_at``: the first name the response had no room
-        for, the rest put back for the next.
+        for, the rest put back for the next. ``entries``: those of ``all_new``
+        (see :attr:`_whole_entry`), in order, for the encoder: read once,
+        sized here and sent from there.
         """
         served = view.served_to_all(self._type_url, candidates) \
             if len(candidates) >= PREFETCH_FROM and not self._errors_sent and \
             not view.has_errors(self._type_url) else None
-        all_new = self._all_new(served, candidates, budget) if served is not None else None
+        entries: list[bytes] = []
+        all_new = self._all_new(served, candidates, budget, entries) \
+            if served is not None else None
         if all_new is None:
-            return served, None, None
+            return served, None, None, entries
         if len(all_new) < len(candidates):  # the rest did not fit
             self._put_back(candidates[len(all_new):])
-            return served, all_new, candidates[len(all_new)]
-        return served, all_new, self._more_new(view, all_new, budget)
+            return served, all_new, candidates[len(all_new)], entries
+        return served, all_new, self._more_new(view, all_new, budget, entries), entries
 
     def _all_new(self, served: Mapping[str, CachedResource], candidates: list[str],
-                 budget: ResponseBudget) -> list[CachedResource] | None:
+                 budget: ResponseBudget, entries: list[bytes]) -> list[CachedResource] | None:
         """The resources of a page that sends every name of it, when that is
         plain to see: a page of many names the client subscribed to and holds
         none of, each a resource every subscriber gets (no variants, aliases,
@@ -552,7 +556,8 @@ class SubscriptionState:
         the protocol's response would send, found with a few operations on
         whole sets instead (a big client's pages, the first time); None where
         the loop must look (it then does all of it). ``served``: what the
-        view serves every subscriber of ``candidates``."""
+        view serves every subscriber of ``candidates``. The entries of the
+        resources returned are added to ``entries``."""
         if len(served) != len(candidates) or not self._covers_all(candidates) or \
                 not self._held.keys().isdisjoint(candidates):  # (candidates are distinct)
             return None
@@ -561,14 +566,15 @@ class SubscriptionState:
         if (do_not_cache_seen() and any(map(_DO_NOT_CACHE, resources))) or \
                 not self._sent_whole(resources):
             return None
-        entry = self._whole_entry
-        if not budget.take_all(sum(map(len, map(entry, resources)))):
+        page = list(map(self._whole_entry, resources))
+        if not budget.take_all(sum(map(len, page))):
             # (the loop's own rule, entry by entry: where the sum does not fit)
-            fit = budget.fitting([len(e) for e in map(entry, resources)])
-            del resources[fit:]
+            fit = budget.fitting(list(map(len, page)))
+            del resources[fit:], page[fit:]
             candidates = candidates[:fit]
             served = dict(zip(candidates, resources, strict=True))
         self._took_whole(served, candidates)
+        entries += page
         return resources
 
     # (hooks of the protocols for whole pages)
@@ -587,7 +593,7 @@ class SubscriptionState:
         self._held.update(served)
 
     def _more_new(self, view: ResourceView, resources: list[CachedResource],
-                  budget: ResponseBudget) -> str | None:
+                  budget: ResponseBudget, entries: list[bytes]) -> str | None:
         """Add the next pages of the backlog to a response that sends a whole
         page (``resources``, in place) while they too are sent whole (see
         :meth:`_all_new`), up to :data:`MAX_NAMES_PER_WHOLE_PAGE` names and
@@ -600,7 +606,7 @@ class SubscriptionState:
         while self._backlog and len(resources) < MAX_NAMES_PER_WHOLE_PAGE:
             more = self._take_more(min(MAX_NAMES_PER_RESPONSE,
                                        MAX_NAMES_PER_WHOLE_PAGE - len(resources)))
-            new = self._all_new(view.served_to_all(type_url, more), more, budget)
+            new = self._all_new(view.served_to_all(type_url, more), more, budget, entries)
             if new is None:
                 self._put_back(more)
                 return None

@@ -11,7 +11,9 @@ streams builds one response, not N.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
+from collections.abc import Iterable
 from typing import Any
 
 from relay.encoding import encode_delta_response, encode_sotw_response, length_delimited_field
@@ -33,13 +35,18 @@ _SOTW_ENTRY = operator.attrgetter("sotw_entry")
 
 def encode_plan(plan: Plan) -> bytes:
     """Serialize a planned response around its pre-encoded resources."""
+    # (a plan's ``entries``: its page read them already, sizing it)
     if isinstance(plan, DeltaResponsePlan):
-        return encode_delta_response(plan.head(), [
-            *map(_DELTA_ENTRY, plan.resources), *map(_HEARTBEAT_ENTRY, plan.heartbeats)])
+        entries: Iterable[bytes] = plan.entries if plan.entries is not None else \
+            map(_DELTA_ENTRY, plan.resources)
+        if plan.heartbeats:
+            entries = itertools.chain(entries, map(_HEARTBEAT_ENTRY, plan.heartbeats))
+        return encode_delta_response(plan.head(), entries)
     if not (plan.heartbeats or plan.wrapped):
         # (each its plain entry, nearly always: in C, not a generator's
         # Python per resource, ~5 % of a response of 10,000)
-        return encode_sotw_response(plan.head(), map(_SOTW_ENTRY, plan.resources))
+        return encode_sotw_response(plan.head(), plan.entries if plan.entries is not None
+                                    else map(_SOTW_ENTRY, plan.resources))
     return encode_sotw_response(plan.head(), (
         r.sotw_heartbeat_entry if r.name in plan.heartbeats else
         r.sotw_wrapped_entry if r.name in plan.wrapped else r.sotw_entry

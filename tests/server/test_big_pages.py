@@ -17,6 +17,7 @@ claim: counted, not timed.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -27,8 +28,11 @@ from relay.cache import Update
 from relay.constraints import compile_constraints
 from relay.core import Core
 from relay.protocol import subscription
+from relay.protocol.delta import DeltaSubscription
+from relay.protocol.sotw import SotwSubscription
 from relay.protocol.view import CacheView
 from relay.resource import CachedResource
+from relay.server import plans
 from relay.server.serving import ServingSettings
 from relay.server.streams import DownstreamStream
 from relay.xds_types import ENDPOINT
@@ -468,3 +472,35 @@ def test_a_sotw_page_the_client_holds_some_of_is_not_sent_whole(
     for response in (*fast, *slow):
         response.nonce = ""  # (the loop took more responses for the first 3,000)
     assert fast == slow
+
+
+class CountingGetter:
+    """An attribute getter that counts its calls (a callable object, not a
+    function: set on a class, it is not bound as a method)."""
+
+    def __init__(self, attribute: str) -> None:
+        self.get = operator.attrgetter(attribute)
+        self.calls = 0
+
+    def __call__(self, resource: CachedResource) -> bytes:
+        self.calls += 1
+        entry: bytes = self.get(resource)
+        return entry
+
+
+@pytest.mark.parametrize("protocol", ["delta", "sotw"])
+def test_a_page_sent_whole_reads_each_entry_once(
+        monkeypatch: pytest.MonkeyPatch, protocol: str) -> None:
+    """The page reads each resource's entry to size the response; the
+    encoder sends those, not each read again."""
+    core, subscribed, _ = all_cached()
+    state = DeltaSubscription if protocol == "delta" else SotwSubscription
+    attribute = "delta_entry" if protocol == "delta" else "sotw_entry"
+    sized, encoded = CountingGetter(attribute), CountingGetter(attribute)
+    monkeypatch.setattr(state, "_whole_entry", sized)
+    monkeypatch.setattr(plans, "_DELTA_ENTRY" if protocol == "delta" else "_SOTW_ENTRY",
+                        encoded)
+    responses = subscribe(core, subscribed) if protocol == "delta" else \
+        sotw_subscribe(core, subscribed)
+    assert [len(r.resources) for r in responses] == [N]
+    assert (sized.calls, encoded.calls) == (N, 0)
