@@ -1,7 +1,8 @@
 """The cold big client's upstream side, in one process: no gRPC, no clients.
 
 One client's subscription of K names (``big-0`` ...) goes through the
-relay's interest index and upstream state; the origin's answer, one
+relay's interest index and upstream state (2,000 names a turn, as the
+upstream client takes them); the origin's answer, one
 DeltaDiscoveryResponse of K ClusterLoadAssignments of about ``--size``
 bytes (as :mod:`benchmarks.bare` makes them, versions included), is parsed
 (:func:`relay.upstream.responses.parse_response`), applied
@@ -28,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: Names the upstream client syncs a turn (relay.upstream.client.MAX_NAMES_PER_TURN).
+PER_TURN = 2_000
 STEPS = ("subscribe", "parse", "on_response", "entries", "total")
 ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 
@@ -65,10 +68,14 @@ def one_run(encoded: bytes, resources: int) -> list[float]:
     cache, index = ResourceCache(), InterestIndex()
     state = UpstreamState(base_pb2.Node(id="relay"), cache, 0.0)
     state.on_connect(index, 0.0)
-    index.update(_Subscriber(), ENDPOINT, Interest(frozenset(big_names(resources))))
+    names = big_names(resources)
+    index.update(_Subscriber(), ENDPOINT, Interest(frozenset(names)))
     response = discovery_pb2.DeltaDiscoveryResponse.FromString(encoded)
     marks = [time.perf_counter()]
-    state.on_interest_changed(ENDPOINT, index, 0.0)
+    # (as the upstream client takes them: the names the index tells of, a
+    # turn's worth at a time)
+    for start in range(0, len(names), PER_TURN):
+        state.on_interest_changed(ENDPOINT, index, 0.0, names[start:start + PER_TURN])
     marks.append(time.perf_counter())
     parsed = parse_response(response)
     marks.append(time.perf_counter())

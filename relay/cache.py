@@ -551,7 +551,7 @@ class ResourceCache:
         for resource in update.upserts:
             name = resource.name
             if resource.plain and name not in records:  # (so once: twice is not new)
-                records[name] = _Record({"": resource})
+                records[name] = _Record({"": resource}, _NO_ERRORS, _NO_EXPIRES)
                 fresh.add(name)
                 if collections is not None and name.startswith(PREFIX):
                     entry.joined(name)

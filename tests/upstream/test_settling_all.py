@@ -62,6 +62,23 @@ def test_names_subscribed_together_settle_as_locators_one_by_one(case: str) -> N
     assert history(CASES[case], together=True) == history(CASES[case], together=False)
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_names_answered_together_settle_as_the_loop_settles_them(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    moved: list[object] = []
+    original = settling_module._move_together
+
+    def counting(*args: Any) -> Any:
+        moved.append(result := original(*args))
+        return result
+
+    monkeypatch.setattr(settling_module, "_move_together", counting)
+    together = history(CASES[case], together=True)
+    assert any(dues is not None for dues in moved)  # (each case takes it at least once)
+    monkeypatch.setattr(settling_module, "_move_together", lambda *args: None)
+    assert together == history(CASES[case], together=True)
+
+
 def test_new_plain_names_are_subscribed_without_a_locator_each(
         monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[str] = []
