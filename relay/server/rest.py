@@ -30,7 +30,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Any, Literal, TypeAlias, TypeVar, cast
 
 from aiohttp import web
 from envoy.service.discovery.v3 import discovery_pb2
@@ -46,6 +46,7 @@ from relay.http_limits import DEFAULT_HTTP_LIMITS, BodyBudget, BodyRefusal, Held
 from relay.protocol.limits import MAX_NACK_MESSAGE, ORIGIN_REFUSED, shown
 from relay.protocol.sotw import SotwResponsePlan
 from relay.redaction import message_class
+from relay.resource import CachedResource
 from relay.server.fetch import (
     Denied,
     Fetcher,
@@ -55,6 +56,7 @@ from relay.server.fetch import (
     Served,
     Unavailable,
 )
+from relay.server.json_fragments import HEARTBEAT, PLAIN, WRAPPED, JsonFragments
 from relay.server.plans import encode_plan
 from relay.server.pollers import NAMES_LISTED
 from relay.server.serving import ServingContext, client_host
@@ -105,6 +107,9 @@ _JSON = "application/json"
 #: of 5,000 held the loop 115-230 ms in one go, of 50,000 ~1.8 s; 250 take
 #: 5-8 ms.
 RESOURCES_PER_RENDER = 250
+#: Resources whose JSON is found written (see :mod:`relay.server.json_fragments`)
+#: between two turns: a look-up and a join, ~0.3 µs each.
+LOOKUPS_PER_RENDER = 10_000
 # DiscoveryResponse's JSON keys in field order, as json_format writes them
 _RESPONSE_FIELDS = {field.json_name: field.number
                     for field in discovery_pb2.DiscoveryResponse.DESCRIPTOR.fields}
@@ -260,10 +265,11 @@ def render_json(plan: SotwResponsePlan) -> bytes:
     return text.encode() + b"\n"
 
 
-def render_json_slices(plan: SotwResponsePlan, per_slice: int = RESOURCES_PER_RENDER
-                       ) -> Generator[None, None, bytes]:
+def render_json_slices(plan: SotwResponsePlan, per_slice: int = RESOURCES_PER_RENDER,
+                       fragments: JsonFragments | None = None) -> Generator[None, None, bytes]:
     """:func:`render_json`, the very bytes, pausing (yielding) after each
-    ``per_slice`` resources written.
+    ``per_slice`` resources written (and each :data:`LOOKUPS_PER_RENDER`
+    looked up in ``fragments``).
 
     ``json_format`` writes a message as ``json.dumps`` of the dictionary it
     makes of it: here each resource's dictionary is made and dumped on its
@@ -272,27 +278,88 @@ def render_json_slices(plan: SotwResponsePlan, per_slice: int = RESOURCES_PER_RE
     each on its own), and the pieces are joined as ``json.dumps`` joins a
     list's items and a dictionary's keys (``, `` and ``: ``), the resources
     at their field's place among the response's other fields. The whole is
-    joined once, as bytes (ASCII: ``json.dumps`` escapes the rest).
+    joined once, as bytes (ASCII: ``json.dumps`` escapes the rest). A
+    resource's JSON found in ``fragments`` is taken from there; one written
+    is kept there.
     """
-    if len(plan.resources) <= per_slice:
+    resources = plan.resources
+    if not resources or (fragments is None and len(resources) <= per_slice):
         return render_json(plan)
-    head = _json_of(_response_of(dataclasses.replace(plan, resources=[])),
-                    json_format.MessageToDict)
+    kinds = _kinds(plan)
+    written: list[bytes | None] = []
+    pause = False
+    for start in range(0, len(resources), LOOKUPS_PER_RENDER):
+        batch = resources[start:start + LOOKUPS_PER_RENDER]
+        if fragments is None:
+            found: list[bytes | None] = [None] * len(batch)
+        else:
+            if pause:
+                yield
+            found = fragments.found(batch, kinds and kinds[start:start + LOOKUPS_PER_RENDER])
+            pause = False  # (the look-ups go with the first slice written after them)
+        missing = [at for at, fragment in enumerate(found, start) if fragment is None]
+        written += found
+        for first in range(0, len(missing), per_slice):
+            if pause:
+                yield
+            _write(plan, written, missing[first:first + per_slice], kinds, fragments)
+            pause = True
+        pause = pause or fragments is not None
+    return _joined_json(plan, cast(list[bytes], written))
+
+
+def _kinds(plan: SotwResponsePlan) -> list[int] | None:
+    """Which entry of each of ``plan``'s resources it holds (None: each its plain one)."""
+    wrapped, heartbeats = plan.wrapped, plan.heartbeats
+    if not (wrapped or heartbeats):
+        return None
+    return [HEARTBEAT if resource.name in heartbeats else
+            WRAPPED if resource.name in wrapped else PLAIN for resource in plan.resources]
+
+
+def _write(plan: SotwResponsePlan, written: list[bytes | None], missing: list[int],
+           kinds: list[int] | None, fragments: JsonFragments | None) -> None:
+    """Write the JSON of the resources of ``plan`` that ``missing`` places in
+    ``written`` (each as the whole response would hold it: the entry of its
+    kind, see :func:`_kinds`), keeping each in ``fragments``."""
+    resources = plan.resources
+    page = _response_of(_plan_of(plan, [resources[at] for at in missing], []))
+    for at, body in zip(missing, page.resources, strict=True):
+        fragment = json.dumps(_json_of(body, json_format.MessageToDict)).encode()
+        written[at] = fragment
+        if fragments is not None:
+            fragments.made += 1
+            fragments.keep(resources[at], PLAIN if kinds is None else kinds[at], fragment)
+
+
+def _joined_json(plan: SotwResponsePlan, resources: list[bytes]) -> bytes:
+    """The JSON of ``plan`` around its resources' (at least one), copied once:
+    what comes before them joined to the first, what comes after to the last."""
+    head = _json_of(_response_of(_plan_of(plan, [], plan.errors)), json_format.MessageToDict)
     fields = {key: json.dumps(value).encode() for key, value in head.items()}
-    resources: list[bytes] = []
-    for start in range(0, len(plan.resources), per_slice):
-        if start:
-            yield
-        page = _response_of(dataclasses.replace(
-            plan, resources=plan.resources[start:start + per_slice]))
-        resources.extend(json.dumps(_json_of(resource, json_format.MessageToDict)).encode()
-                         for resource in page.resources)
-    pieces = [b"{"]
+    before, after = [b"{"], [b"]"]
+    pieces = before
     for key in sorted([*fields, "resources"], key=_RESPONSE_FIELDS.__getitem__):
-        pieces += [b", " if len(pieces) > 1 else b"", json.dumps(key).encode(), b": "]
-        pieces += [b"[", b", ".join(resources), b"]"] if key == "resources" else [fields[key]]
-    pieces.append(b"}\n")
-    return b"".join(pieces)
+        if pieces is not before or len(before) > 1:
+            pieces.append(b", ")
+        pieces += [json.dumps(key).encode(), b": "]
+        if key == "resources":
+            pieces.append(b"[")
+            pieces = after
+        else:
+            pieces.append(fields[key])
+    after.append(b"}\n")
+    resources[0] = b"".join([*before, resources[0]])
+    resources[-1] = b"".join([resources[-1], *after])
+    return b", ".join(resources)
+
+
+def _plan_of(plan: SotwResponsePlan, resources: list[CachedResource],
+             errors: list[discovery_pb2.ResourceError]) -> SotwResponsePlan:
+    """``plan`` holding ``resources`` and ``errors`` (made afresh, not
+    copied: nothing it may carry of its resources' is carried over)."""
+    return SotwResponsePlan(plan.type_url, plan.nonce, plan.version_info, resources,
+                            plan.wrapped, errors, plan.heartbeats)
 
 
 def _response_of(plan: SotwResponsePlan) -> discovery_pb2.DiscoveryResponse:
@@ -406,11 +473,15 @@ class RestServer:
     def __init__(self, serving: ServingContext, fetcher: Fetcher, address: Address,
                  tls: ServerTLSConfig | None = None, reuse_port: bool = False,
                  limits: HttpLimits = DEFAULT_HTTP_LIMITS,
-                 render_slice: int = RESOURCES_PER_RENDER, turn: Turn = give_turn) -> None:
+                 render_slice: int = RESOURCES_PER_RENDER, turn: Turn = give_turn,
+                 fragments: JsonFragments | None = None) -> None:
         """``render_slice``: resources written as JSON between two awaits of
-        ``turn`` (what lets the loop serve others; tests count them)."""
+        ``turn`` (what lets the loop serve others; tests count them);
+        ``fragments``: the resources' JSON kept for every answer (a table of
+        its own by default)."""
         self._serving = serving
         self._render_slice = max(1, render_slice)
+        self.fragments = JsonFragments() if fragments is None else fragments
         self._turn = turn
         self._fetcher = fetcher
         self._address = address
@@ -518,8 +589,8 @@ class RestServer:
                         lease.rendered[0] == key and not plan.errors:
                     rendered = lease.rendered[1]
                 else:
-                    rendered = await made_in_turns(
-                        render_json_slices(plan, self._render_slice), self._turn)
+                    rendered = await made_in_turns(render_json_slices(
+                        plan, self._render_slice, self.fragments), self._turn)
                     if lease is not None and not plan.errors:
                         lease.rendered = (key, rendered)
             except Unrenderable as error:
