@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -75,16 +75,35 @@ _from_bytes = int.from_bytes
 
 # A resource's term under its own name, kept while the resource lives: every
 # SotW client sent it needs the same one (a warm big client's 10,000: 8 ms
-# to hash, 2 ms to find here). About 150 bytes a resource ever sent over SotW.
-_OWN_TERMS: weakref.WeakKeyDictionary[CachedResource, int] = weakref.WeakKeyDictionary()
+# to hash, 1.5 ms to find here). About 150 bytes a resource ever sent over
+# SotW. Keyed by a weak reference to the resource (equal to any other to
+# it while it lives), whose callback forgets the term: what a
+# WeakKeyDictionary does, but looked up from C, without a Python call per
+# resource (see :func:`own_terms`).
+_OWN_TERMS: dict[weakref.ref[CachedResource], int] = {}
+_ref = weakref.ref
+
+
+def _forget_term(gone: weakref.ref[CachedResource]) -> None:
+    _OWN_TERMS.pop(gone, None)
 
 
 def own_term(resource: CachedResource) -> int:
     """``held_term(resource.name, resource)``, hashed once per resource."""
-    term = _OWN_TERMS.get(resource)
+    term = _OWN_TERMS.get(_ref(resource))
     if term is None:
-        term = _OWN_TERMS[resource] = held_term(resource.name, resource)
+        term = _OWN_TERMS[_ref(resource, _forget_term)] = held_term(resource.name, resource)
     return term
+
+
+def own_terms(resources: Collection[CachedResource]) -> int:
+    """The sum of :func:`own_term` over ``resources``: the terms known found in
+    one pass in C (a warm big client's 10,000: 2.3 -> 1.5 ms), the rest hashed."""
+    known = list(map(_OWN_TERMS.get, map(_ref, resources)))
+    if None not in known:
+        return sum(known)  # type: ignore[arg-type]
+    return sum(own_term(resource) if term is None else term
+               for term, resource in zip(known, resources, strict=True))
 
 
 def _term(name: str, held: Held) -> int:
@@ -384,7 +403,7 @@ class SotwSubscription(SubscriptionState):
     def _took_whole(self, served: Mapping[str, CachedResource], names: list[str]) -> None:
         super()._took_whole(served, names)
         # (``served`` maps each resource's own name to it)
-        self._held_sum += sum(map(own_term, served.values()))
+        self._held_sum += own_terms(served.values())
 
     def _wraps(self, resource: CachedResource) -> bool:
         """Whether ``resource`` goes wrapped in ``Resource``: subscribed with a
