@@ -25,14 +25,16 @@ the origin's settings, so that a second origin is a second ``UpstreamState``:
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import assert_never
 
 from envoy.config.core.v3 import base_pb2
 
 from relay.cache import Update
 from relay.constraints import UNCONSTRAINED
+from relay.resource import CachedResource
 from relay.upstream.deadlines import (
     Deadline,
     Deadlines,
@@ -60,6 +62,8 @@ __all__ = ["DEFAULT_LINGER_NAMES", "DEFAULT_MAX_REQUEST_SIZE", "SETTLE_GRACE", "
            "InitialVersions", "Nacked", "ResponseOutcome", "UpstreamState"]
 
 log = logging.getLogger("relay.upstream")
+
+_NAME = attrgetter("name")
 
 # gRPC's default receive limit is 4 MiB; a quarter of it leaves room.
 DEFAULT_MAX_REQUEST_SIZE = 1024 * 1024
@@ -278,9 +282,11 @@ class UpstreamState:
         type_url = parsed.type_url
         locators = sub.locators
         # (a member of a glob collection subscribed is subscribed: in_collection)
-        wanted = [r for r in parsed.upserts if sub.wildcard or r.name in locators
-                  or in_collection(r.name, locators)
-                  or any(alias in locators for alias in r.aliases)]
+        wanted = _all_subscribed(parsed.upserts, sub)
+        if wanted is None:
+            wanted = [r for r in parsed.upserts if sub.wildcard or r.name in locators
+                      or in_collection(r.name, locators)
+                      or any(alias in locators for alias in r.aliases)]
         removed = [n for n in parsed.removed if sub.wildcard or n in locators
                    or in_collection(n, locators)
                    or self.cache.aliases_of(type_url, n) & locators.keys()]
@@ -293,3 +299,14 @@ class UpstreamState:
         return Update(wanted, removed, [*parsed.removed_variants, *gone], errors, beats,
                       answered=self._settling.answered_keys(type_url, now),
                       complete=True if sub.wildcard else None)
+
+
+def _all_subscribed(upserts: Sequence[CachedResource], sub: TypeSubscription
+                    ) -> list[CachedResource] | None:
+    """What :meth:`UpstreamState._update` keeps of ``upserts`` where each is
+    subscribed by its own name (or the wildcard is): all of them, looked up
+    in C (a cold client's 10,000); None where some are not (the loop looks
+    for collections and aliases)."""
+    if sub.wildcard or all(map(sub.locators.__contains__, map(_NAME, upserts))):
+        return list(upserts)
+    return None
