@@ -24,8 +24,6 @@ from relay.upstream.deadlines import Deadlines, SettleDue
 #: :class:`Locator` (a client of 100,000 plain names settling would otherwise
 #: hold 100,000 tuples of 72 bytes each).
 _Key = str | Locator
-#: (public: what :meth:`Settling.answered_keys` and :meth:`Settling.due_keys` give)
-AnsweredKey = _Key
 
 
 def _key(locator: Locator) -> _Key:
