@@ -163,8 +163,10 @@ class Session:
             self._check_node(request.node)
         node_params = _node_params_of(request.node) if has_node else self._node_params
         names, locators, count = self._subscribing(request, copied=False)
-        self._check_locator_sizes(names, locators, node_params.get(type_url, EMPTY_PARAMS))
-        self._check_names(names, locators, count)
+        longest = max(map(len, names), default=0)  # (once: each read of the field makes them)
+        self._check_locator_sizes(names, locators, node_params.get(type_url, EMPTY_PARAMS),
+                                  longest)
+        self._check_names(locators, count, longest)
         self._check_xdstp(type_url, request, names)
 
     def receive(self, request: Request) -> Received:
@@ -190,9 +192,10 @@ class Session:
                 self._node, self._node_id = kept.SerializeToString(), kept.id
             node_changed = self._update_node_params(request.node)
         names, locators, count = self._subscribing(request)
+        longest = max(map(len, names), default=0)
         self._check_locator_sizes(names, locators,
-                                  self._node_params.get(type_url, EMPTY_PARAMS))
-        self._check_names(names, locators, count)
+                                  self._node_params.get(type_url, EMPTY_PARAMS), longest)
+        self._check_names(locators, count, longest)
         state = self._states.get(type_url)
         first = state is None
         if state is None:
@@ -296,10 +299,11 @@ class Session:
                                 f"{count}; at most {limit} per locator "
                                 f"(limits.dynamic_parameters)")
 
-    def _check_names(self, names: Sequence[str], locators: Sequence[ResourceLocator],
-                     count: int) -> None:
-        """A request's names (``count`` in all, of which ``names`` and
-        ``locators`` subscribed): how many, how long, their parameters."""
+    def _check_names(self, locators: Sequence[ResourceLocator], count: int,
+                     longest: int) -> None:
+        """A request's names (``count`` in all, of which plain ones as long as
+        ``longest`` at most, and ``locators``, subscribed): how many, how
+        long, their parameters."""
         limits = self._limits
         if not count:
             return  # an ACK, most often
@@ -307,7 +311,6 @@ class Session:
             raise LimitExceeded("names_per_request", f"the request names {count} resources; "
                                 f"at most {limits.names_per_request} per request "
                                 f"(limits.names_per_request)")
-        longest = max(map(len, names), default=0)
         for locator in locators:
             longest = max(longest, len(locator.name))
             self._check_parameter_count(len(locator.dynamic_parameters),
@@ -361,7 +364,7 @@ class Session:
         return True
 
     def _check_locator_sizes(self, names: Sequence[str], locators: Sequence[ResourceLocator],
-                             node_params: Params) -> None:
+                             node_params: Params, longest: int) -> None:
         """Refuse a name subscribed that the relay could not forward to its origin.
 
         The relay's subscription upstream carries every client's names (with
@@ -376,8 +379,8 @@ class Session:
             return  # an ACK, most often
         with_params = locator_size("", node_params) if node_params else 0
         # (a character is at most four bytes: checked for the longest name
-        # first, in C, most requests need no look at each)
-        if names and 4 * max(map(len, names)) + 8 + with_params <= limit:
+        # first, ``longest``, most requests need no look at each)
+        if names and 4 * longest + 8 + with_params <= limit:
             names = ()
         for name in names:
             # A character is at most four bytes: most names need no encoding.

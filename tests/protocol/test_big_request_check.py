@@ -76,3 +76,37 @@ def test_a_name_too_long_late_in_a_big_request_refuses_it() -> None:
     assert str(raised.value) == (
         f"a resource name has {DEFAULT_LIMITS.name_length + 1} characters; at most "
         f"{DEFAULT_LIMITS.name_length} (limits.name_length)")
+
+
+class Passes(list[str]):
+    """Names that count the passes made over them."""
+
+    passes = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        Passes.passes += 1
+        return super().__iter__()
+
+
+@pytest.mark.parametrize("applied", [False, True])
+def test_a_request_s_names_are_measured_in_one_pass(
+        monkeypatch: pytest.MonkeyPatch, applied: bool) -> None:
+    """The longest name is found once, for the limit on names' lengths and
+    the one on what the relay forwards (each pass over a message's field
+    makes every string anew): checked, one more pass for xdstp names;
+    applied, two in the state (its set, its xdstp names)."""
+    subscribing = Session._subscribing
+
+    def counted(self: Session, request: Req, copied: bool = True) -> object:
+        names, locators, count = subscribing(self, request, copied)
+        return Passes(names), locators, count
+
+    monkeypatch.setattr(Session, "_subscribing", counted)
+    session = Session("delta", max_locator_size=4096)
+    request = Req(type_url=ENDPOINT, resource_names_subscribe=names(10))
+    Passes.passes = 0
+    if applied:
+        session.receive(request)
+    else:
+        session.check(request)
+    assert Passes.passes == (3 if applied else 2)  # (before: 4 and 3)
