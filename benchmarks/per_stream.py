@@ -15,7 +15,8 @@ commit) in a child process, the same code driving it: before and after in
 one invocation.
 
 Usage: ``python -m benchmarks.per_stream [--streams 2000] [--rounds 15]
-[--relay-src DIR]``
+[--processes 3] [--relay-src DIR]`` (with ``--relay-src``, the two trees'
+child processes alternate, ``--processes`` each).
 """
 
 from __future__ import annotations
@@ -107,22 +108,29 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--relay-src", default=None)
+    parser.add_argument("--processes", type=int, default=3,
+                        help="child processes per tree, alternating")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.streams, args.rounds)
         return
-    print(f"per stream per update, CPU us, min/median of {args.rounds} rounds, "
+    print(f"per stream per update, CPU us, min/median of {args.processes} x {args.rounds} rounds, "
           f"{args.streams} streams; load {os.getloadavg()[0]:.1f}")
     trees = [("this", os.getcwd())] + ([("other", args.relay_src)] if args.relay_src else [])
-    for label, src in trees:
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
-        # (this file by its path, so that ``relay`` comes from PYTHONPATH)
-        out = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--child",
-             "--streams", str(args.streams), "--rounds", str(args.rounds)],
-            env=env, check=True, capture_output=True, text=True, cwd=src).stdout
-        _report(label, json.loads(out))
+    figures: dict[str, dict[str, list[float]]] = {label: {} for label, _ in trees}
+    for _ in range(args.processes):  # (alternating: the same noise for both)
+        for label, src in trees:
+            env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+            # (this file by its path, so that ``relay`` comes from PYTHONPATH)
+            out = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--child",
+                 "--streams", str(args.streams), "--rounds", str(args.rounds)],
+                env=env, check=True, capture_output=True, text=True, cwd=src).stdout
+            for key, values in json.loads(out).items():
+                figures[label].setdefault(key, []).extend(values)
+    for label, _ in trees:
+        _report(label, figures[label])
 
 
 if __name__ == "__main__":
