@@ -184,14 +184,15 @@ class DownstreamStream:
             yield self._sent(plan)
 
     def _sent(self, plan: Plan) -> bytes:
-        metrics = self.serving.metrics
-        metrics.push(self.protocol, plan.type_url)
-        if plan.resources:
-            newest = max(map(_RECEIVED, plan.resources))
-            times = self._times.get(plan.type_url)
+        metrics, type_url, resources = self.serving.metrics, plan.type_url, plan.resources
+        metrics.push(self.session.protocol, type_url)
+        if resources:
+            # (one resource, each stream's push of the fan-out: no pass over them)
+            newest = resources[0].received if len(resources) == 1 else \
+                max(map(_RECEIVED, resources))
+            times = self._times.get(type_url)
             if newest > (times.requested if times is not None else 0.0):
-                metrics.push_latency.record(time.monotonic() - newest,
-                                            short_name(plan.type_url))
+                metrics.push_latency.record(time.monotonic() - newest, short_name(type_url))
         return self.serving.encoder.encode(plan)
 
     async def serve(self, requests: AsyncIterator[Request],
