@@ -27,9 +27,10 @@ tree, such as a git worktree of an older commit, for a before and after).
 
 Pollers run in worker processes (``--workers``), so the figures are the
 servers'. Per phase, after a poll each that is not measured: the time for
-every poller to make ``--polls`` polls and the server's CPU time per poll (a
-server of one event loop: the loop's time per poll), relay against bare;
-runs alternate, min and median over ``--runs``.
+every poller to make ``--polls`` polls and the server's CPU time per poll,
+all its threads, and its main thread's (the event loop's: the relay's
+other threads are gRPC's), relay against bare; runs alternate, min and
+median over ``--runs``.
 
 ``--names 5000,20000,50000``: the same phases for polls of that many names
 each (``--pollers`` pollers, default 2 there, ``--polls`` each, default 5),
@@ -81,7 +82,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bare import bare_process, big_names
-from benchmarks.processes import cpu_seconds, relay_process, workers
+from benchmarks.processes import cpu_seconds, main_thread_cpu_seconds, relay_process, workers
 from benchmarks.report import Comparison, compare, revision, table, values, write_results
 from relay.xds_types import ENDPOINT
 from tests.ports import free_port
@@ -239,10 +240,11 @@ async def measure(server: Server, pollers: Any, names: Sequence[str], version_in
         # fresh's is one) is what fresh measures.
         pollers.send((server.url, body, 1, False))
         await pollers.next_messages()
-        cpu = cpu_seconds(server.pid)
+        cpu, loop_cpu = cpu_seconds(server.pid), main_thread_cpu_seconds(server.pid)
         pollers.send((server.url, body, polls, phase == "fresh"))
         answers = await pollers.next_messages()
         cpu = cpu_seconds(server.pid) - cpu
+        loop_cpu = main_thread_cpu_seconds(server.pid) - loop_cpu
         statuses: dict[int, int] = {}
         for worker_statuses, _ in answers:
             for status, n in worker_statuses.items():
@@ -253,6 +255,7 @@ async def measure(server: Server, pollers: Any, names: Sequence[str], version_in
                                f"x {expected}")
         run[f"{phase}_seconds"] = max(seconds for _, seconds in answers)
         run[f"{phase}_cpu_ms_per_poll"] = cpu * 1000 / (polls * count)
+        run[f"{phase}_loop_cpu_ms_per_poll"] = loop_cpu * 1000 / (polls * count)
         run[f"{phase}_cpu_us_per_name"] = cpu * 1e6 / (polls * count * max(1, len(names)))
     return run
 
@@ -537,7 +540,9 @@ def main() -> None:
           f"{args.polls} polls of ClusterLoadAssignments (~{args.size} B each), "
           f"{args.runs} runs")
     summary: dict[str, Comparison] = {}
-    figures = [("all polls (s)", "seconds"), ("server CPU per poll (ms)", "cpu_ms_per_poll")]
+    figures = [("all polls (s)", "seconds"), ("server CPU per poll (ms)", "cpu_ms_per_poll"),
+               # (the relay's other threads, gRPC's, are the rest of its CPU)
+               ("main thread CPU per poll (ms)", "loop_cpu_ms_per_poll")]
     if args.names:
         figures.append(("server CPU per name (us)", "cpu_us_per_name"))
     for size, runs in results.items():
