@@ -249,8 +249,9 @@ async def test_the_origin_sees_one_stream_per_group_in_use_fetches_included() ->
         groups = stack.relay.groups
         assert groups is not None and len(groups) == 3
         # exactly one origin stream per group in use, none as the relay's own node
-        # (every stream the origin saw, asking or not)
-        assert [s.log[0].node.cluster if s.log else None for s in origin.streams] == [
+        # (every stream the origin saw, asking or not; the first two groups
+        # dial at once, so in either order)
+        assert sorted(str(s.log[0].node.cluster) if s.log else "" for s in origin.streams) == [
             "checkout", "payments", "search"]
         assert [status["group"]["key"] for status in stack.relay.origin_statuses()] == [
             ["checkout"], ["payments"], ["search"]]
