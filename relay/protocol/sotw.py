@@ -206,16 +206,23 @@ class SotwSubscription(SubscriptionState):
             # the same names again; checked only when they are not the same)
             self._canonical(requested, locators, listed=listed)
             same = requested == self._names
+        self._take_answer(request, requested, outcome)
+        if same and not (self._wildcard or locators or self._locator_params):
+            return outcome  # the same plain names again (an ACK, most often)
+        self._set_names(requested, locators, first=False)
+        return outcome
+
+    def _take_answer(self, request: SotwRequest, requested: set[str],
+                     outcome: RequestOutcome) -> None:
+        """What a request of the current nonce says of the last response:
+        its ACK or NACK, and that what the client holds is what it names."""
+        cycle, nonce = self._cycle, request.response_nonce
         if cycle.awaits(nonce):
             self._take_reply(request, outcome)
         if cycle.take_expected(nonce):
             for name in requested & self._held.keys():
                 self._unhold(name)
             self._pending |= requested
-        if same and not (self._wildcard or locators or self._locator_params):
-            return outcome  # the same plain names again (an ACK, most often)
-        self._set_names(requested, locators, first=False)
-        return outcome
 
     def on_reply(self, request: SotwRequest, most: int) -> RequestOutcome | None:
         """:meth:`on_request` for a request that names exactly the plain names
@@ -241,12 +248,7 @@ class SotwSubscription(SubscriptionState):
         nonce = request.response_nonce
         if cycle.last_nonce is not None and nonce != cycle.last_nonce:
             return outcome  # stale, as in on_request
-        if cycle.awaits(nonce):
-            self._take_reply(request, outcome)
-        if cycle.take_expected(nonce):
-            for name in requested & self._held.keys():
-                self._unhold(name)
-            self._pending |= requested
+        self._take_answer(request, requested, outcome)
         return outcome
 
     def _set_names(self, requested: set[str], locators: dict[str, Params], first: bool) -> None:
