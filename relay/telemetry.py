@@ -52,8 +52,12 @@ class HotCounter:
                  label_names: tuple[str, ...]) -> None:
         self.label_names = label_names
         self.counts: Counter[tuple[str, ...]] = Counter()
-        meter.create_observable_counter(name, callbacks=[self._observe],
-                                        description=description)
+        self._register(meter)(name, callbacks=[self._observe], description=description)
+
+    @staticmethod
+    def _register(meter: Meter) -> Callable[..., object]:
+        """The meter's call that makes this kind of observable instrument."""
+        return meter.create_observable_counter
 
     def add(self, *labels: str, amount: int = 1) -> None:
         self.counts[labels] += amount
@@ -72,12 +76,9 @@ class HotGauge(HotCounter):
     there, two calls a stream.
     """
 
-    def __init__(self, meter: Meter, name: str, description: str,
-                 label_names: tuple[str, ...]) -> None:
-        self.label_names = label_names
-        self.counts = Counter()
-        meter.create_observable_up_down_counter(name, callbacks=[self._observe],
-                                                description=description)
+    @staticmethod
+    def _register(meter: Meter) -> Callable[..., object]:
+        return meter.create_observable_up_down_counter
 
 
 class HotHistogram:

@@ -43,6 +43,7 @@ from relay.clock import Clock, MonotonicClock, wait_until
 from relay.demand import REFUSAL_COOLDOWN
 from relay.protocol.limits import shown
 from relay.telemetry import Metrics
+from relay.turns import made_in_turns
 from relay.upstream.backoff import Backoff
 from relay.upstream.dial import Dialer, DialError
 from relay.upstream.fallback import Failover, probe_requests, watches_uncached
@@ -464,14 +465,7 @@ class UpstreamClient:
     async def _parse(response: discovery_pb2.DeltaDiscoveryResponse) -> Checked:
         """Parse a response in steps, letting the event loop run between them:
         a response of 10,000 resources holds up no client for long."""
-        steps = parse_steps(response)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                checked: Checked = done.value
-                return checked
-            await asyncio.sleep(0)
+        return await made_in_turns(parse_steps(response), _one_pass)
 
     async def _mark_connected(self, channel: grpc.aio.Channel, target: str) -> None:
         await channel.channel_ready()
@@ -592,3 +586,9 @@ class UpstreamClient:
             self._timer_changed.clear()
             if not await wait_until(self.clock, self._timer_changed, deadline):
                 self._send(self.state.on_tick(self.demand, self.clock.now()))
+
+
+async def _one_pass() -> None:
+    """The pause between two steps of a response's check: one pass of the
+    loop (a stream's requests wait behind it; a timer may wait a step)."""
+    await asyncio.sleep(0)

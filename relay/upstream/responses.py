@@ -23,6 +23,7 @@ from relay.constraints import (
 )
 from relay.errors import RelayError
 from relay.resource import CachedResource
+from relay.turns import made
 from relay.upstream.bulk import plain_resources
 from relay.xds_types import message_class
 
@@ -77,12 +78,7 @@ Parsing = Generator[None, None, Checked]
 
 def parse_response(response: discovery_pb2.DeltaDiscoveryResponse) -> Checked:
     """What a response carries, or why it is unusable (see :func:`parse_steps`)."""
-    try:
-        next(parse_steps(response, step=0))  # with no step, it never pauses
-    except StopIteration as done:
-        checked: Checked = done.value
-        return checked
-    raise AssertionError("parse_steps paused with step=0")
+    return made(parse_steps(response, step=0))  # (with no step, it never pauses)
 
 
 def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
