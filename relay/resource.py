@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 
 from relay.constraints import UNCONSTRAINED, Constraints
 from relay.encoding import length_delimited_field, varint
@@ -352,6 +353,14 @@ def _wrapped(value: bytes) -> bytes:
     return length_delimited_field(_RESOURCES_FIELD, wrapped.SerializeToString())
 
 
+def _encoded(message: Message) -> bytes:
+    """``message``'s deterministic encoding: a map inside it (a resource's
+    metadata, a body's) is written in key order, so the same content always
+    gives the same entry bytes, however its map was filled or parsed."""
+    data: bytes = message.SerializeToString(deterministic=True)
+    return data
+
+
 _LAZY: dict[str, Callable[[CachedResource], object]] = {
     "resource": _resource,
     "digest": _content_digest,
@@ -360,15 +369,15 @@ _LAZY: dict[str, Callable[[CachedResource], object]] = {
     "_heartbeat": _heartbeat,
     # this resource without its body (a heartbeat) as a delta ``resources`` entry
     "heartbeat_entry": lambda made: length_delimited_field(
-        _RESOURCES_FIELD, made._heartbeat.SerializeToString()),
+        _RESOURCES_FIELD, _encoded(made._heartbeat)),
     # a heartbeat wrapped in ``Any``, for SotW clients that accept ``Resource``
-    "sotw_heartbeat_entry": lambda made: _wrapped(made._heartbeat.SerializeToString()),
+    "sotw_heartbeat_entry": lambda made: _wrapped(_encoded(made._heartbeat)),
     # one encoded ``resources`` entry of a DeltaDiscoveryResponse
     "delta_entry": lambda made: length_delimited_field(
-        _RESOURCES_FIELD, made.resource.SerializeToString()),
+        _RESOURCES_FIELD, _encoded(made.resource)),
     # the body as one encoded ``resources`` entry of a DiscoveryResponse
     "sotw_entry": lambda made: length_delimited_field(
-        _RESOURCES_FIELD, made.body.SerializeToString()),
+        _RESOURCES_FIELD, _encoded(made.body)),
     # the whole ``Resource`` wrapped in ``Any``, for SotW clients that accept it
-    "sotw_wrapped_entry": lambda made: _wrapped(made.resource.SerializeToString()),
+    "sotw_wrapped_entry": lambda made: _wrapped(_encoded(made.resource)),
 }
