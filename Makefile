@@ -20,8 +20,13 @@ CHROMIUM   := /usr/bin/chromium
 run: $(RUN_STAMP)
 	$(BIN)/xds-relay demo
 
+# The suite runs on two processes (pytest-xdist), a test file to each at a time
+# so a file's module fixtures start once: on a 2-core machine that halves its
+# time (about 140 s against 280). `make test WORKERS=0` runs it in one process.
+WORKERS ?= 2
+
 test: $(STAMP) $(NODE_STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
 
 lint: $(STAMP)
 	$(BIN)/ruff check relay tests benchmarks
