@@ -168,14 +168,14 @@ async def bare_server(streams: int) -> AsyncIterator[Server]:
 
 
 @contextlib.asynccontextmanager
-async def relay_server(worker_count: int) -> AsyncIterator[Server]:
+async def relay_server(worker_count: int, src: Path | None = None) -> AsyncIterator[Server]:
     origin = await ScriptedOrigin().start()
     origin.set(endpoints(NAME, 1))
     run_args = ["--workers", str(worker_count)] if worker_count > 1 else []
     try:
         # drain_period 0: the harness's SIGTERM at the end need not wait.
         async with relay_process("bench-relay", origin.port, drain_period=0,
-                                 run_args=run_args) as relay:
+                                 run_args=run_args, src=src) as relay:
             async def change(port: int) -> None:
                 origin.set(endpoints(NAME, port))
 
@@ -266,7 +266,8 @@ async def run_all(args: argparse.Namespace, counts: list[int]
     for run in range(args.runs):
         # reverse the order every other run, to spread the machine's noise
         for count in order if run % 2 == 0 else order[::-1]:
-            server = (bare_server(args.streams) if count == 0 else relay_server(count))
+            server = (bare_server(args.streams) if count == 0
+                      else relay_server(count, args.relay_src))
             async with server as s:
                 result = await measure(s, count, args.streams, args.rounds, args.clients)
             if count == 0:
@@ -297,8 +298,13 @@ def main() -> None:
                         help="runs of the bare server and of each worker count")
     parser.add_argument("--rounds", type=int, default=5, help="updates per run")
     parser.add_argument("--clients", type=int, default=2, help="client processes")
+    parser.add_argument("--relay-src", type=Path, default=None, metavar="DIR",
+                        help="run another tree's relay (e.g. an export of an earlier commit), "
+                             "to compare its ratios with this one's in the same session")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/workers.json"))
     args = parser.parse_args()
+    if args.relay_src is not None:
+        args.relay_src = args.relay_src.resolve()
     counts = sorted({int(x) for x in args.workers.split(",")})
     if not counts or counts[0] < 1:
         parser.error("worker counts are 1 or more")
@@ -314,6 +320,7 @@ def main() -> None:
           f"the bare columns are the same bare runs for every W:\n{table(rows, 'figure')}")
     write_results(
         args.out, "benchmarks.workers", streams=args.streams, clients=args.clients,
+        relay_src=str(args.relay_src or Path(__file__).resolve().parents[1]),
         runs=args.runs, rounds=args.rounds, bare_runs=bare,
         results=[{"workers": count, "runs": relay[count], "summary": summaries[count]}
                  for count in counts])
