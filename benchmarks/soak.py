@@ -1173,7 +1173,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
           flush=True)
     try:
         async with relay_process("soak-relay", port, 0, log_level="info", stderr=relay_stderr,
-                                 upstream_extra=args.upstream) as relay:
+                                 upstream_extra=args.upstream, src=args.relay_src) as relay:
             relay_stderr.close()
             run = Run(relay.process.pid, relay.admin_port)
             sampler = asyncio.create_task(run.sampler(args.sample_interval,
@@ -1370,7 +1370,8 @@ def summarize(args: argparse.Namespace, raw: dict[str, Any]) -> dict[str, Any]:
                   "unanswered_over_5s_at_end": waiting.get(p, 0)} for p in PHASES}
     hostile = raw["hostile"]
     return {
-        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "config": {k: (str(v) if isinstance(v, Path) else v)
+                   for k, v in vars(args).items() if k != "out"},
         "well_behaved": {"clients": args.clients, "late": int(args.clients * args.late),
                          "streams_opened": counts["streams_opened"],
                          "clean_closes": counts["clean_closes"],
@@ -1513,8 +1514,12 @@ def main() -> None:
                         help="seconds between scrapes of the relay's gauges into the samples")
     parser.add_argument("--upstream", default="",
                         help="extra keys for the relay's upstream section, YAML flow style")
+    parser.add_argument("--relay-src", type=Path, default=None, metavar="DIR",
+                        help="run another tree's relay (e.g. an export of an earlier commit)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/soak.json"))
     args = parser.parse_args()
+    if args.relay_src is not None:
+        args.relay_src = args.relay_src.resolve()
     unknown = set(args.hostile_kinds.split(",")) - set(HOSTILE_KINDS)
     if unknown:
         parser.error(f"unknown hostile kinds {sorted(unknown)}; they are {HOSTILE_KINDS}")
