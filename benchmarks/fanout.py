@@ -13,6 +13,11 @@ for it is most of that cost; ``relay / relay-no-age`` is what it costs the
 relay). ``bare-default-malloc`` is ``bare-default`` on glibc's malloc, the
 relay's allocator (``PYTHONMALLOC=malloc``; :mod:`relay.memory`):
 ``relay-no-age / bare-default-malloc`` is what the relay's own code holds.
+``relay-no-window`` is the relay with ``server.batch_window: 0s``: it pushes
+as soon as an origin change is cached, where by default it waits 5 ms for
+the rest of the origin's burst (a deliberate trade: one push per burst, and
+make-before-break order; see docs/performance.md). ``relay-no-window /
+bare-default`` is the relay's own cost without the configured wait.
 The same worker processes' code is the client of all: N delta streams
 (one gRPC connection each, like N Envoys) subscribe to one
 ClusterLoadAssignment and ACK what they get.
@@ -95,7 +100,7 @@ from tests.harness import ScriptedOrigin
 
 # every server a run can measure, in the order they alternate; the default set
 SERVERS = ("bare", "bare-no-age", "bare-default", "bare-default-malloc", "bare-gc", "relay",
-           "relay-no-age", "relay-pymalloc", "relay-before")
+           "relay-no-age", "relay-no-window", "relay-pymalloc", "relay-before")
 DEFAULT_SERVERS = ("bare", "bare-default", "relay")
 # (a, b) of each ratio a / b reported, of the servers that ran; bare / bare-default
 # is what the relay's gRPC options cost (connection ageing above all: see bare-no-age)
@@ -103,6 +108,7 @@ RATIOS = (("relay", "bare"), ("relay", "bare-default"), ("relay", "bare-gc"),
           ("bare", "bare-default"), ("bare-no-age", "bare-default"),
           ("relay-no-age", "bare-no-age"), ("relay-no-age", "bare-default"),
           ("relay", "relay-no-age"), ("relay-no-age", "bare-default-malloc"),
+          ("relay-no-window", "bare-default"), ("relay", "relay-no-window"),
           ("bare-default-malloc", "bare-default"),
           ("relay-pymalloc", "bare"), ("relay-pymalloc", "bare-default"),
           ("relay-pymalloc", "relay"),
@@ -235,6 +241,8 @@ def starters(src: Path | None = None, before: Path | None = None
         "relay": functools.partial(relay_server, src=src),
         "relay-no-age": functools.partial(relay_server, "relay-no-age",
                                           "max_connection_age: 0s", src=src),
+        "relay-no-window": functools.partial(relay_server, "relay-no-window",
+                                             "batch_window: 0s", src=src),
         "relay-pymalloc": functools.partial(relay_server, "relay-pymalloc", src=src,
                                             env={"PYTHONMALLOC": "pymalloc"}),
         "relay-before": functools.partial(relay_server, "relay-before", src=before),
