@@ -10,7 +10,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -22,7 +22,8 @@ from relay.logs import RateLimitedLog
 if TYPE_CHECKING:
     from relay.config.values import Address
 
-__all__ = ["RETRY_AFTER", "FollowedTLS", "Listener", "listen", "quiet_malformed_requests"]
+__all__ = ["READ_SIZE", "RETRY_AFTER", "FollowedTLS", "Listener", "listen",
+           "quiet_malformed_requests"]
 
 #: What a 429 or 503 tells a client to wait, in seconds.
 RETRY_AFTER = "1"
@@ -150,6 +151,25 @@ async def _sliced(request: web.BaseRequest, response: web.Response, body: bytes
     return sliced
 
 
+#: The most bytes one read of a connection takes (asyncio reads 256 KiB).
+#: Each read allocates a buffer that large and shrinks it to what came; a
+#: buffer of 256 KiB is at the relay's fixed mmap threshold
+#: (:data:`relay.memory.MMAP_THRESHOLD`), so glibc mapped and unmapped one
+#: for every read: 12-15 us a read (a REST poll's ``304`` cost 1.5-1.8x the
+#: bare aiohttp server's, whose threshold had risen past it). 64 KiB comes
+#: from the heap; a poll's body is a few KiB, a 50,000-name one ten reads.
+READ_SIZE = 64 * 1024
+
+
+def _read_at_most(transport: asyncio.BaseTransport, size: int) -> None:
+    """Have ``transport`` read at most ``size`` bytes at a time: its own
+    reads, or over TLS its TLS protocol's (asyncio's ``max_size``, where
+    it has one; a transport without one is left as it is)."""
+    reader = getattr(transport, "_ssl_protocol", None) or transport
+    if getattr(reader, "max_size", 0) > size:
+        cast(Any, reader).max_size = size
+
+
 class _Shared:
     """What every connection of one listener shares."""
 
@@ -195,6 +215,7 @@ class _Connection(web.RequestHandler):
         limits = shared.limits
         self._deadline = ConnectionDeadline(limits.header_timeout, limits.idle_timeout,
                                             self._when())
+        _read_at_most(transport, READ_SIZE)
         super().connection_made(transport)
         self._arm()
 
