@@ -74,7 +74,7 @@ async def test_a_fetch_of_many_names_receives_each_name_twice_at_most(
     outcome = await fetcher.fetch(request(asked), ENDPOINT, "ipv4:127.0.0.1:1")
     assert isinstance(outcome, Served)
     assert [r.name for r in outcome.plan.resources] == names
-    # the whole request once (its limits, its interest), then each name once more;
+    # the whole request once, in slices (its limits, its interest), then each name once more;
     # paged, each of the 4 pages was ACKed with all the names
     assert sum(received) == len(asked) + COUNT + 2
     assert max(received[1:]) == MAX_NAMES_PER_RESPONSE

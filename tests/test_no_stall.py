@@ -136,11 +136,11 @@ def encoded(served: Served) -> bytes:
 
 async def test_a_fetch_of_5000_names_is_made_in_slices_with_the_loop_run_between() -> None:
     outcome, turns = await fetched(per_slice=1_000)
-    # before the request's checks, before its lease is looked up, before it
-    # is registered, 2 between its 3 pieces (2,000 names each at most),
-    # before the cache's look-ups; 4 pauses in their 5,000 names; then one
-    # before each of 5 pages
-    assert len(turns.seen) == 3 + 2 + 1 + 4 + 5
+    # before the request's checks, before each of the 5 slices it is
+    # received in, before its lease is looked up, before it is registered,
+    # 2 between its 3 pieces (2,000 names each at most), before the cache's
+    # look-ups; 4 pauses in their 5,000 names; then one before each of 5 pages
+    assert len(turns.seen) == 3 + 5 + 2 + 1 + 4 + 5
     assert turns.others_ran_between()
     assert len(outcome.plan.resources) == NAMES
 
@@ -148,9 +148,44 @@ async def test_a_fetch_of_5000_names_is_made_in_slices_with_the_loop_run_between
 async def test_a_fetch_made_in_small_slices_is_the_fetch_made_in_pages_to_the_byte() -> None:
     small, _ = await fetched(per_slice=700)
     paged, turns = await fetched(per_slice=2_500)
-    assert len(turns.seen) == 3 + 2 + 1 + 1 + 2
+    assert len(turns.seen) == 3 + 2 + 2 + 1 + 1 + 2
     assert encoded(small) == encoded(paged)
     assert small.plan.version_info == paged.plan.version_info
+
+
+async def fetched_by(fetcher: Fetcher, asked: list[str]) -> Any:
+    with Turns():
+        return await fetcher.fetch(request(asked), ENDPOINT, "ipv4:127.0.0.1:1")
+
+
+async def test_a_big_requests_slices_received_one_by_one_add_up_to_it_received_whole() -> None:
+    asked = [*names(NAMES)[::-1], "e00007", "missing"]  # a name twice, one not cached
+    core, _ = setup(names(NAMES))
+    sliced = Fetcher(core.serving, ManualClock(), 60.0, 0.0, 1_000)
+    whole = Fetcher(core.serving, ManualClock(), 60.0, 0.0, 10_000)
+    in_slices, at_once = await fetched_by(sliced, asked), await fetched_by(whole, asked)
+    assert (sliced.pieces_received, whole.pieces_received) == (6, 0)
+    assert isinstance(in_slices, Served) and isinstance(at_once, Served)
+    assert [lease.key for lease in sliced.leases()] == [lease.key for lease in whole.leases()]
+    assert encoded(in_slices) == encoded(at_once)
+
+
+@pytest.mark.parametrize(("limit", "value", "asked"), [
+    ("names_per_request", NAMES - 1, names(NAMES)),
+    ("names_per_stream", NAMES - 1, names(NAMES)),
+    ("name_length", 10, [*names(NAMES), "e" * 11]),  # in the last slice
+])
+async def test_a_big_request_received_in_slices_is_refused_as_it_is_received_whole(
+        limit: str, value: int, asked: list[str]) -> None:
+    core = Core.create(settings=ServingSettings(limits=dataclasses.replace(
+        DEFAULT_LIMITS, **{limit: value})), clock=ManualClock())
+    sliced = Fetcher(core.serving, ManualClock(), 60.0, 0.0, 1_000)
+    whole = Fetcher(core.serving, ManualClock(), 60.0, 0.0, 10_000)
+    refused = await fetched_by(sliced, asked)
+    assert isinstance(refused, Limited)
+    assert refused == await fetched_by(whole, asked)
+    assert refused.limit == limit
+    assert sliced.leases() == []
 
 
 async def test_a_fetch_of_one_slice_of_names_is_made_without_a_pause() -> None:
@@ -410,7 +445,7 @@ async def test_a_poll_cancelled_while_its_lease_is_registered_leaves_nothing_hel
     async def turn() -> None:
         nonlocal turns
         turns += 1
-        if turns == 5:  # between the second piece and the third
+        if turns == 10:  # (5 before the request's 5 slices) between the 2nd piece and the 3rd
             assert task is not None
             task.cancel()
         await give_turn()
