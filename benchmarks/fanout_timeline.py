@@ -21,7 +21,8 @@ send:
 * ``descheduled``: the sum of gaps over 1 ms in that pass (on a shared
   machine, the main thread waiting for a core), ``gc``: collections in the
   round and their ms, ``acks_before_last_push``: requests handled before the
-  last push (none: the pass is one loop turn).
+  last push (none: the pass is one loop turn); ``minor_faults``: the
+  server's minor page faults in the round, ACKs included.
 
 Usage: ``python -m benchmarks.fanout_timeline [--streams 1000] [--rounds 5]
 [--runs 1] [--servers relay,relay-no-window,bare-default]``.
@@ -59,6 +60,7 @@ _STARTS: dict[str, Callable[[dict[str, str]], AbstractAsyncContextManager[fanout
     "relay-pymalloc": lambda env: fanout.relay_server(
         "relay-pymalloc", env={**env, "PYTHONMALLOC": "pymalloc"}),
     "bare": lambda env: fanout.bare_server("bare", env=env),
+    "bare-no-age": lambda env: fanout.bare_server("bare-no-age", "relay-no-age", env=env),
     "bare-default": lambda env: fanout.bare_server("bare-default", "default", env=env),
     "bare-default-malloc": lambda env: fanout.bare_server(
         "bare-default-malloc", "default", env={**env, "PYTHONMALLOC": "malloc"}),
@@ -75,6 +77,12 @@ async def traced(kind: str) -> AsyncIterator[tuple[fanout.Server, Path]]:
         env = {"PYTHONPATH": f"{_TRACER}{os.pathsep}{_ROOT}", "FANOUT_TIMELINE": str(events)}
         async with _STARTS[kind](env) as server:
             yield server, events
+
+
+def minor_faults(pid: int) -> int:
+    """The process's minor page faults so far (all its threads): pages the
+    kernel gave it as it touched them, such as heap it grew again."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
 
 
 def _ms(seconds: float) -> float:
@@ -110,7 +118,7 @@ def round_timeline(sent: float, times: list[float], events: list[list[Any]]) -> 
 
 async def run(kind: str, streams: int, rounds: int, worker_count: int) -> list[dict[str, Any]]:
     """One run of ``rounds`` updates to ``streams`` streams of a fresh ``kind`` server."""
-    sent_and_times = []
+    sent_and_times: list[tuple[float, list[float], int]] = []
     async with traced(kind) as (server, events), fanout.keeper(server.target):
         await asyncio.sleep(0.5)
         async with workers(fanout.worker_main, streams, worker_count, server.target, 1,
@@ -122,17 +130,21 @@ async def run(kind: str, streams: int, rounds: int, worker_count: int) -> list[d
                 port = 1000 + round_no
                 clients.send(version_of(endpoints(NAME, port)))
                 await asyncio.sleep(0.2)  # let workers start reading
+                faults = minor_faults(server.pid)
                 sent = time.monotonic()
                 await server.change(port)
                 times = [t for ts in await clients.next_messages() for t in ts]
-                sent_and_times.append((sent, times))
                 await asyncio.sleep(0.3)  # the last ACKs
+                sent_and_times.append((sent, times, minor_faults(server.pid) - faults))
             clients.send(None)
         await asyncio.sleep(1.0)  # the tracer's last write
-        recorded = json.loads(events.read_text())
+        written = json.loads(events.read_text())
+    recorded = sorted((name, at, detail) for name, times in written["times"].items()
+                      for at, detail in zip(times, written["details"][name], strict=True))
     if not any(event[0] == "push" for event in recorded):
         print(f"{kind}: no pushes traced (the tracer wrapped its methods too late)", flush=True)
-    return [round_timeline(sent, times, recorded) for sent, times in sent_and_times]
+    return [{**round_timeline(sent, times, recorded), "minor_faults": faults}
+            for sent, times, faults in sent_and_times]
 
 
 async def run_all(args: argparse.Namespace) -> None:

@@ -31,8 +31,20 @@ import time
 from typing import Any
 
 OUT = os.environ.get("FANOUT_TIMELINE")
-EVENTS: list[tuple[Any, ...]] = []
+# per event, its times and details, as flat lists of numbers: a tuple per
+# event would be a container the collector counts, and the tracer itself
+# would set off the collections it reports
+TIMES: dict[str, list[float]] = {}
+DETAILS: dict[str, list[float]] = {}
 now = time.monotonic
+
+
+def note(event: str, detail: float = 0.0, at: float | None = None) -> None:
+    if event not in TIMES:
+        DETAILS[event] = []
+        TIMES[event] = []
+    TIMES[event].append(now() if at is None else at)
+    DETAILS[event].append(detail)
 
 
 def _write_out() -> None:
@@ -40,7 +52,8 @@ def _write_out() -> None:
     while True:
         time.sleep(0.5)
         with open(OUT + ".tmp", "w") as out:
-            json.dump(EVENTS, out)
+            # (copies: an event seen for the first time adds a key meanwhile)
+            json.dump({"times": dict(TIMES), "details": dict(DETAILS)}, out)
         os.replace(OUT + ".tmp", OUT)
 
 
@@ -51,8 +64,8 @@ def _gc_callback(phase: str, info: dict[str, int]) -> None:
     if phase == "start":
         _gc_started[0] = now()
     else:
-        EVENTS.append((f"gc{info['generation']}", _gc_started[0],
-                       round((now() - _gc_started[0]) * 1000, 3)))
+        note(f"gc{info['generation']}", round((now() - _gc_started[0]) * 1000, 3),
+             _gc_started[0])
 
 
 def _trace_relay() -> None:
@@ -63,16 +76,16 @@ def _trace_relay() -> None:
     parse = upstream._parse
 
     async def traced_parse(response: Any) -> Any:
-        EVENTS.append(("read", now()))
+        note("read")
         checked = await parse(response)
-        EVENTS.append(("parsed", now()))
+        note("parsed")
         return checked
 
     upstream._parse = staticmethod(traced_parse)  # type: ignore[method-assign]
     apply = upstream._apply
 
     def traced_apply(self: Any, *args: Any) -> None:
-        EVENTS.append(("applied", now()))
+        note("applied")
         apply(self, *args)
 
     upstream._apply = traced_apply  # type: ignore[method-assign]
@@ -81,13 +94,13 @@ def _trace_relay() -> None:
 
     def traced_wake_after_batch(self: Any, stream: Any) -> None:
         if self._batch_timer is None:
-            EVENTS.append(("first_notify", now()))
+            note("first_notify")
         wake_after_batch(self, stream)
 
     def traced_end_batch(self: Any) -> None:
-        EVENTS.append(("window_end", now(), len(self._batched)))
+        note("window_end", len(self._batched))
         end_batch(self)
-        EVENTS.append(("woken", now()))
+        note("woken")
 
     context.wake_after_batch = traced_wake_after_batch  # type: ignore[method-assign]
     context._end_batch = traced_end_batch  # type: ignore[method-assign]
@@ -95,11 +108,11 @@ def _trace_relay() -> None:
     sent, handle_request = stream_class._sent, stream_class.handle_request
 
     def traced_sent(self: Any, plan: Any) -> bytes:
-        EVENTS.append(("push", now()))
+        note("push")
         return sent(self, plan)
 
     def traced_handle_request(self: Any, request: Any) -> Any:
-        EVENTS.append(("request", now()))
+        note("request")
         return handle_request(self, request)
 
     stream_class._sent = traced_sent  # type: ignore[method-assign]
@@ -111,7 +124,7 @@ def _trace_bare(bare: Any) -> None:
     update = server.update
 
     def traced_update(self: Any, *args: Any) -> int:
-        EVENTS.append(("change", now()))
+        note("change")
         return update(self, *args)
 
     async def traced_serve(self: Any, requests: Any, context: Any) -> None:
@@ -121,7 +134,7 @@ def _trace_bare(bare: Any) -> None:
         reader = bare.asyncio.create_task(self._read(requests, stream))
         try:
             while (response := await stream.outbox.get()) is not None:
-                EVENTS.append(("push", now()))
+                note("push")
                 await context.write(response)
         finally:
             reader.cancel()
