@@ -1,0 +1,199 @@
+"""Where a warm big client's join goes, in the relay's own process: main-thread CPU by step.
+
+:mod:`benchmarks.big_client` times a client subscribing to K names the
+relay holds (``warm``) from outside; this runs the relay in this process
+(``build_relay``, the collector tuned as ``xds-relay run`` tunes it) and
+times, in the event loop's thread (``time.thread_time``: another process's
+load moves it least), the steps the join goes through:
+
+* ``check``: the request checked whole before it is applied in pieces
+  (``Session.check``);
+* ``receive``: the pieces applied to the session (``Session.receive``);
+* ``index``: the interest index told (``InterestIndex.apply``), of which
+  ``served_to_all`` is not part;
+* ``due``: the responses planned (``Session.due``), of which
+  ``served_to_all`` (the cache's look-up of the page's names),
+  ``take_candidates`` (the names to look at, sorted) and ``all_new`` (the
+  page sent whole, sized, recorded as held);
+* ``encode``: the planned responses joined into bytes (``PlanEncoder.encode``);
+* ``write``: the main thread's part of gRPC's writes (``context.write``).
+
+The origin (:mod:`benchmarks.bare`) and the clients
+(:func:`benchmarks.big_client.client_main`) are processes of their own. A
+first client subscribes to K names of ``--size`` bytes (cold); then, per
+run, a new client subscribes to the same (warm) and leaves. Each tree runs
+in its own process (``--relay-src``, and ``--baseline-src`` for before and
+after in one invocation, the trees in turn); figures are per run, min and
+median. A step a tree lacks is left out of its figures.
+
+Usage: ``python -m benchmarks.warm_sections [--resources 10000] [--size 300]
+[--variant delta|sotw] [--runs 8] [--relay-src DIR] [--baseline-src DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# step -> (module, class, method)
+STEPS = {
+    "check": ("relay.protocol.session", "Session", "check"),
+    "receive": ("relay.protocol.session", "Session", "receive"),
+    "index": ("relay.interest", "InterestIndex", "apply"),
+    "due": ("relay.protocol.session", "Session", "due"),
+    "served_to_all": ("relay.cache", "ResourceCache", "served_to_all"),
+    "take_candidates": ("relay.protocol.subscription", "SubscriptionState", "_take_candidates"),
+    "all_new": ("relay.protocol.subscription", "SubscriptionState", "_all_new"),
+    "encode": ("relay.server.plans", "PlanEncoder", "encode"),
+}
+SPENT: collections.Counter[str] = collections.Counter()
+
+
+def _timed(step: str, module: str, owner: str, name: str) -> None:
+    cls = getattr(__import__(module, fromlist=[owner]), owner)
+    method = getattr(cls, name, None)
+    if method is None:
+        return
+
+    @functools.wraps(method)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.thread_time()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            SPENT[step] += time.thread_time() - start
+
+    setattr(cls, name, timed)
+
+
+class _TimedContext:
+    """A servicer context whose writes are timed (``write``)."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def write(self, message: Any) -> None:
+        start = time.thread_time()
+        try:
+            await self._context.write(message)
+        finally:
+            SPENT["write"] += time.thread_time() - start
+
+
+def _time_steps() -> None:
+    from relay.server.streams import DownstreamStream
+
+    for step, (module, owner, name) in STEPS.items():
+        _timed(step, module, owner, name)
+    serve = DownstreamStream.serve
+
+    async def serve_timed(self: Any, requests: Any, context: Any) -> None:
+        await serve(self, requests, _TimedContext(context))
+
+    DownstreamStream.serve = serve_timed  # type: ignore[method-assign]
+
+
+async def _runs(resources: int, size: int, variant: str, runs: int) -> list[dict[str, float]]:
+    from benchmarks.bare import bare_process
+    from benchmarks.big_client import client_main
+    from benchmarks.processes import wait_for_worker, workers
+    from relay.app import build_relay
+    from relay.config.loading import parse_config
+    from relay.runtime import tune_gc
+    from tests.harness import relay_config
+
+    figures = []
+    async with bare_process(big=resources, size=size) as origin:
+        relay = build_relay(parse_config(relay_config(origin.port, linger="30s")))
+        await relay.start()
+        tune_gc()
+        target = f"127.0.0.1:{relay.xds_port}"
+        try:
+            async with workers(client_main, 1, 1, target, resources, variant) as holder:
+                holder.pipes[0].send("join")
+                await wait_for_worker(holder.pipes[0], holder.processes[0])
+                await asyncio.sleep(1.0)  # (the cold names settle)
+                for _ in range(runs):
+                    async with workers(client_main, 1, 1, target, resources, variant) as client:
+                        await asyncio.sleep(0.3)
+                        SPENT.clear()
+                        cpu = time.thread_time()
+                        client.pipes[0].send("join")
+                        reply = await wait_for_worker(client.pipes[0], client.processes[0])
+                        run = {step: spent * 1e3 for step, spent in SPENT.items()}
+                        run["main_thread"] = (time.thread_time() - cpu) * 1e3
+                        run["received"] = (reply["done"] - reply["sent"]) * 1e3
+                        figures.append(run)
+                        client.pipes[0].send("leave")
+                        await wait_for_worker(client.pipes[0], client.processes[0])
+                        await asyncio.sleep(0.5)  # (the leave is done)
+                holder.pipes[0].send("leave")
+        finally:
+            await relay.stop(0)
+    return figures
+
+
+def child(resources: int, size: int, variant: str, runs: int) -> None:
+    _time_steps()
+    print(json.dumps(asyncio.run(_runs(resources, size, variant, runs))))
+
+
+def measure(src: Path, args: argparse.Namespace) -> list[dict[str, float]]:
+    """One run of the relay in ``src``, in a process of its own."""
+    env = {**os.environ, "PYTHONPATH": str(src), "PYTHONMALLOC": "malloc"}  # (as ``run`` has it)
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", str(args.resources),
+         str(args.size), args.variant, "1"],
+        env=env, cwd=src, check=True, capture_output=True, text=True)
+    result: list[dict[str, float]] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        child(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+        return
+    from benchmarks.report import compare, table, values
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--resources", type=int, default=10_000)
+    parser.add_argument("--size", type=int, default=300, help="bytes of each resource (about)")
+    parser.add_argument("--variant", choices=("delta", "sotw"), default="delta")
+    parser.add_argument("--runs", type=int, default=8)
+    here = Path(__file__).resolve().parents[1]
+    parser.add_argument("--relay-src", type=Path, default=here, metavar="DIR")
+    parser.add_argument("--baseline-src", type=Path, default=None, metavar="DIR",
+                        help="a tree to compare with (before), measured in the same invocation")
+    args = parser.parse_args()
+    ours: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    for _ in range(args.runs):  # (the trees in turn: the same load for both)
+        ours += measure(args.relay_src, args)
+        if args.baseline_src is not None:
+            theirs += measure(args.baseline_src, args)
+    steps = ["received", "main_thread", *STEPS, "write"]
+    rows = [(f"{step} (ms)", compare(values(ours, step),
+                                     values(theirs, step) if args.baseline_src else None))
+            for step in steps if any(step in run for run in ours)]
+    print(f"warm {args.variant} join of {args.resources} x {args.size} B, {args.runs} runs; "
+          f"relay at {args.relay_src}"
+          + ("" if args.baseline_src is None else f", before at {args.baseline_src}")
+          + f"; load {os.getloadavg()[0]:.1f}")
+    print(table(rows, "main-thread CPU of", baseline="before"))
+
+
+if __name__ == "__main__":
+    main()
