@@ -102,11 +102,13 @@ DRAINING = "the relay is draining; poll another replica"
 
 _JSON = "application/json"
 #: Resources written as JSON between two turns of the event loop (see
-#: :func:`render_json_slices`): ``json_format`` takes 20-35 µs a resource
+#: :func:`render_json_slices`): ``json_format`` takes 20-60 µs a resource
 #: (a ClusterLoadAssignment of ~100 bytes), so the first answer of a lease
-#: of 5,000 held the loop 115-230 ms in one go, of 50,000 ~1.8 s; 250 take
-#: 5-8 ms.
-RESOURCES_PER_RENDER = 250
+#: of 5,000 held the loop 115-230 ms in one go, of 50,000 ~1.8 s. 250 took
+#: 13-15 ms on a quiet machine and 50-70 on a loaded one (the longest holds
+#: of a 50,000-name first poll); 100 take 5-6 (a turn between two slices
+#: costs ~20 µs).
+RESOURCES_PER_RENDER = 100
 #: Resources whose JSON is found written (see :mod:`relay.server.json_fragments`)
 #: between two turns: a look-up and a join, ~0.3 µs each.
 LOOKUPS_PER_RENDER = 10_000
