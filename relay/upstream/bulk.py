@@ -27,7 +27,8 @@ cached, are the general check's.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+import contextlib
+from collections.abc import Generator, Iterable, Sequence
 from functools import cache
 from typing import Any
 
@@ -73,6 +74,17 @@ def shadows(type_url: str) -> Shadows:
     the ones that read bodies as bytes."""
     body = message_class(type_url)
     return _shadows(body.DESCRIPTOR if body is not None else None)
+
+
+def prepare(type_urls: Iterable[str]) -> None:
+    """Make the shadow types of ``type_urls`` now, as the upstream starts:
+    the first call imports every known type's generated modules (14-30 ms
+    for Envoy's) and adds a file to the descriptor pool, which would
+    otherwise be paid inside the first big response's check, on a cold
+    client's path (17 % of a cold 10,000-name join's main-thread samples)."""
+    for type_url in type_urls:
+        with contextlib.suppress(TypeError):  # (refused: checked one by one later)
+            shadows(type_url)
 
 
 @cache

@@ -45,6 +45,7 @@ from relay.protocol.limits import shown
 from relay.telemetry import Metrics
 from relay.turns import made_in_turns
 from relay.upstream.backoff import Backoff
+from relay.upstream.bulk import prepare
 from relay.upstream.dial import Dialer, DialError
 from relay.upstream.fallback import Failover, probe_requests, watches_uncached
 from relay.upstream.requests import Request
@@ -57,7 +58,7 @@ from relay.upstream.state import (
     ResponseOutcome,
     UpstreamState,
 )
-from relay.xds_types import short_name
+from relay.xds_types import KNOWN_TYPE_URLS, short_name
 
 log = logging.getLogger("relay.upstream")
 
@@ -285,6 +286,8 @@ class UpstreamClient:
 
     async def run(self) -> None:
         """Connect, serve, reconnect (or move to another server); until cancelled."""
+        # the known types' shadow types, made before any client waits on them
+        prepare(sorted(KNOWN_TYPE_URLS))
         timer = asyncio.create_task(self._timer())
         self._stopped = False
         if self._failover.on_fallback and self._probe is None:  # run again
