@@ -4,6 +4,7 @@ gets the general check's result; and it does no work per resource but make it.""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -301,3 +302,28 @@ def test_a_message_under_another_type_url_is_checked_in_bulk_too() -> None:
     message.resources[9].resource.value = b"\xff"
     assert parse_response(message) == one_by_one(message)
     assert isinstance(parse_response(message), Unusable)
+
+
+def test_entries_of_any_length_are_framed_once_per_length_as_one_by_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # bodies whose lengths take 1, 2 and 3 bytes as varints, each length twice
+    lengths = [3, 100, 127, 128, 300, 16_383, 16_384, 70_000] * (bulk.BULK_FROM // 4)
+    message = response([discovery_pb2.Resource(
+        name=f"r{i:03}", version="v1", resource=any_pb2.Any(
+            type_url=UNKNOWN, value=b"\x0a" + bytes([0]) * (length - 1)))
+        for i, length in enumerate(lengths)], UNKNOWN)
+    framed: list[int] = []
+    prefix = bulk._entry_prefix.__wrapped__
+
+    def counting(length: int) -> bytes:
+        framed.append(length)
+        return prefix(length)
+    monkeypatch.setattr(bulk, "_entry_prefix", functools.lru_cache(maxsize=1_024)(counting))
+    made, general = parse_response(message), one_by_one(message)
+    assert isinstance(made, ParsedResponse) and isinstance(general, ParsedResponse)
+    assert not any(parsed_message(r) for r in made.upserts)  # (made in bulk)
+    for ours, theirs in zip(made.upserts, general.upserts, strict=True):
+        assert_same(ours, theirs)
+    # each distinct entry length framed once (a varint call), not once per resource
+    entry_lengths = {len(r.SerializeToString()) for r in message.resources}
+    assert sorted(framed) == sorted(entry_lengths) and len(framed) == 8
