@@ -451,9 +451,10 @@ FORWARDER_ROWS: Sequence[tuple[str, str, str]] = (
 def summarize(runs: dict[str, list[dict[str, Any]]], kind: str = "relay"
               ) -> dict[str, Comparison]:
     """The table of one relay's runs (``kind``) against the bare server's and
-    the forwarder's (none: no rows against it)."""
+    the forwarder's (either left out: no ratios against it)."""
+    bare_runs = runs.get("bare")  # (none with --servers relay,forwarder)
     return {**{label: compare(values(runs[kind], relay),
-                              None if bare is None else values(runs["bare"], bare))
+                              None if bare is None or not bare_runs else values(bare_runs, bare))
                for label, relay, bare in ROWS},
             **{label: compare(values(runs[kind], relay),
                               values(runs["forwarder"], forwarder))
