@@ -149,6 +149,14 @@ class ServingContext:
         return self._streams.keys()
 
     @property
+    def batched(self) -> Set[DownstreamStream]:
+        """The streams that wait for the open batch window (see
+        :meth:`wake_after_batch`): they push nothing before it closes, even
+        if a request of their client wakes them sooner, as the rest of the
+        burst may change what is due and its order (make-before-break)."""
+        return self._batched
+
+    @property
     def per_connection(self) -> Mapping[str, int]:
         """Streams open per client connection (its peer address; 0 for none)."""
         return types.MappingProxyType(self._per_connection)

@@ -202,9 +202,10 @@ class DownstreamStream:
         Writes with ``context.write`` rather than by yielding: one layer of
         async generators less per message on the fan-out path.
         """
-        metrics = self.serving.metrics
+        serving = self.serving
+        metrics = serving.metrics
         metrics.downstream_streams.add(self.protocol)
-        self.serving.join(self)
+        serving.join(self)
         # When gRPC ends the call (the client left, or its connection died:
         # keepalive), it cancels the task running this handler, whether or
         # not the read below ever returns: the stream ends with it, through
@@ -217,8 +218,12 @@ class DownstreamStream:
                 if self._closing is not None:
                     _end_call(context, *self._closing)
                     return
-                for response in self.ready_responses():
-                    await context.write(response)
+                # In an open batch window, even when a request woke it: its
+                # client's ACK could otherwise let half a burst out (a
+                # removal before the change that makes it safe).
+                if self not in serving.batched:
+                    for response in self.ready_responses():
+                        await context.write(response)
                 response = b""  # not kept while the stream sleeps (a push: each its own)
                 if reader.done():
                     error = reader.exception()

@@ -60,6 +60,35 @@ async def test_invariant_20_cluster_removals_go_after_the_listener_change() -> N
         assert second.type_url == CLUSTER and list(second.removed_resources) == ["old"]
 
 
+async def test_invariant_20_an_ack_inside_the_batch_window_lets_no_half_burst_out() -> None:
+    """The client's ACK arrives after the first half of a burst (the removal
+    of "old") and before the second (the listener moving off it): woken by
+    the ACK, the stream still waits for the window, so the listener change
+    goes first. Before, the ACK's wake pushed the removal at once."""
+    origin = ScriptedOrigin()
+    origin.set(cluster("old"), cluster("new"), listener("l"))
+    async with running_stack(origin, server="batch_window: 2s") as stack:
+        client = stack.client()
+        await client.send(node=node(), type_url=CLUSTER)
+        await client.send(node=node(), type_url=LISTENER)
+        held = {}
+        for _ in range(2):
+            response = await client.recv()
+            held[response.type_url] = response
+        await client.ack(held[CLUSTER])  # the listener's ACK is kept for later
+        (stream,) = stack.relay.serving.streams
+        origin.remove(CLUSTER, "old")
+        await eventually(lambda: "old" not in stack.relay.cache.names(CLUSTER))
+        await client.ack(held[LISTENER])
+        await eventually(lambda: LISTENER in stream.times().answered)
+        await client.expect_nothing()  # the window is still open
+        origin.set(listener("l", port=10001))
+        first, second = await client.recv(), await client.recv()
+        assert first.type_url == LISTENER
+        assert [r.name for r in first.resources] == ["l"]
+        assert second.type_url == CLUSTER and list(second.removed_resources) == ["old"]
+
+
 async def test_sotw_endpoints_are_answered_after_a_cluster_push_even_if_unchanged() -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"), endpoints("a", 1))
