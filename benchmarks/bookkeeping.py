@@ -175,17 +175,14 @@ def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         child(int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
         return
-    from benchmarks.report import compare, table, values
+    from benchmarks.report import add_tree_options, compare, table, values
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--names", type=int, default=10_000, help="names of each client")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--linger", type=float, default=30.0, help="upstream.linger, seconds")
-    here = Path(__file__).resolve().parents[1]
-    parser.add_argument("--relay-src", type=Path, default=here, metavar="DIR")
-    parser.add_argument("--baseline-src", type=Path, default=None, metavar="DIR",
-                        help="a tree to compare with (before), measured in the same invocation")
+    add_tree_options(parser)
     args = parser.parse_args()
     ours: list[dict[str, float]] = []
     theirs: list[dict[str, float]] | None = None if args.baseline_src is None else []

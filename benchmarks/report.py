@@ -8,6 +8,7 @@ has no counterpart for has no ratio.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -165,3 +166,13 @@ def server_tables(summary: dict[str, Any], figures: dict[str, str], servers: Seq
     ratio_rows = [[label, *(_both(summary[key]["ratios"][r]) for r in ratio_keys)]
                   for key, label in figures.items()]
     return f"{markdown(head, rows)}\n\n{markdown(ratio_head, ratio_rows)}"
+
+
+def add_tree_options(parser: argparse.ArgumentParser) -> None:
+    """``--relay-src`` (the tree measured: this one by default) and
+    ``--baseline-src`` (a tree to compare with, measured in the same
+    invocation), for the benchmarks that run a tree's relay in process."""
+    here = Path(__file__).resolve().parents[1]
+    parser.add_argument("--relay-src", type=Path, default=here, metavar="DIR")
+    parser.add_argument("--baseline-src", type=Path, default=None, metavar="DIR",
+                        help="a tree to compare with (before), measured in the same invocation")

@@ -165,7 +165,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         child(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
         return
-    from benchmarks.report import compare, table, values
+    from benchmarks.report import add_tree_options, compare, table, values
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -173,10 +173,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=300, help="bytes of each resource (about)")
     parser.add_argument("--variant", choices=("delta", "sotw"), default="delta")
     parser.add_argument("--runs", type=int, default=8)
-    here = Path(__file__).resolve().parents[1]
-    parser.add_argument("--relay-src", type=Path, default=here, metavar="DIR")
-    parser.add_argument("--baseline-src", type=Path, default=None, metavar="DIR",
-                        help="a tree to compare with (before), measured in the same invocation")
+    add_tree_options(parser)
     args = parser.parse_args()
     ours: list[dict[str, float]] = []
     theirs: list[dict[str, float]] = []
