@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from tests.harness import (
     ScriptedOrigin,
+    Stack,
+    XdsClient,
     cluster,
     endpoints,
     eventually,
@@ -41,23 +45,43 @@ async def test_invariant_20_one_origin_burst_reaches_client_in_make_before_break
         assert order == [CLUSTER, ENDPOINT, LISTENER, ROUTE]
 
 
-async def test_invariant_20_cluster_removals_go_after_the_listener_change() -> None:
+def two_clusters_and_a_listener() -> ScriptedOrigin:
+    """An origin of clusters "old" and "new" and listener "l" (on "old")."""
     origin = ScriptedOrigin()
     origin.set(cluster("old"), cluster("new"), listener("l"))
+    return origin
+
+
+async def subscribed_to_both(stack: Stack) -> tuple[XdsClient, dict[str, Any]]:
+    """A delta client of every cluster and listener, and its first response
+    of each type (not ACKed yet)."""
+    client = stack.client()
+    await client.send(node=node(), type_url=CLUSTER)
+    await client.send(node=node(), type_url=LISTENER)
+    responses = [await client.recv(), await client.recv()]
+    return client, {response.type_url: response for response in responses}
+
+
+async def assert_listener_then_removal(client: XdsClient) -> None:
+    """The listener's move off "old" comes first, then the removal of "old"."""
+    first, second = await client.recv(), await client.recv()
+    assert first.type_url == LISTENER
+    assert [r.name for r in first.resources] == ["l"]
+    assert second.type_url == CLUSTER and list(second.removed_resources) == ["old"]
+
+
+async def test_invariant_20_cluster_removals_go_after_the_listener_change() -> None:
+    origin = two_clusters_and_a_listener()
     # The two origin responses below are one burst only if they arrive within
     # the batch window: a wide one, so that a busy machine cannot split them.
     async with running_stack(origin, server="batch_window: 500ms") as stack:
-        client = stack.client()
-        await client.send(node=node(), type_url=CLUSTER)
-        await client.send(node=node(), type_url=LISTENER)
-        for _ in range(2):
-            await client.ack(await client.recv())
+        client, responses = await subscribed_to_both(stack)
+        for response in responses.values():
+            await client.ack(response)
         # One change: the listener moves off "old", and "old" is deleted.
         origin.remove(CLUSTER, "old")
         origin.set(listener("l", port=10001))
-        first, second = await client.recv(), await client.recv()
-        assert first.type_url == LISTENER
-        assert second.type_url == CLUSTER and list(second.removed_resources) == ["old"]
+        await assert_listener_then_removal(client)
 
 
 async def test_invariant_20_an_ack_inside_the_batch_window_lets_no_half_burst_out() -> None:
@@ -65,16 +89,9 @@ async def test_invariant_20_an_ack_inside_the_batch_window_lets_no_half_burst_ou
     of "old") and before the second (the listener moving off it): woken by
     the ACK, the stream still waits for the window, so the listener change
     goes first. Before, the ACK's wake pushed the removal at once."""
-    origin = ScriptedOrigin()
-    origin.set(cluster("old"), cluster("new"), listener("l"))
+    origin = two_clusters_and_a_listener()
     async with running_stack(origin, server="batch_window: 2s") as stack:
-        client = stack.client()
-        await client.send(node=node(), type_url=CLUSTER)
-        await client.send(node=node(), type_url=LISTENER)
-        held = {}
-        for _ in range(2):
-            response = await client.recv()
-            held[response.type_url] = response
+        client, held = await subscribed_to_both(stack)
         await client.ack(held[CLUSTER])  # the listener's ACK is kept for later
         (stream,) = stack.relay.serving.streams
         origin.remove(CLUSTER, "old")
@@ -83,10 +100,7 @@ async def test_invariant_20_an_ack_inside_the_batch_window_lets_no_half_burst_ou
         await eventually(lambda: LISTENER in stream.times().answered)
         await client.expect_nothing()  # the window is still open
         origin.set(listener("l", port=10001))
-        first, second = await client.recv(), await client.recv()
-        assert first.type_url == LISTENER
-        assert [r.name for r in first.resources] == ["l"]
-        assert second.type_url == CLUSTER and list(second.removed_resources) == ["old"]
+        await assert_listener_then_removal(client)
 
 
 async def test_sotw_endpoints_are_answered_after_a_cluster_push_even_if_unchanged() -> None:
