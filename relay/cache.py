@@ -175,6 +175,12 @@ class _TypeEntry:
     aliases: dict[str, str] = field(default_factory=dict)
     # names whose record holds an error of the origin's
     erred: set[str] = field(default_factory=set)
+    # name -> its record's one variant, for each record that holds exactly one,
+    # unconstrained (what every subscriber gets, whatever its parameters): a
+    # page of 10,000 names is looked up in it by C code (see ``served_to_all``),
+    # where a loop over the records took ~3-4.5 ms. Kept in step by every write
+    # to a record's variants (see ``settled``).
+    plain: dict[str, CachedResource] = field(default_factory=dict)
     # glob collection -> the names with variants that are its members; None
     # until somebody asks (see ``indexed``): a type nobody subscribes a
     # collection of, every classic one, pays nothing for it
@@ -207,6 +213,15 @@ class _TypeEntry:
             members.discard(name)
             if not members:
                 del self.collections[glob]
+
+    def settled(self, name: str, record: _Record) -> None:
+        """The variants of ``name``'s record (``record``) changed: ``plain`` follows."""
+        variants = record.variants
+        if len(variants) == 1 and (only := variants.get("")) is not None and \
+                only.constraints is UNCONSTRAINED:
+            self.plain[name] = only
+        else:
+            self.plain.pop(name, None)
 
     def record(self, name: str) -> _Record:
         """The record of ``name`` to write to: a new one, or a copy of a shared one."""
@@ -280,24 +295,24 @@ class ResourceCache:
 
     def served_to_all(self, type_url: str, names: Iterable[str]) -> dict[str, CachedResource]:
         """Those of ``names`` whose own record holds one variant, unconstrained,
-        with it: what :meth:`variants` gives and every subscriber gets,
-        whatever its parameters. Looked up together, in one loop: a response
-        of thousands of names costs no call per name. The others (aliases,
-        variants with constraints, absent or unknown names) are left out."""
+        with it, in the order of ``names``: what :meth:`variants` gives and
+        every subscriber gets, whatever its parameters. The others (aliases,
+        variants with constraints, absent or unknown names) are left out.
+
+        Looked up in the type's ``plain`` by C code (``map``, ``filter``,
+        ``dict``): a page of 10,000 names costs no Python-level step per name
+        (~1 ms, where a loop over the records was ~3-4.5).
+        """
         entry = self._types.get(type_url)
         if entry is None or not entry.synced:
             return {}
-        get = entry.records.get
-        served: dict[str, CachedResource] = {}
-        for name in names:
-            record = get(name)
-            # (a variant's key is its constraints': "" is UNCONSTRAINED's; found
-            # by key, not by a loop over the values: 2.3 -> 1.9 ms a 10,000)
-            if record is not None and len(variants := record.variants) == 1 and \
-                    (only := variants.get("")) is not None and \
-                    only.constraints is UNCONSTRAINED:
-                served[name] = only
-        return served
+        plain = entry.plain
+        page = names if isinstance(names, list) else list(names)
+        try:  # (a big client's page: every name served to all, nearly always)
+            return dict(zip(page, map(plain.__getitem__, page), strict=True))
+        except KeyError:
+            page = list(filter(plain.__contains__, page))
+            return dict(zip(page, map(plain.__getitem__, page), strict=True))
 
     def error(self, type_url: str, name: str,
               params: Params) -> discovery_pb2.ResourceError | None:
@@ -481,7 +496,7 @@ class ResourceCache:
                 if canonical not in keep and not record.aliases:
                     gone.add(canonical)
         dropped = 0
-        collections = entry.collections
+        collections, plain = entry.collections, entry.plain
         for name in gone:
             record = entry.records.pop(name, None)
             entry.erred.discard(name)
@@ -489,11 +504,15 @@ class ResourceCache:
                 dropped += 1
                 for alias in record.aliases:
                     entry.aliases.pop(alias, None)
-                if collections and record.variants:
-                    entry.left(name)
+                if record.variants:
+                    plain.pop(name, None)
+                    if collections:
+                        entry.left(name)
         if dropped:
             if oversized(entry.records):
                 entry.records = dict(entry.records)
+            if oversized(entry.plain):
+                entry.plain = dict(entry.plain)
             for listener in self._forget_listeners:
                 listener(dropped)
 
@@ -520,6 +539,7 @@ class ResourceCache:
         for key in dropped:
             del record.variants[key]
             record.expires.pop(key, None)
+        entry.settled(name, record)
         record.answered = answered
         entry.compact(name)
 
@@ -544,20 +564,29 @@ class ResourceCache:
         A cold client's 10,000 names arrive in one response, and for each
         such name a record holding it is all there is to write: made here
         in one loop, without :meth:`_upsert`'s checks for what was there.
+        Each is one of the type's ``plain`` too, added by one ``update`` (C
+        code, a copy of the table when ``plain`` is empty) after the loop:
+        a store per name in the loop was ~0.3 ms a 10,000.
         """
         records = entry.records
         collections = entry.collections
-        fresh: set[str] = set()
+        fresh: dict[str, CachedResource] = {}
+        again: list[str] = []  # (new here, then written again by the general path)
         for resource in update.upserts:
             name = resource.name
             if resource.plain and name not in records:  # (so once: twice is not new)
                 records[name] = _Record({"": resource}, _NO_ERRORS, _NO_EXPIRES)
-                fresh.add(name)
+                fresh[name] = resource
                 if collections is not None and name.startswith(PREFIX):
                     entry.joined(name)
             else:
+                if name in fresh:
+                    again.append(name)
                 self._upsert(type_url, entry, resource, now, changed, beats, update.deadlines)
-        return fresh - changed
+        entry.plain.update(fresh)
+        for name in again:  # (its record's variants as they are now, not as fresh has them)
+            entry.settled(name, records[name])
+        return fresh.keys() - changed
 
     @staticmethod
     def _answer(entry: _TypeEntry, locators: Iterable[Locator | str], changed: set[str]) -> None:
@@ -633,6 +662,7 @@ class ResourceCache:
             if resource.do_not_cache:
                 note_do_not_cache()  # (subscribers stamp their names from now on)
             record.variants[key] = resource
+            entry.settled(name, record)
             changed.add(name)
         elif ttl is not None:
             beats.add(name)  # its TTL restarted at the origin: so at the clients
@@ -660,6 +690,7 @@ class ResourceCache:
         if record.variants and entry.collections:
             entry.left(name)
         record.variants.clear()
+        entry.plain.pop(name, None)
         record.expires.clear()
         record.absent = True
         _drop_aliases(entry, name, record, changed)
@@ -674,6 +705,7 @@ class ResourceCache:
         record.expires.pop(variant_key, None)
         if record.variants.pop(variant_key, None) is None:
             return
+        entry.settled(name, record)
         changed.add(name)
         if not record.variants:
             if entry.collections:
