@@ -286,9 +286,11 @@ class InterestIndex:
         """
         mine = self._per_subscriber.get(subscriber, {}).get(type_url)
         demand = self._demand
+        # (how often the host held each added name, where all alike: see _check_demand)
+        alike: int | None = None
         if demand is not None and change.added:
-            self._check_demand(demand, subscriber, mine, host if mine is None else mine.host,
-                               type_url, change)
+            alike = self._check_demand(demand, subscriber, mine,
+                                       host if mine is None else mine.host, type_url, change)
         if mine is None:
             mine = self._per_subscriber.setdefault(subscriber, {})[type_url] = \
                 _Subscription(host=host)
@@ -302,7 +304,7 @@ class InterestIndex:
             self._drop(regrouping, type_url, mine, holders, change, touched, ledger, holder)
         if change.added:
             self._add(subscriber, regrouping, type_url, mine, holders, change.added,
-                      touched, ledger, holder)
+                      touched, ledger, holder, alike)
         if change.globs or type_url in self._globs:
             self._note_globs(type_url, holders, change.globs, touched)
         if change.removed:
@@ -315,15 +317,16 @@ class InterestIndex:
     def _add(self, subscriber: Subscriber, regrouping: _Regrouping, type_url: str,
              mine: _Subscription,
              holders: dict[str, Subscriber | _Shared], added: Mapping[str, Params],
-             touched: list[str], ledger: DemandLedger | None, holder: str) -> None:
+             touched: list[str], ledger: DemandLedger | None, holder: str,
+             alike: int | None) -> None:
         """``subscriber`` now holds ``added`` (new, or with other parameters).
 
         One request may add 100,000 names: :meth:`_hold` inline, in one loop
         with no call per name, in the order they came (the ledger told of the
-        new ones together, after).
+        new ones together, after; ``alike``: what it said of them when checked).
         """
         if self._add_together(subscriber, regrouping, type_url, mine, holders, added,
-                              touched, ledger, holder):
+                              touched, ledger, holder, alike):
             return
         names = mine.names
         # the names another holder holds, by holder (looked up once each)
@@ -368,26 +371,27 @@ class InterestIndex:
                 touched.append(name)
         self._union_names += union
         if ledger is not None:
-            ledger.hold_all(holder, type_url, new)
+            ledger.hold_all(holder, type_url, new, alike)
 
     def _add_together(self, subscriber: Subscriber, regrouping: _Regrouping, type_url: str,
                       mine: _Subscription, holders: dict[str, Subscriber | _Shared],
                       added: Mapping[str, Params], touched: list[str],
-                      ledger: DemandLedger | None, holder: str) -> bool:
+                      ledger: DemandLedger | None, holder: str, alike: int | None) -> bool:
         """What :meth:`_add` does, for the names of a big client's subscribe
         as they nearly always come: all new to the subscriber, all with the
         same parameters, and all held by the same holders (none: the first
         client of them; one other subscriber, or one group: the clients
         before it). Done with a few operations on the whole set, where the
         loop costs ~1 us a name; False (nothing done) where it is not so."""
-        if len(added) < 2 or not mine.names.keys().isdisjoint(added):
+        # (keys to keys: the smaller side is looked through, none for a new subscriber)
+        if len(added) < 2 or not mine.names.keys().isdisjoint(added.keys()):
             return False
         params = next(iter(added.values()))
-        founds = list(map(holders.get, added))
-        found = founds[0]
+        if countOf(added.values(), params) != len(added):
+            return False
+        found = holders.get(next(iter(added)))
         # (holders by identity: a subscriber may compare equal to another)
-        if countOf(added.values(), params) != len(added) or \
-                not all(map(is_, founds, itertools.repeat(found))):
+        if not all(map(is_, map(holders.get, added), itertools.repeat(found))):
             return False
         made: _Shared | None = None
         if isinstance(found, _Shared):
@@ -417,7 +421,7 @@ class InterestIndex:
             if fresh:
                 touched.extend(added)
         if ledger is not None:
-            ledger.hold_all(holder, type_url, added)
+            ledger.hold_all(holder, type_url, added, alike)
         return True
 
     def _drop(self, regrouping: _Regrouping, type_url: str, mine: _Subscription,
@@ -464,7 +468,7 @@ class InterestIndex:
         whole set, where the loop costs ~1 us a name; False (nothing done)
         where it is not so."""
         removed, names = change.removed, mine.names
-        if len(removed) < 2 or not change.added.keys().isdisjoint(removed):
+        if len(removed) < 2 or not change.added.keys().isdisjoint(removed.keys()):
             return False
         params = next(iter(removed.values()))
         if countOf(removed.values(), params) != len(removed) or \
@@ -517,7 +521,7 @@ class InterestIndex:
 
     def _check_demand(self, demand: DemandLedger, subscriber: Subscriber,
                       mine: _Subscription | None, host: str | None, type_url: str,
-                      change: InterestChange) -> None:
+                      change: InterestChange) -> int | None:
         """Raise LimitExceeded if ``change`` would pass a bound of ``demand``.
 
         Costs what the change touches; its removals are counted only when its
@@ -525,15 +529,22 @@ class InterestIndex:
         checked against the origin's refusals and the routes: a name held was
         checked when its first holder took it, and a name the origin refuses
         is taken from every holder at once (:meth:`origin_refused`), so that
-        a client joining others' names costs no look-up per name."""
+        a client joining others' names costs no look-up per name.
+
+        Returns :meth:`~relay.demand.DemandLedger.held_alike` of the added
+        names (None: not asked), for the ledger to count them by when they
+        are held: the host's look-ups of a big client's names, made once."""
         holders = self._holders.get(type_url, {})
         held = mine.names if mine is not None else {}
         added = change.added
-        # (a request of 100,000 names: counted in C, no call per name)
-        new_upstream = countOf(map(holders.__contains__, added), False)
+        # (a request of 100,000 names: counted in C, no call per name; all
+        # held already, a warm client's, is asked as a set: a look-up each)
+        new_upstream = 0 if added.keys() <= holders.keys() else \
+            countOf(map(holders.__contains__, added), False)
         fresh = itertools.filterfalse(holders.__contains__, added) if new_upstream else ()
         # (what the subscriber holds, its host holds: counted in the ledger)
-        new_for_host = 0 if host is None else \
+        alike = None if host is None else demand.held_alike(host, type_url, added)
+        new_for_host = 0 if host is None or alike else len(added) if alike == 0 else \
             countOf(map(demand.held_by(host, type_url).__contains__, added), False)
         total = self._union_names
         over_total = total + new_upstream > demand.upstream_names
@@ -549,6 +560,7 @@ class InterestIndex:
                 if host is not None and demand.held_count(host, type_url, name) == 1:
                     new_for_host -= 1
         demand.check(host, type_url, total, max(0, new_upstream), max(0, new_for_host), fresh)
+        return alike
 
     def update(self, subscriber: Subscriber, type_url: str, interest: Interest) -> None:
         """Set the whole of what ``subscriber`` wants of ``type_url``.

@@ -1,0 +1,143 @@
+"""InterestIndex with a DemandLedger: a warm big client's names looked at
+once, not twice.
+
+The check of a subscribe asks the ledger how often the host holds the added
+names (``DemandLedger.held_alike``: one pass), and the ledger is given that
+answer when the names are held (``hold_all``), instead of looking them up
+again; the index asks whether all are held already as a set (keys to keys)
+instead of a call per name. Here the work is counted, and random
+subscribes, leaves and limits are held to the ledger's per-name path
+(``hold`` each name, counted without ``held_alike``): the same refusals,
+with the same messages, the same ledger and the same index.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relay.constraints import EMPTY_PARAMS, params_of
+from relay.demand import DemandLedger
+from relay.interest import InterestChange, InterestIndex
+from relay.protocol.limits import LimitExceeded
+from relay.xds_types import ENDPOINT
+from tests.test_interest import Sub, Up
+
+N = 3_000
+NAMES = [f"cla-{i:05d}" for i in range(N)]
+CANARY = params_of({"env": "canary"})
+
+
+class Counted(dict[str, Any]):
+    """A table that counts its look-ups made by a call each (``map(t.get, ...)``);
+    those made in C on the whole set (keys views, ``update``) are not calls."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.calls = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.calls += 1
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.calls += 1
+        return super().__contains__(key)
+
+
+def indexed() -> tuple[InterestIndex, DemandLedger]:
+    index, ledger = InterestIndex(), DemandLedger(10**6, 10**6, time.monotonic)
+    index.link(Up())
+    index.limit_demand(ledger)
+    return index, ledger
+
+
+def test_a_warm_join_looks_the_hosts_names_up_once_and_the_holders_as_a_set() -> None:
+    index, ledger = indexed()
+    index.apply(Sub(), ENDPOINT, InterestChange(added=dict.fromkeys(NAMES, EMPTY_PARAMS)), "a")
+    table = ledger._held["a"][ENDPOINT] = Counted(ledger._held["a"][ENDPOINT])
+    holders = index._holders[ENDPOINT] = Counted(index._holders[ENDPOINT])
+    index.apply(Sub(), ENDPOINT, InterestChange(added=dict.fromkeys(NAMES, EMPTY_PARAMS)), "a")
+    # once each (and the first once more), by held_alike in the check;
+    # hold_all was told, not asking again
+    assert table.calls == N + 1
+    assert ledger.held_by("a", ENDPOINT) == dict.fromkeys(NAMES, 2)
+    assert ledger.host_total("a") == N
+    # all held already: asked as a set by the check; then the one holder
+    # looked up by _add_together (the first name, and all at once)
+    assert holders.calls == N + 1
+    assert index.upstream_names == N
+
+
+def test_held_alike_says_how_often_all_are_held_or_none() -> None:
+    ledger = DemandLedger(10**6, 10**6, time.monotonic)
+    assert ledger.held_alike("a", ENDPOINT, ["x", "y"]) == 0  # a host never seen
+    ledger.hold_all("a", ENDPOINT, ["x", "y", "z"])
+    ledger.hold_all("a", ENDPOINT, ["x", "y"])
+    assert ledger.held_alike("a", ENDPOINT, []) == 0
+    assert ledger.held_alike("a", ENDPOINT, ["w", "v"]) == 0
+    assert ledger.held_alike("a", ENDPOINT, ["z"]) == 1
+    assert ledger.held_alike("a", ENDPOINT, ["y", "x"]) == 2
+    assert ledger.held_alike("a", ENDPOINT, ["x", "z"]) is None
+    assert ledger.held_alike("a", ENDPOINT, ["z", "w"]) is None
+    assert ledger.held_alike("a", ENDPOINT, ["w", "z"]) is None
+
+
+class NameByName(DemandLedger):
+    """The ledger's general path: no answer given, each name held by itself."""
+
+    def held_alike(self, host: str, type_url: str, names: Collection[str]) -> int | None:
+        return None
+
+    def hold_all(self, host: str, type_url: str, names: Collection[str],
+                 alike: int | None = None) -> None:
+        for name in names:
+            self.hold(host, type_url, name)
+
+
+POOL = [f"n{i:03d}" for i in range(60)]
+# (which subscriber, what: "add"/"remove"/"leave", a slice of POOL, canary or not)
+steps = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["add", "add", "remove", "leave"]),
+                           st.integers(0, 60), st.integers(0, 60), st.booleans()),
+                 max_size=12)
+
+
+def run(ledger: DemandLedger, plan: list[tuple[int, str, int, int, bool]]) -> list[Any]:
+    """Apply ``plan``; what each step did (refused: how) and all held after it."""
+    index = InterestIndex()
+    index.link(Up())
+    index.limit_demand(ledger)
+    subs = [Sub() for _ in range(4)]
+    hosts = ["a", "a", "b", None]  # (the last: a host without a share)
+    seen = []
+    for who, what, start, stop, canary in plan:
+        names = POOL[min(start, stop):max(start, stop)]
+        params = CANARY if canary else EMPTY_PARAMS
+        if what == "add":
+            change = InterestChange(added=dict.fromkeys(names, params))
+        elif what == "remove":
+            change = InterestChange(removed=dict.fromkeys(names, params))
+        else:
+            mine = index._per_subscriber.get(subs[who], {}).get(ENDPOINT)
+            change = InterestChange(removed={} if mine is None else dict(mine.names))
+        try:
+            index.apply(subs[who], ENDPOINT, change, hosts[who])
+            outcome: object = "taken"
+        except LimitExceeded as refused:
+            outcome = (refused.limit, str(refused))
+        seen.append((outcome, index.upstream_names, index.wanted_locators(ENDPOINT),
+                     [dict(sorted(ledger.held_by(h, ENDPOINT).items())) for h in "ab"],
+                     [ledger.host_total(h) for h in "ab"]))
+    return seen
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps, st.integers(1, 70), st.integers(1, 70))
+def test_the_told_ledger_refuses_and_holds_as_the_per_name_path(
+        plan: list[tuple[int, str, int, int, bool]], total: int, per_host: int) -> None:
+    assert run(DemandLedger(total, per_host, time.monotonic), plan) == \
+        run(NameByName(total, per_host, time.monotonic), plan)
