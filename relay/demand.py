@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Iterable, Mapping
+from itertools import repeat
 from operator import countOf
 
 from relay.memory import oversized
@@ -200,9 +201,11 @@ class DemandLedger:
             alike = self.held_alike(host, type_url, names)
         if alike is not None:
             # the common cases: all new to the host, or all held as often
-            held.update(dict.fromkeys(names, alike + 1))
-            if not alike:
-                self._host_totals[host] = self._host_totals.get(host, 0) + len(names)
+            if alike:  # (there already: overwritten from pairs, no table of them made)
+                held.update(zip(names, repeat(alike + 1)))
+                return
+            held.update(dict.fromkeys(names, 1))
+            self._host_totals[host] = self._host_totals.get(host, 0) + len(names)
             return
         again = held.keys() & names
         counts = {name: held[name] + 1 for name in again} if again else None
@@ -247,7 +250,7 @@ class DemandLedger:
                 deque(map(held.__delitem__, some), maxlen=0)  # (in C: no loop here)
                 gone = len(some)
             elif count:
-                held.update(dict.fromkeys(some, count - 1))
+                held.update(zip(some, repeat(count - 1)))  # (as in hold_all)
         if gone:
             self._let_go(host, type_url, gone)
 

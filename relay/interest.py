@@ -417,7 +417,8 @@ class InterestIndex:
             made.uses += more
             if isinstance(found, _Shared):
                 found.uses -= more
-            holders.update(dict.fromkeys(added, made))
+            # (names there already: overwritten from pairs, no table of them made)
+            holders.update(zip(added, itertools.repeat(made)))
             if fresh:
                 touched.extend(added)
         if ledger is not None:
@@ -489,7 +490,7 @@ class InterestIndex:
             found.uses -= more
             if isinstance(made, _Shared):
                 made.uses += more
-            holders.update(dict.fromkeys(removed, made))
+            holders.update(zip(removed, itertools.repeat(made)))  # (as in _add_together)
             if last:
                 touched.extend(removed)
         else:  # the last holder of them all

@@ -7,7 +7,7 @@ answer when the names are held (``hold_all``), instead of looking them up
 again; the index asks whether all are held already as a set (keys to keys)
 instead of a call per name. Here the work is counted, and random
 subscribes, leaves and limits are held to the ledger's per-name path
-(``hold`` each name, counted without ``held_alike``): the same refusals,
+(``hold`` and ``release`` each name, counted without ``held_alike``): the same refusals,
 with the same messages, the same ledger and the same index.
 """
 
@@ -48,6 +48,10 @@ class Counted(dict[str, Any]):
         self.calls += 1
         return super().__contains__(key)
 
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.calls += 1
+        super().__setitem__(key, value)
+
 
 def indexed() -> tuple[InterestIndex, DemandLedger]:
     index, ledger = InterestIndex(), DemandLedger(10**6, 10**6, time.monotonic)
@@ -69,8 +73,22 @@ def test_a_warm_join_looks_the_hosts_names_up_once_and_the_holders_as_a_set() ->
     assert ledger.host_total("a") == N
     # all held already: asked as a set by the check; then the one holder
     # looked up by _add_together (the first name, and all at once)
+    # (both tables overwritten whole from pairs: no call per name either)
     assert holders.calls == N + 1
     assert index.upstream_names == N
+
+
+def test_a_warm_leave_overwrites_both_tables_without_a_call_per_name() -> None:
+    index, ledger = indexed()
+    first, second = Sub(), Sub()
+    for sub in (first, second):
+        index.apply(sub, ENDPOINT, InterestChange(added=dict.fromkeys(NAMES, EMPTY_PARAMS)), "a")
+    table = ledger._held["a"][ENDPOINT] = Counted(ledger._held["a"][ENDPOINT])
+    holders = index._holders[ENDPOINT] = Counted(index._holders[ENDPOINT])
+    index.remove(second)
+    assert (table.calls, holders.calls) == (N + 1, 0)  # (release_all's one look at each)
+    assert ledger.held_by("a", ENDPOINT) == dict.fromkeys(NAMES, 1)
+    assert set(map(id, holders.values())) == {id(first)} and index.upstream_names == N
 
 
 def test_held_alike_says_how_often_all_are_held_or_none() -> None:
@@ -97,6 +115,10 @@ class NameByName(DemandLedger):
                  alike: int | None = None) -> None:
         for name in names:
             self.hold(host, type_url, name)
+
+    def release_all(self, host: str, type_url: str, names: Collection[str]) -> None:
+        for name in names:
+            self.release(host, type_url, name)
 
 
 POOL = [f"n{i:03d}" for i in range(60)]
