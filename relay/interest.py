@@ -209,6 +209,15 @@ def _moved_to(found: Subscriber | _Shared, made: _Shared | Subscriber) -> _Share
     return made
 
 
+def _one_holder(holders: Mapping[str, Subscriber | _Shared], names: Iterable[str]
+                ) -> tuple[Subscriber | _Shared | None, ...]:
+    """The one holder (None: nobody) of each of ``names`` (not empty), in a
+    tuple; () where they have several. By identity (a subscriber may compare
+    equal to another), in C: no call each."""
+    found = holders.get(next(iter(names)))
+    return (found,) if all(map(is_, map(holders.get, names), itertools.repeat(found))) else ()
+
+
 def _counted(counts: Mapping[Params, int], params: Params, by: int) -> dict[Params, int]:
     """A copy of ``counts`` with that of ``params`` changed ``by`` (gone at 0)."""
     out = dict(counts)
@@ -219,6 +228,22 @@ def _counted(counts: Mapping[Params, int], params: Params, by: int) -> dict[Para
         del out[params]
     return out
 
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """What the demand check learned of a change's added names, so that
+    applying it need not look them up again (what it looked at stays so in
+    between: the change's removals are of other names, and take nothing
+    from the host's counts of these)."""
+
+    #: :meth:`~relay.demand.DemandLedger.held_alike` of them (None: not asked)
+    alike: int | None = None
+    #: their one holder, by identity (None: nobody's), in a tuple; () where
+    #: they have several; None: not asked
+    held: tuple[Subscriber | _Shared | None, ...] | None = None
+
+
+_UNCHECKED = _Checked()
 
 #: The parameter sets of a name held by plain subscriptions only: one frozenset
 #: for every such name (the upstream reads one per name).
@@ -286,11 +311,10 @@ class InterestIndex:
         """
         mine = self._per_subscriber.get(subscriber, {}).get(type_url)
         demand = self._demand
-        # (how often the host held each added name, where all alike: see _check_demand)
-        alike: int | None = None
+        checked = _UNCHECKED
         if demand is not None and change.added:
-            alike = self._check_demand(demand, subscriber, mine,
-                                       host if mine is None else mine.host, type_url, change)
+            checked = self._check_demand(demand, subscriber, mine,
+                                         host if mine is None else mine.host, type_url, change)
         if mine is None:
             mine = self._per_subscriber.setdefault(subscriber, {})[type_url] = \
                 _Subscription(host=host)
@@ -304,7 +328,7 @@ class InterestIndex:
             self._drop(regrouping, type_url, mine, holders, change, touched, ledger, holder)
         if change.added:
             self._add(subscriber, regrouping, type_url, mine, holders, change.added,
-                      touched, ledger, holder, alike)
+                      touched, ledger, holder, checked)
         if change.globs or type_url in self._globs:
             self._note_globs(type_url, holders, change.globs, touched)
         if change.removed:
@@ -318,15 +342,15 @@ class InterestIndex:
              mine: _Subscription,
              holders: dict[str, Subscriber | _Shared], added: Mapping[str, Params],
              touched: list[str], ledger: DemandLedger | None, holder: str,
-             alike: int | None) -> None:
+             checked: _Checked) -> None:
         """``subscriber`` now holds ``added`` (new, or with other parameters).
 
         One request may add 100,000 names: :meth:`_hold` inline, in one loop
         with no call per name, in the order they came (the ledger told of the
-        new ones together, after; ``alike``: what it said of them when checked).
+        new ones together, after; ``checked``: what the check learned of them).
         """
         if self._add_together(subscriber, regrouping, type_url, mine, holders, added,
-                              touched, ledger, holder, alike):
+                              touched, ledger, holder, checked):
             return
         names = mine.names
         # the names another holder holds, by holder (looked up once each)
@@ -371,12 +395,12 @@ class InterestIndex:
                 touched.append(name)
         self._union_names += union
         if ledger is not None:
-            ledger.hold_all(holder, type_url, new, alike)
+            ledger.hold_all(holder, type_url, new, checked.alike)
 
     def _add_together(self, subscriber: Subscriber, regrouping: _Regrouping, type_url: str,
                       mine: _Subscription, holders: dict[str, Subscriber | _Shared],
                       added: Mapping[str, Params], touched: list[str],
-                      ledger: DemandLedger | None, holder: str, alike: int | None) -> bool:
+                      ledger: DemandLedger | None, holder: str, checked: _Checked) -> bool:
         """What :meth:`_add` does, for the names of a big client's subscribe
         as they nearly always come: all new to the subscriber, all with the
         same parameters, and all held by the same holders (none: the first
@@ -384,15 +408,17 @@ class InterestIndex:
         before it). Done with a few operations on the whole set, where the
         loop costs ~1 us a name; False (nothing done) where it is not so."""
         # (keys to keys: the smaller side is looked through, none for a new subscriber)
-        if len(added) < 2 or not mine.names.keys().isdisjoint(added.keys()):
+        if len(added) < 2 or checked.held == () or \
+                not mine.names.keys().isdisjoint(added.keys()):
             return False
         params = next(iter(added.values()))
         if countOf(added.values(), params) != len(added):
             return False
-        found = holders.get(next(iter(added)))
-        # (holders by identity: a subscriber may compare equal to another)
-        if not all(map(is_, map(holders.get, added), itertools.repeat(found))):
+        # (the check looked them up, where there was one)
+        one = checked.held if checked.held is not None else _one_holder(holders, added)
+        if not one:
             return False
+        [found] = one
         made: _Shared | None = None
         if isinstance(found, _Shared):
             fresh = params not in found.counts  # (asked first: the group may change)
@@ -400,7 +426,10 @@ class InterestIndex:
         elif found is not None:
             other = self._per_subscriber[found][type_url].names
             theirs = other[next(iter(added))]
-            if countOf(map(other.__getitem__, added), theirs) != len(added):
+            # (it alone holds each of them: where it holds as many, these are
+            # all its names, their parameters read whole, no look-up each)
+            if countOf(other.values() if len(other) == len(added) else
+                       map(other.__getitem__, added), theirs) != len(added):
                 return False
             fresh = params != theirs
             made = regrouping.joined(found, theirs, params)
@@ -422,7 +451,7 @@ class InterestIndex:
             if fresh:
                 touched.extend(added)
         if ledger is not None:
-            ledger.hold_all(holder, type_url, added, alike)
+            ledger.hold_all(holder, type_url, added, checked.alike)
         return True
 
     def _drop(self, regrouping: _Regrouping, type_url: str, mine: _Subscription,
@@ -522,7 +551,7 @@ class InterestIndex:
 
     def _check_demand(self, demand: DemandLedger, subscriber: Subscriber,
                       mine: _Subscription | None, host: str | None, type_url: str,
-                      change: InterestChange) -> int | None:
+                      change: InterestChange) -> _Checked:
         """Raise LimitExceeded if ``change`` would pass a bound of ``demand``.
 
         Costs what the change touches; its removals are counted only when its
@@ -532,15 +561,16 @@ class InterestIndex:
         is taken from every holder at once (:meth:`origin_refused`), so that
         a client joining others' names costs no look-up per name.
 
-        Returns :meth:`~relay.demand.DemandLedger.held_alike` of the added
-        names (None: not asked), for the ledger to count them by when they
-        are held: the host's look-ups of a big client's names, made once."""
+        Returns what it learned of the added names (their one holder, how
+        often the host holds them), for applying them by: a big client's
+        names looked up in each table once."""
         holders = self._holders.get(type_url, {})
         held = mine.names if mine is not None else {}
         added = change.added
-        # (a request of 100,000 names: counted in C, no call per name; all
-        # held already, a warm client's, is asked as a set: a look-up each)
-        new_upstream = 0 if added.keys() <= holders.keys() else \
+        # (a request of 100,000 names: counted in C, no call per name; nearly
+        # always held by one holder, a warm client's, or by nobody)
+        one = _one_holder(holders, added)
+        new_upstream = (0 if one[0] is not None else len(added)) if one else \
             countOf(map(holders.__contains__, added), False)
         fresh = itertools.filterfalse(holders.__contains__, added) if new_upstream else ()
         # (what the subscriber holds, its host holds: counted in the ledger)
@@ -561,7 +591,7 @@ class InterestIndex:
                 if host is not None and demand.held_count(host, type_url, name) == 1:
                     new_for_host -= 1
         demand.check(host, type_url, total, max(0, new_upstream), max(0, new_for_host), fresh)
-        return alike
+        return _Checked(alike, one)
 
     def update(self, subscriber: Subscriber, type_url: str, interest: Interest) -> None:
         """Set the whole of what ``subscriber`` wants of ``type_url``.

@@ -2,13 +2,13 @@
 once, not twice.
 
 The check of a subscribe asks the ledger how often the host holds the added
-names (``DemandLedger.held_alike``: one pass), and the ledger is given that
-answer when the names are held (``hold_all``), instead of looking them up
-again; the index asks whether all are held already as a set (keys to keys)
-instead of a call per name. Here the work is counted, and random
-subscribes, leaves and limits are held to the ledger's per-name path
-(``hold`` and ``release`` each name, counted without ``held_alike``): the same refusals,
-with the same messages, the same ledger and the same index.
+names (``DemandLedger.held_alike``: one pass) and looks up their one holder
+(one pass); the names are then held by those answers (``hold_all`` told,
+``_add_together`` told) instead of being looked up again. Here the work is
+counted, and random subscribes, leaves and limits are held to the per-name
+paths (the index's loop; the ledger's ``hold`` and ``release`` of each name,
+counted without ``held_alike``): the same refusals, with the same messages,
+the same ledger and the same index.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def indexed() -> tuple[InterestIndex, DemandLedger]:
     return index, ledger
 
 
-def test_a_warm_join_looks_the_hosts_names_up_once_and_the_holders_as_a_set() -> None:
+def test_a_warm_join_looks_its_names_up_once_in_each_table() -> None:
     index, ledger = indexed()
     index.apply(Sub(), ENDPOINT, InterestChange(added=dict.fromkeys(NAMES, EMPTY_PARAMS)), "a")
     table = ledger._held["a"][ENDPOINT] = Counted(ledger._held["a"][ENDPOINT])
@@ -71,9 +71,9 @@ def test_a_warm_join_looks_the_hosts_names_up_once_and_the_holders_as_a_set() ->
     assert table.calls == N + 1
     assert ledger.held_by("a", ENDPOINT) == dict.fromkeys(NAMES, 2)
     assert ledger.host_total("a") == N
-    # all held already: asked as a set by the check; then the one holder
-    # looked up by _add_together (the first name, and all at once)
-    # (both tables overwritten whole from pairs: no call per name either)
+    # their one holder looked up by the check (the first name once more);
+    # _add_together was told; both tables were overwritten whole from pairs
+    # (no call per name either)
     assert holders.calls == N + 1
     assert index.upstream_names == N
 
@@ -121,6 +121,16 @@ class NameByName(DemandLedger):
             self.release(host, type_url, name)
 
 
+class Loop(InterestIndex):
+    """The index's general path: names added and dropped one by one."""
+
+    def _add_together(self, *args: Any) -> bool:
+        return False
+
+    def _drop_together(self, *args: Any) -> bool:
+        return False
+
+
 POOL = [f"n{i:03d}" for i in range(60)]
 # (which subscriber, what: "add"/"remove"/"leave", a slice of POOL, canary or not)
 steps = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["add", "add", "remove", "leave"]),
@@ -128,9 +138,9 @@ steps = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["add", "add", "re
                  max_size=12)
 
 
-def run(ledger: DemandLedger, plan: list[tuple[int, str, int, int, bool]]) -> list[Any]:
+def run(index: InterestIndex, ledger: DemandLedger,
+        plan: list[tuple[int, str, int, int, bool]]) -> list[Any]:
     """Apply ``plan``; what each step did (refused: how) and all held after it."""
-    index = InterestIndex()
     index.link(Up())
     index.limit_demand(ledger)
     subs = [Sub() for _ in range(4)]
@@ -151,7 +161,10 @@ def run(ledger: DemandLedger, plan: list[tuple[int, str, int, int, bool]]) -> li
             outcome: object = "taken"
         except LimitExceeded as refused:
             outcome = (refused.limit, str(refused))
+        holders = index._holders.get(ENDPOINT, {})
         seen.append((outcome, index.upstream_names, index.wanted_locators(ENDPOINT),
+                     [sorted(map(subs.index, index._subscribers(found)))
+                      for found in holders.values()],
                      [dict(sorted(ledger.held_by(h, ENDPOINT).items())) for h in "ab"],
                      [ledger.host_total(h) for h in "ab"]))
     return seen
@@ -159,7 +172,7 @@ def run(ledger: DemandLedger, plan: list[tuple[int, str, int, int, bool]]) -> li
 
 @settings(max_examples=150, deadline=None)
 @given(steps, st.integers(1, 70), st.integers(1, 70))
-def test_the_told_ledger_refuses_and_holds_as_the_per_name_path(
+def test_what_the_check_learned_refuses_and_holds_as_the_per_name_path(
         plan: list[tuple[int, str, int, int, bool]], total: int, per_host: int) -> None:
-    assert run(DemandLedger(total, per_host, time.monotonic), plan) == \
-        run(NameByName(total, per_host, time.monotonic), plan)
+    assert run(InterestIndex(), DemandLedger(total, per_host, time.monotonic), plan) == \
+        run(Loop(), NameByName(total, per_host, time.monotonic), plan)
