@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
+from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, UNKNOWN
@@ -25,7 +27,7 @@ from relay.encoding import field_size, text_size
 from relay.protocol.cycle import IDLE, NEW, OWED
 from relay.protocol.held import Declared, Held
 from relay.protocol.outcome import RequestOutcome
-from relay.protocol.requests import DeltaRequest
+from relay.protocol.requests import DeltaRequest, ErrorDetail, ResourceLocator
 from relay.protocol.sizing import ResponseBudget
 from relay.protocol.snapshot import ResourceStatus
 from relay.protocol.spelling import respelled
@@ -76,26 +78,118 @@ def split_request(request: discovery_pb2.DeltaDiscoveryRequest,
     sent them. The first piece keeps everything else (node, nonce, NACK,
     initial versions). The stream applies one piece per turn of the event
     loop, so that a client subscribing to 100,000 names holds up nobody."""
-    if len(request.resource_names_subscribe) + len(request.resource_locators_subscribe) + \
-            len(request.resource_names_unsubscribe) + \
-            len(request.resource_locators_unsubscribe) <= limit:
+    if _named(request) <= limit:
         return [request]  # nearly always (every ACK): checked without a loop
-    lists = ("resource_names_subscribe", "resource_locators_subscribe",
-             "resource_names_unsubscribe", "resource_locators_unsubscribe")
-    pieces = [_all_but_the_lists(request, lists)]
+    pieces, _ = _split(request, limit, None)
+    return pieces
+
+
+def read_in_pieces(request: discovery_pb2.DeltaDiscoveryRequest,
+                   limit: int = MAX_NAMES_PER_PIECE
+                   ) -> tuple[list[DeltaRequest], DeltaRequest]:
+    """``(pieces, whole)``: :func:`split_request`'s pieces, and the request
+    whole to check, with the names it subscribes read out of the message once
+    (see :class:`Subscribing`), not by each step: the whole request's check
+    (its names' lengths, its xdstp names), the split and each piece's
+    receive each read a 10,000-name field anew, making every string each
+    time. A request of at most ``limit`` names is its own only piece, as it
+    came (``pieces == [request]``)."""
+    if _named(request) <= limit:
+        return [request], request
+    names = list(request.resource_names_subscribe)  # (the one read)
+    made, chunks = _split(request, limit, names)
+    # (a Subscribing is a DeltaRequest whose fields are read-only)
+    pieces = [piece if chunk is None else cast(DeltaRequest, Subscribing(piece, chunk))
+              for piece, chunk in zip(made, chunks, strict=True)]
+    return pieces, cast(DeltaRequest, Subscribing(request, names))
+
+
+def _named(request: discovery_pb2.DeltaDiscoveryRequest) -> int:
+    """How many names ``request`` carries, in all its lists."""
+    return len(request.resource_names_subscribe) + len(request.resource_locators_subscribe) + \
+        len(request.resource_names_unsubscribe) + len(request.resource_locators_unsubscribe)
+
+
+_LISTS = ("resource_names_subscribe", "resource_locators_subscribe",
+          "resource_names_unsubscribe", "resource_locators_unsubscribe")
+
+
+def _split(request: discovery_pb2.DeltaDiscoveryRequest, limit: int, names: list[str] | None
+           ) -> tuple[list[discovery_pb2.DeltaDiscoveryRequest], list[list[str] | None]]:
+    """The pieces of :func:`split_request`, and per piece the names it
+    subscribes where ``names`` (the request's, read out already) are given:
+    then they are not written into the pieces (None: the piece subscribes
+    none by name, or carries them)."""
+    pieces = [_all_but_the_lists(request, _LISTS)]
+    chunks: list[list[str] | None] = [None]
     room = limit
-    for names in lists:
-        items = getattr(request, names)
+    for field_name in _LISTS:
+        side = names is not None and field_name == "resource_names_subscribe"
+        items: Sequence[Any] = names if side and names is not None else \
+            getattr(request, field_name)
         start = 0
         while start < len(items):
             if room == 0:
                 pieces.append(discovery_pb2.DeltaDiscoveryRequest(type_url=request.type_url))
+                chunks.append(None)
                 room = limit
             chunk = items[start:start + room]
-            getattr(pieces[-1], names).extend(chunk)
+            if side:  # (the first list: at most one chunk a piece)
+                chunks[-1] = list(chunk)
+            else:
+                getattr(pieces[-1], field_name).extend(chunk)
             start += len(chunk)
             room -= len(chunk)
-    return pieces
+    return pieces, chunks
+
+
+class Subscribing:
+    """A delta request whose ``resource_names_subscribe`` are a list read out
+    of the message already (a message field makes every string anew at each
+    read); every other field is the message's own. What
+    :func:`read_in_pieces` hands the session: its message need not carry the
+    names at all (a piece's do not), and nothing reads them from it."""
+
+    __slots__ = ("_message", "resource_names_subscribe")
+
+    def __init__(self, message: discovery_pb2.DeltaDiscoveryRequest, names: list[str]) -> None:
+        self._message = message
+        self.resource_names_subscribe: Sequence[str] = names
+
+    @property
+    def type_url(self) -> str:
+        return self._message.type_url  # type: ignore[no-any-return]
+
+    @property
+    def response_nonce(self) -> str:
+        return self._message.response_nonce  # type: ignore[no-any-return]
+
+    @property
+    def node(self) -> base_pb2.Node:
+        return self._message.node
+
+    @property
+    def error_detail(self) -> ErrorDetail:
+        return self._message.error_detail  # type: ignore[no-any-return]
+
+    @property
+    def resource_names_unsubscribe(self) -> Sequence[str]:
+        return self._message.resource_names_unsubscribe  # type: ignore[no-any-return]
+
+    @property
+    def resource_locators_subscribe(self) -> Sequence[ResourceLocator]:
+        return self._message.resource_locators_subscribe  # type: ignore[no-any-return]
+
+    @property
+    def resource_locators_unsubscribe(self) -> Sequence[ResourceLocator]:
+        return self._message.resource_locators_unsubscribe  # type: ignore[no-any-return]
+
+    @property
+    def initial_resource_versions(self) -> Mapping[str, str]:
+        return self._message.initial_resource_versions  # type: ignore[no-any-return]
+
+    def HasField(self, field_name: str) -> bool:
+        return self._message.HasField(field_name)  # type: ignore[no-any-return]
 
 
 def _all_but_the_lists(request: discovery_pb2.DeltaDiscoveryRequest,

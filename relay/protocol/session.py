@@ -156,6 +156,8 @@ class Session:
         read out of the message as each check looks at them, a few thousand
         at a time, not copied into a list: such a request is a big one, and
         the copy (7 MB for 100,000 names) was part of its subscription's peak.
+        (The stream hands it a request whose names it read out once for the
+        check and its pieces alike: see :func:`~relay.protocol.delta.read_in_pieces`.)
         """
         type_url = self._type_url_of(request)
         has_node = request.HasField("node")

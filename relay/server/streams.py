@@ -21,7 +21,7 @@ from envoy.config.core.v3 import base_pb2
 
 from relay.authorization import PeerIdentity
 from relay.node_groups import Group
-from relay.protocol.delta import split_request
+from relay.protocol.delta import read_in_pieces
 from relay.protocol.limits import ORIGIN_REFUSED, LimitExceeded, shown
 from relay.protocol.outcome import ProtocolError, RequestOutcome
 from relay.protocol.session import Plan, Request, Session, XdsProtocol
@@ -300,14 +300,17 @@ class DownstreamStream:
                     self._bind_node(request)
                 if not self._grouped:
                     self._join_group(request)
-                pieces = split_request(request) if self.protocol == "delta" else [request]
+                # (a big delta request's names read out of it once: for the
+                # check and for each piece, see read_in_pieces)
+                pieces, whole = read_in_pieces(request) if self.protocol == "delta" else \
+                    ([request], request)
                 if len(pieces) > 1:
-                    self.session.check(request)  # refused whole, or applied in pieces
+                    self.session.check(whole)  # refused whole, or applied in pieces
                 # The request once split, and each piece once applied, are let
                 # go: a client of 100,000 names held its names in the request
                 # and again in ~50 pieces until the last was applied, at the
                 # peak of its subscription.
-                del request
+                del request, whole
                 pieces.reverse()
                 first = True
                 while pieces:

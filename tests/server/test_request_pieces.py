@@ -46,11 +46,11 @@ async def test_the_request_and_each_piece_are_let_go_once_applied(
     requests: list[weakref.ref[Stand]] = []
     pieces: list[weakref.ref[Stand]] = []
 
-    def split(request: Stand) -> list[Stand]:
+    def split(request: Stand) -> tuple[list[Stand], Stand]:
         requests.append(weakref.ref(request))
         made = [Stand(f"piece {i}") for i in range(count)] if count > 1 else [request]
         pieces.extend(weakref.ref(piece) for piece in made)
-        return made
+        return made, request
 
     alive: list[tuple[str, bool, list[bool]]] = []
 
@@ -59,7 +59,7 @@ async def test_the_request_and_each_piece_are_let_go_once_applied(
                       [ref() is not None for ref in pieces]))
 
     session = Session()
-    monkeypatch.setattr(relay.server.streams, "split_request", split)
+    monkeypatch.setattr(relay.server.streams, "read_in_pieces", split)
     monkeypatch.setattr(stream, "session", session)
     # (on the class: a stream is slotted)
     monkeypatch.setattr(DownstreamStream, "handle_request",
