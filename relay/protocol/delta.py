@@ -298,7 +298,7 @@ class DeltaSubscription(SubscriptionState):
                     again.update(n for n in self._held if collection_of(n) in globs)
                 if again:
                     self._resend = again | (self._resend or set())
-            self._subscribe_names(subscribe, params)
+            self._subscribe_names(subscribe, params, listed)
             if globs:
                 self._globs = globs | (self._globs or set())
                 # (a collection is never answered by its own name)

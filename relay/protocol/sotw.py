@@ -210,7 +210,7 @@ class SotwSubscription(SubscriptionState):
             if requested:
                 self._canonical(requested, locators, listed=listed)
             self._legacy_wildcard = not requested and self._type_url in LEGACY_WILDCARD_TYPES
-            self._set_names(requested, locators, first=True)
+            self._set_names(requested, locators, first=True, listed=listed)
             self._recheck_all = True
             if self._wildcard or (self._full_state and self._names):
                 cycle.owe()
@@ -228,7 +228,7 @@ class SotwSubscription(SubscriptionState):
         self._take_answer(request, requested, outcome)
         if same and not (self._wildcard or locators or self._locator_params):
             return outcome  # the same plain names again (an ACK, most often)
-        self._set_names(requested, locators, first=False)
+        self._set_names(requested, locators, first=False, listed=listed)
         return outcome
 
     def _take_answer(self, request: SotwRequest, requested: set[str],
@@ -270,7 +270,8 @@ class SotwSubscription(SubscriptionState):
         self._take_answer(request, requested, outcome)
         return outcome
 
-    def _set_names(self, requested: set[str], locators: dict[str, Params], first: bool) -> None:
+    def _set_names(self, requested: set[str], locators: dict[str, Params], first: bool,
+                   listed: Sequence[str] | None = None) -> None:
         wildcard = WILDCARD in requested or (self._legacy_wildcard and not requested)
         requested.discard(WILDCARD)
         locators.pop(WILDCARD, None)
@@ -300,7 +301,9 @@ class SotwSubscription(SubscriptionState):
         if not first:
             for name in added & self._held.keys():
                 self._unhold(name)
-        self._subscribe_names(added, {name: locators[name] for name in added & locators.keys()})
+        # (the order listed helps only where every name is new: see _sorted)
+        self._subscribe_names(added, {name: locators[name] for name in added & locators.keys()},
+                              listed if len(added) == len(requested) else None)
         if added and self._full_state:
             self._cycle.owe()
 

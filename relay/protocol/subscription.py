@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import chain
 from operator import countOf
 from typing import TypeVar
 
@@ -81,6 +82,7 @@ class SubscriptionState:
     # (slots: one state per type per stream, thousands of streams; a slot
     # costs a pointer where an instance dict costs a few hundred bytes)
     __slots__ = (
+        "_arrival",
         "_backlog",
         "_changed",
         "_cycle",
@@ -121,6 +123,10 @@ class SubscriptionState:
         self._held: dict[str, Held] = {}
         # names to re-evaluate on the next response; ``_recheck_all``: every name
         self._pending: set[str] = set()
+        # the names subscribed since ``_pending`` was last empty, in the order
+        # the client listed them, as the requests' own lists (not copied; None:
+        # unknown). A hint only, checked where it is used: see ``_sorted``.
+        self._arrival: list[Sequence[str]] | None = None
         # names a response had no room for (see ``_take_candidates``), in order
         self._backlog: list[str] | None = None
         # how many pages of names responses were built from (see _paged)
@@ -334,9 +340,12 @@ class SubscriptionState:
             if name not in touched:
                 touched[name] = self.params_for(name) if name in self._names else None
 
-    def _subscribe_names(self, names: set[str], params: dict[str, Params]) -> None:
+    def _subscribe_names(self, names: set[str], params: dict[str, Params],
+                         listed: Sequence[str] | None = None) -> None:
         """Subscribe ``names`` (plain, or with their locator's ``params``), new or
-        again: look at them for the next response. Costs the names given."""
+        again: look at them for the next response. Costs the names given.
+        ``listed``: the names as the request listed them, in its order."""
+        self._note_arrival(listed)
         fresh = names - self._names
         # Fresh names were unsubscribed as far as the index knows (or were
         # touched already): no lookup per name.
@@ -352,6 +361,33 @@ class SubscriptionState:
             for name in names:  # (dict.update would presize: twice the memory for one name)
                 since[name] = stamp
         self._pending |= names
+
+    def _note_arrival(self, listed: Sequence[str] | None) -> None:
+        """Keep the order in which names are subscribed (see ``_sorted``), while
+        every name waiting to be looked at came so (no longer than that: the
+        list is as long as ``_pending`` at most)."""
+        arrival = self._arrival
+        if listed is None or sum(map(len, arrival or ())) != len(self._pending):
+            self._arrival = None
+        elif arrival is None:
+            self._arrival = [listed]
+        else:
+            arrival.append(listed)
+
+    def _sorted(self, candidates: set[str]) -> list[str]:
+        """``sorted(candidates)``, from the names in the order they were
+        subscribed where those are exactly the candidates: most clients list
+        their names in an order of their own making (gRPC's xDS client: sorted;
+        generated names: a few ascending runs), which Python's sort merges in a
+        pass or a few, where a set's order costs the full sort (10,000 names:
+        ~0.9 ms with the check below, against ~2.8). The hint is checked, not
+        trusted: its names, as a set, are the candidates (and as many: none
+        twice)."""
+        arrival, self._arrival = self._arrival, None
+        if arrival is not None and sum(map(len, arrival)) == len(candidates) and \
+                set(chain.from_iterable(arrival)) == candidates:
+            return sorted(chain.from_iterable(arrival))
+        return sorted(candidates)
 
     def _unsubscribe_names(self, names: Iterable[str]) -> set[str]:
         """Unsubscribe those of ``names`` that are subscribed; returns them."""
@@ -496,7 +532,7 @@ class SubscriptionState:
             candidates = candidates - globs
             for glob in collections:
                 candidates.update(view.members(self._type_url, glob))
-        ordered = sorted(candidates)
+        ordered = self._sorted(candidates)
         self._looked_at_everything()
         self._pages_taken += 1
         if len(ordered) > MAX_NAMES_PER_RESPONSE:
@@ -691,6 +727,7 @@ class SubscriptionState:
     def _looked_at_everything(self) -> None:
         """A response was built from every name marked: the marks go."""
         self._pending.clear()
+        self._arrival = None
         self._changed = None
         self._recheck_all = False
         # (the backlog stays: it is what the response could not take)
