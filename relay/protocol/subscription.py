@@ -560,41 +560,51 @@ class SubscriptionState:
 
         ``served``: a page of many names, without the origin's errors, looked
         up together (else None). ``all_new``: when the client holds none of
-        them and each is served to every subscriber, the page sent whole, with
-        the next pages that qualify too (else None, and the name-by-name loop
-        makes the page). ``full_at``: the first name the response had no room
-        for, the rest put back for the next. ``entries``: those of ``all_new``
-        (see :attr:`_whole_entry`), in order, for the encoder: read once,
-        sized here and sent from there.
+        them and each is served to every subscriber or unknown to all, the
+        page sent whole, with the next pages that qualify too (else None, and
+        the name-by-name loop makes the page). ``full_at``: the first name
+        the response had no room for, the rest put back for the next.
+        ``entries``: those of ``all_new`` (see :attr:`_whole_entry`), in
+        order, for the encoder: read once, sized here and sent from there.
         """
         served = view.served_to_all(self._type_url, candidates) \
             if len(candidates) >= PREFETCH_FROM and not self._errors_sent and \
             not view.has_errors(self._type_url) else None
         entries: list[bytes] = []
-        all_new = self._all_new(served, candidates, budget, entries) \
+        taken = self._all_new(view, served, candidates, budget, entries) \
             if served is not None else None
-        if all_new is None:
+        if taken is None:
             return served, None, None, entries
-        if len(all_new) < len(candidates):  # the rest did not fit
-            self._put_back(candidates[len(all_new):])
-            return served, all_new, candidates[len(all_new)], entries
-        return served, all_new, self._more_new(view, all_new, budget, entries), entries
+        all_new, full_at = taken
+        if full_at is not None:  # (it and the rest did not fit)
+            self._put_back(candidates[candidates.index(full_at):])
+            return served, all_new, full_at, entries
+        return served, all_new, self._more_new(view, all_new, len(candidates), budget,
+                                               entries), entries
 
-    def _all_new(self, served: Mapping[str, CachedResource], candidates: list[str],
-                 budget: ResponseBudget, entries: list[bytes]) -> list[CachedResource] | None:
-        """The resources of a page that sends every name of it, when that is
-        plain to see: a page of many names the client subscribed to and holds
+    def _all_new(self, view: ResourceView, served: Mapping[str, CachedResource],
+                 candidates: list[str], budget: ResponseBudget, entries: list[bytes]
+                 ) -> tuple[list[CachedResource], str | None] | None:
+        """The resources of a page sent whole, when that is plain to see,
+        and the name of the first that did not fit (None: all did). A page
+        of many names the client subscribed to and holds
         none of, each a resource every subscriber gets (no variants, aliases,
-        errors or do-not-cache, nothing :meth:`_sent_whole` refuses): the
-        names subscribed, or the members of a glob collection. As many as fit
-        in ``budget``, in order (the first of them always, into an empty
-        one): the caller puts the rest back. What the name-by-name loop of
-        the protocol's response would send, found with a few operations on
-        whole sets instead (a big client's pages, the first time); None where
-        the loop must look (it then does all of it). ``served``: what the
-        view serves every subscriber of ``candidates``. The entries of the
-        resources returned are added to ``entries``."""
-        if len(served) != len(candidates) or not self._covers_all(candidates) or \
+        errors or do-not-cache, nothing :meth:`_sent_whole` refuses) or a
+        name the view knows nothing of for anybody (UNKNOWN: the loop skips
+        it, left subscribed and unanswered, as here): the names subscribed,
+        or the members of a glob collection. As many as fit in ``budget``,
+        in order (the first of them always, into an empty one): the caller
+        puts the rest back. What the name-by-name loop of the protocol's
+        response would send, found with a few operations on whole sets
+        instead (a big client's pages, the first time, and a cold one's
+        while its names arrive); None where the loop must look (it then does
+        all of it). ``served``: what the view serves every subscriber of
+        ``candidates``. The entries of the resources returned are added to
+        ``entries``."""
+        whole = len(served) == len(candidates)
+        if not (whole or len(served) +
+                view.unknown_to_all(self._type_url, candidates) == len(candidates)) or \
+                not self._covers_all(candidates) or \
                 not self._held.keys().isdisjoint(candidates):  # (candidates are distinct)
             return None
         resources = list(served.values())
@@ -602,16 +612,19 @@ class SubscriptionState:
         if (do_not_cache_seen() and any(map(_DO_NOT_CACHE, resources))) or \
                 not self._sent_whole(resources):
             return None
+        names = candidates if whole else list(served)
         page = list(map(self._whole_entry, resources))
+        full_at = None
         if not budget.take_all(sum(map(len, page))):
             # (the loop's own rule, entry by entry: where the sum does not fit)
             fit = budget.fitting(list(map(len, page)))
+            full_at = names[fit] if fit < len(names) else None  # (one, alone, too big: fits)
             del resources[fit:], page[fit:]
-            candidates = candidates[:fit]
-            served = dict(zip(candidates, resources, strict=True))
-        self._took_whole(served, candidates)
+            names = names[:fit]
+            served = dict(zip(names, resources, strict=True))
+        self._took_whole(served, names)
         entries += page
-        return resources
+        return resources, full_at
 
     # (hooks of the protocols for whole pages)
 
@@ -628,28 +641,31 @@ class SubscriptionState:
         it holds them once this response is ACKed."""
         self._held.update(served)
 
-    def _more_new(self, view: ResourceView, resources: list[CachedResource],
+    def _more_new(self, view: ResourceView, resources: list[CachedResource], looked: int,
                   budget: ResponseBudget, entries: list[bytes]) -> str | None:
         """Add the next pages of the backlog to a response that sends a whole
-        page (``resources``, in place) while they too are sent whole (see
-        :meth:`_all_new`), up to :data:`MAX_NAMES_PER_WHOLE_PAGE` names and
-        ``budget``: a big client's names in one response, or a few, where a
-        page at a time waited for an ACK each (10,000 names: 4-5 round
-        trips). Returns the first name that did not fit (None: all did, or
-        the next page is not sent whole; it waits for the next response).
-        At most one page is looked at and not taken."""
+        page (``resources``, in place; ``looked``: its names) while they too
+        are sent whole (see :meth:`_all_new`), up to
+        :data:`MAX_NAMES_PER_WHOLE_PAGE` names looked at and ``budget``: a
+        big client's names in one response, or a few, where a page at a time
+        waited for an ACK each (10,000 names: 4-5 round trips). Returns the
+        first name that did not fit (None: all did, or the next page is not
+        sent whole; it waits for the next response). At most one page is
+        looked at and not taken."""
         type_url = self._type_url
-        while self._backlog and len(resources) < MAX_NAMES_PER_WHOLE_PAGE:
-            more = self._take_more(min(MAX_NAMES_PER_RESPONSE,
-                                       MAX_NAMES_PER_WHOLE_PAGE - len(resources)))
-            new = self._all_new(view.served_to_all(type_url, more), more, budget, entries)
-            if new is None:
+        while self._backlog and looked < MAX_NAMES_PER_WHOLE_PAGE:
+            more = self._take_more(min(MAX_NAMES_PER_RESPONSE, MAX_NAMES_PER_WHOLE_PAGE - looked))
+            taken = self._all_new(view, view.served_to_all(type_url, more), more, budget,
+                                  entries)
+            if taken is None:
                 self._put_back(more)
                 return None
+            new, full_at = taken
             resources += new
-            if len(new) < len(more):  # (none, where the budget was spent)
-                self._put_back(more[len(new):])
-                return more[len(new)]
+            looked += len(more)
+            if full_at is not None:  # (it and the rest did not fit)
+                self._put_back(more[more.index(full_at):])
+                return full_at
         return None
 
     def _covers_all(self, names: list[str]) -> bool:

@@ -5,7 +5,7 @@ not have)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from cachetools import LRUCache
@@ -38,6 +38,13 @@ class ResourceView(Protocol):
         whatever its parameters, with it (what :meth:`lookup` gives each); the
         others may be left out. For a response of thousands of names: one
         call, not one per name."""
+
+    def unknown_to_all(self, type_url: str, names: Sequence[str]) -> int:
+        """How many of ``names`` (distinct) :meth:`lookup` gives UNKNOWN
+        for, whatever the subscriber's parameters, at least: together with
+        :meth:`served_to_all`, a page whose every name is one or the other is
+        plain to see (see ``SubscriptionState._all_new``). One call, in C:
+        not one per name."""
 
     def names(self, type_url: str) -> Iterable[str]:
         """Every name of the type that exists."""
@@ -122,6 +129,10 @@ class CacheView:
     def served_to_all(self, type_url: str, names: Iterable[str]) -> Mapping[str, CachedResource]:
         return self._cache.served_to_all(type_url, names)
 
+    def unknown_to_all(self, type_url: str, names: Sequence[str]) -> int:
+        # (no record, no alias, no glob answered: ``lookup``'s every ABSENT needs one)
+        return self._cache.unknown_to_all(type_url, names)
+
     def names(self, type_url: str) -> Iterable[str]:
         return self._cache.names(type_url)
 
@@ -194,6 +205,11 @@ class ScopedView:
             return served
         # (a resource under its own name: never an alias of one outside the scope)
         return {name: found for name, found in served.items() if self._scope.may_read(name)}
+
+    def unknown_to_all(self, type_url: str, names: Sequence[str]) -> int:
+        if type_url == self._type_url:
+            return 0  # (a name outside the scope is absent: not told apart in C)
+        return self._view.unknown_to_all(type_url, names)
 
     def names(self, type_url: str) -> Iterable[str]:
         names = self._view.names(type_url)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from operator import countOf
 
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -57,6 +58,12 @@ class FakeView:
 
     def served_to_all(self, type_url: str, names: Iterable[str]) -> dict[str, CachedResource]:
         return {name: self._resources[name] for name in names if name in self._resources}
+
+    def unknown_to_all(self, type_url: str, names: Sequence[str]) -> int:
+        if self.complete:
+            return 0
+        return len(names) - countOf(map(self._resources.__contains__, names), True) - \
+            countOf(map(self._absent.__contains__, names), True)
 
     def has_errors(self, type_url: str) -> bool:
         return bool(self.errors)
