@@ -74,6 +74,10 @@ class DemandLedger:
         # index holds upstream (empty: a ledger of one index, which says so itself)
         self._members: dict[DemandLedger, Callable[[], int]] = {}
         self._budget: DemandLedger = self
+        # how many indexes limit their demand by this ledger, and whether its
+        # host table is (or was) shared with member ledgers: see counted_by_one
+        self._indexes = 0
+        self._shared = False
 
     def member(self, upstream_names: Callable[[], int]) -> DemandLedger:
         """A ledger for one more interest index whose names go upstream (a node
@@ -86,6 +90,7 @@ class DemandLedger:
                               budget._max_refused, budget._routes)
         joined._held, joined._host_totals = budget._held, budget._host_totals
         joined._budget = budget
+        joined._shared = budget._shared = True  # (for good: the table holds others' names)
         budget._members[joined] = upstream_names
         return joined
 
@@ -106,6 +111,20 @@ class DemandLedger:
         # O(groups) per subscription adding names; an addition per group's
         # index would need the index to report every change here
         return sum(count() for count in list(members.values()))
+
+    def attach(self) -> None:
+        """One more interest index limits its demand by this ledger (see
+        :meth:`~relay.interest.InterestIndex.limit_demand`)."""
+        self._indexes += 1
+
+    def counted_by_one(self) -> bool:
+        """Whether one index alone holds and releases names in this ledger
+        (attached to one, never sharing its host table with member ledgers):
+        how often a host holds a name is then how many of the name's holders
+        in that index count against the host, which the index may tell
+        :meth:`hold_all` and :meth:`release_all` (their ``alike``) instead of
+        their counting it name by name."""
+        return self._indexes == 1 and not self._shared
 
     def host_total(self, host: str) -> int:
         """The distinct names (all types) ``host`` holds."""
@@ -225,18 +244,21 @@ class DemandLedger:
             del names[name]
             self._let_go(host, type_url, 1)
 
-    def release_all(self, host: str, type_url: str, names: Collection[str]) -> None:
+    def release_all(self, host: str, type_url: str, names: Collection[str],
+                    alike: int | None = None) -> None:
         """:meth:`release` each of ``names`` (distinct): a subscriber's names
         let go together (a client leaving), by how many of the host's
         subscribers held each (nearly always one count for all: the host's
         last holder of them, or each the same few), a few operations on the
-        whole set per count, with no call per name."""
+        whole set per count, with no call per name. ``alike``: how many held
+        each of them, all as many (see :meth:`counted_by_one`), not counted
+        again."""
         held = self._held.get(host, {}).get(type_url)
         if held is None or not names:
             return
-        first = held.get(next(iter(names)), 0)
+        first = held.get(next(iter(names)), 0) if alike is None else alike
         by_count: Mapping[int, Collection[str]]
-        if countOf(map(held.get, names), first) == len(names):
+        if alike is not None or countOf(map(held.get, names), first) == len(names):
             by_count = {first: names}  # (the common case: no list made)
         else:
             grouped: dict[int, list[str]] = {}

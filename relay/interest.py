@@ -274,11 +274,15 @@ class InterestIndex:
         self._per_subscriber: dict[Subscriber, dict[str, _Subscription]] = {}
         self._upward: Upward | None = None
         self._demand: DemandLedger | None = None
+        # whether the ledger counted every name held here (none were held before it)
+        self._counted_here = False
 
     def limit_demand(self, ledger: DemandLedger) -> None:
         """Check every subscription against ``ledger`` from now on (see
         :mod:`relay.demand`): where the union goes to an origin."""
+        ledger.attach()
         self._demand = ledger
+        self._counted_here = not self._per_subscriber
 
     @property
     def upstream_names(self) -> int:
@@ -510,6 +514,9 @@ class InterestIndex:
         if not all(map(is_, founds, itertools.repeat(found))) or \
                 not (isinstance(found, _Shared) or found is regrouping.subscriber):
             return False
+        # (asked before the holders change)
+        alike = None if ledger is None else \
+            self._host_count(ledger, found, type_url, holder, len(removed))
         # (the checks are over: from here the change is made)
         if isinstance(found, _Shared):
             last = found.counts[params] == 1  # (asked first: the group may change)
@@ -531,8 +538,28 @@ class InterestIndex:
         else:
             deque(map(names.__delitem__, removed), maxlen=0)
         if ledger is not None:
-            ledger.release_all(holder, type_url, removed.keys())
+            ledger.release_all(holder, type_url, removed.keys(), alike)
         return True
+
+    def _host_count(self, demand: DemandLedger, found: Subscriber | _Shared | None,
+                    type_url: str, host: str, most: int) -> int | None:
+        """How often ``demand`` counts ``host`` holding each name ``found``
+        holds (None: nobody), told by the index where the ledger counts this
+        index's names alone (see :meth:`DemandLedger.counted_by_one`): how
+        many of ``found``'s subscribers count against the host. So a big
+        client's names are not looked up in the host's table to count them.
+        None where that is not so, or where ``found`` is a group of more than
+        ``most`` subscribers (the names' look-ups cost less)."""
+        if not (self._counted_here and demand.counted_by_one()):
+            return None
+        if found is None:
+            return 0
+        if not isinstance(found, _Shared):
+            return int(self._per_subscriber[found][type_url].host == host)
+        if len(found.subscribers) > most:
+            return None
+        return sum(self._per_subscriber[subscriber][type_url].host == host
+                   for subscriber in found.subscribers)
 
     def _set_wildcard(self, subscriber: Subscriber, type_url: str, mine: _Subscription,
                       wildcard: bool) -> bool:
@@ -573,8 +600,14 @@ class InterestIndex:
         new_upstream = (0 if one[0] is not None else len(added)) if one else \
             countOf(map(holders.__contains__, added), False)
         fresh = itertools.filterfalse(holders.__contains__, added) if new_upstream else ()
-        # (what the subscriber holds, its host holds: counted in the ledger)
-        alike = None if host is None else demand.held_alike(host, type_url, added)
+        # (what the subscriber holds, its host holds: counted in the ledger,
+        # or told by their one holder)
+        alike = None
+        if host is not None:
+            if one:
+                alike = self._host_count(demand, one[0], type_url, host, len(added))
+            if alike is None:
+                alike = demand.held_alike(host, type_url, added)
         new_for_host = 0 if host is None or alike else len(added) if alike == 0 else \
             countOf(map(demand.held_by(host, type_url).__contains__, added), False)
         total = self._union_names
