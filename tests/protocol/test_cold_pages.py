@@ -16,7 +16,6 @@ SotW alike.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,6 +36,7 @@ from relay.protocol.view import CacheView, NonceSource, ScopedView
 from relay.resource import CachedResource
 from relay.server.streams import DownstreamStream
 from relay.xds_types import ENDPOINT, SECRET
+from tests.server.test_big_pages import served
 from tests.test_cache import FakeClock, resource_error
 from tests.test_cache_served import steps_of
 
@@ -251,15 +251,6 @@ def test_a_cold_client_is_sent_what_arrived_of_all_its_pages_without_a_lookup(
     assert sorted(r.name for s in slow for r in s.resources) == names
     # (the same names in the same order where the loop's pages saw the same cache)
     assert [r.name for s in slow[:3] for r in s.resources] == sorted(arrived)
-
-
-def served(stream: DownstreamStream) -> Iterator[Response]:
-    """Every response due, each ACKed, until none is."""
-    while due := list(stream.ready_responses()):
-        for raw in due:
-            response = Response.FromString(raw)
-            yield response
-            stream.handle_request(Delta(type_url=ENDPOINT, response_nonce=response.nonce))
 
 
 # -- any subscriptions and cache states: what the loop does ---------------------------
