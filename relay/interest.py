@@ -112,6 +112,9 @@ class _Subscription:
     names: dict[str, Params] = field(default_factory=dict)
     wildcard: bool = False
     host: str | None = None
+    #: the parameters every one of ``names`` has, where the index knows they
+    #: all have the same (None: not known so): a big client's names come so
+    alike: Params | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -357,6 +360,8 @@ class InterestIndex:
                               touched, ledger, holder, checked):
             return
         names = mine.names
+        if mine.alike is not None and countOf(added.values(), mine.alike) != len(added):
+            mine.alike = None  # (the loop may give some other parameters)
         # the names another holder holds, by holder (looked up once each)
         theirs: dict[Subscriber, dict[str, Params]] = {}
         # the groups of names one other subscriber held, by (it, its
@@ -411,9 +416,7 @@ class InterestIndex:
         client of them; one other subscriber, or one group: the clients
         before it). Done with a few operations on the whole set, where the
         loop costs ~1 us a name; False (nothing done) where it is not so."""
-        # (keys to keys: the smaller side is looked through, none for a new subscriber)
-        if len(added) < 2 or checked.held == () or \
-                not mine.names.keys().isdisjoint(added.keys()):
+        if len(added) < 2 or checked.held == ():
             return False
         params = next(iter(added.values()))
         if countOf(added.values(), params) != len(added):
@@ -423,21 +426,23 @@ class InterestIndex:
         if not one:
             return False
         [found] = one
+        # (the subscriber holds a name where it is among its holders: all of
+        # them or none, no look-up in its own table)
+        if found is subscriber or (isinstance(found, _Shared) and
+                                   subscriber in found.subscribers):
+            return False
         made: _Shared | None = None
         if isinstance(found, _Shared):
             fresh = params not in found.counts  # (asked first: the group may change)
             made = regrouping.joined(found, None, params)
         elif found is not None:
-            other = self._per_subscriber[found][type_url].names
-            theirs = other[next(iter(added))]
-            # (it alone holds each of them: where it holds as many, these are
-            # all its names, their parameters read whole, no look-up each)
-            if countOf(other.values() if len(other) == len(added) else
-                       map(other.__getitem__, added), theirs) != len(added):
+            theirs = self._their_params(self._per_subscriber[found][type_url], added)
+            if theirs is None:
                 return False
             fresh = params != theirs
             made = regrouping.joined(found, theirs, params)
         # (the checks are over: from here the change is made)
+        mine.alike = params if not mine.names or mine.alike == params else None
         mine.names.update(added)
         if found is None:
             holders.update(dict.fromkeys(added, subscriber))
@@ -457,6 +462,21 @@ class InterestIndex:
         if ledger is not None:
             ledger.hold_all(holder, type_url, added, checked.alike)
         return True
+
+    @staticmethod
+    def _their_params(theirs: _Subscription, added: Mapping[str, Params]) -> Params | None:
+        """The parameters with which another subscriber alone holds each of
+        ``added``, where it holds them all with the same (else None): read
+        whole where it holds as many (these are all its names), or known
+        (``alike``), not looked up each."""
+        if theirs.alike is not None:
+            return theirs.alike
+        other = theirs.names
+        params = other[next(iter(added))]
+        if countOf(other.values() if len(other) == len(added) else
+                   map(other.__getitem__, added), params) != len(added):
+            return None
+        return params
 
     def _drop(self, regrouping: _Regrouping, type_url: str, mine: _Subscription,
               holders: dict[str, Subscriber | _Shared], change: InterestChange,

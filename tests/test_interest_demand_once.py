@@ -38,11 +38,21 @@ CANARY = params_of({"env": "canary"})
 
 class Counted(dict[str, Any]):
     """A table that counts its look-ups made by a call each (``map(t.get, ...)``);
-    those made in C on the whole set (keys views, ``update``) are not calls."""
+    those made in C on the whole set (keys views, ``update``) are not calls.
+    ``items`` counts ``t[name]`` apart, ``views`` the keys views asked for
+    (a pass over the smaller side of a keys-to-keys comparison)."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.calls = 0
+        self.calls = self.items = self.views = 0
+
+    def __getitem__(self, key: str) -> Any:
+        self.items += 1
+        return super().__getitem__(key)
+
+    def keys(self) -> Any:
+        self.views += 1
+        return super().keys()
 
     def get(self, key: str, default: Any = None) -> Any:
         self.calls += 1
@@ -80,6 +90,42 @@ def test_a_warm_join_looks_its_names_up_once_in_each_table() -> None:
     # (no call per name either)
     assert holders.calls == N + 1
     assert index.upstream_names == N
+
+
+def test_a_join_in_pieces_reads_neither_subscribers_table() -> None:
+    # (the relay applies a request 2,000 names at a time)
+    index, _ = indexed()
+    first, second = join(index, "a"), Sub()
+    theirs = index._per_subscriber[first][ENDPOINT]
+    theirs.names = Counted(theirs.names)
+    for piece in range(5):
+        names = NAMES[piece * N // 5:(piece + 1) * N // 5]
+        index.apply(second, ENDPOINT, InterestChange(added=dict.fromkeys(names, EMPTY_PARAMS)),
+                    "a")
+        mine = index._per_subscriber[second][ENDPOINT]
+        if piece == 0:
+            mine.names = Counted(mine.names)
+    # their parameters known (all alike), not looked up; the second's own
+    # names not looked through (their one holder, the first, says it holds none)
+    assert (theirs.names.items, mine.names.items, mine.names.views) == (0, 0, 0)
+    assert mine.names == dict.fromkeys(NAMES, EMPTY_PARAMS) and mine.alike == EMPTY_PARAMS
+    assert index.wanted_among(ENDPOINT, NAMES) == [frozenset({EMPTY_PARAMS})] * N
+    assert all(set(index._subscribers(found)) == {first, second}
+               for found in index._holders[ENDPOINT].values())
+
+
+def test_names_with_other_parameters_are_not_known_alike() -> None:
+    index, _ = indexed()
+    first = join(index, "a", NAMES[:10])
+    assert index._per_subscriber[first][ENDPOINT].alike == EMPTY_PARAMS
+    index.apply(first, ENDPOINT, InterestChange(added=dict.fromkeys(NAMES[10:20], CANARY)), "a")
+    assert index._per_subscriber[first][ENDPOINT].alike is None
+    join(index, "b", NAMES[:20])  # (their parameters looked up: two sets)
+    assert index.wanted_among(ENDPOINT, NAMES[:20]) == \
+        [frozenset({EMPTY_PARAMS})] * 10 + [frozenset({EMPTY_PARAMS, CANARY})] * 10
+    other = join(index, "a", NAMES[30:40])
+    index.apply(other, ENDPOINT, InterestChange(added=dict.fromkeys(NAMES[35:45], CANARY)), "a")
+    assert index._per_subscriber[other][ENDPOINT].alike is None  # (by the loop)
 
 
 def test_a_warm_leave_overwrites_both_tables_without_a_call_per_name() -> None:
@@ -272,7 +318,7 @@ def test_what_the_check_learned_refuses_and_holds_as_the_per_name_path(
 # clients joining the same few slices whole, then all leaving: groups joined
 # and left whole, where the host counts are told (random plans seldom do so)
 joins = st.lists(st.tuples(st.integers(0, 3), st.just("add"),
-                           st.sampled_from([(0, 30), (0, 60), (20, 40)]),
+                           st.sampled_from([(0, 30), (30, 60), (0, 60), (20, 40)]),
                            st.sampled_from([False, False, False, True])),
                  min_size=1, max_size=8)
 
