@@ -464,11 +464,11 @@ class InterestIndex:
         return True
 
     @staticmethod
-    def _their_params(theirs: _Subscription, added: Mapping[str, Params]) -> Params | None:
-        """The parameters with which another subscriber alone holds each of
-        ``added``, where it holds them all with the same (else None): read
-        whole where it holds as many (these are all its names), or known
-        (``alike``), not looked up each."""
+    def _their_params(theirs: _Subscription, added: Collection[str]) -> Params | None:
+        """The parameters with which a subscriber alone holds each of
+        ``added`` (it holds them all), where it holds them all with the same
+        (else None): known (``alike``), or read whole where it holds as many
+        (these are all its names), not looked up each."""
         if theirs.alike is not None:
             return theirs.alike
         other = theirs.names
@@ -782,18 +782,19 @@ class InterestIndex:
     def wanted_among(self, type_url: str, names: Collection[str]) -> list[frozenset[Params]]:
         """:meth:`wanted_params` of each of ``names``, in their order. Where one
         holder (a subscriber, or one group of them) holds them all, as a big
-        client's names are held, all are looked up at once: no call per name."""
+        client's names are held, all are looked up at once: no call per name
+        (found by identity in one pass; a subscriber whose names all have
+        the same parameters, ``alike``, not looked up again)."""
         holders = self._holders.get(type_url, {})
-        found = list(map(holders.get, names))
-        if found and (first := found[0]) is not None and len(set(map(id, found))) == 1:
+        one = _one_holder(holders, names) if names else ()
+        if one and (first := one[0]) is not None:
             if isinstance(first, _Shared):
-                return [frozenset(first.counts)] * len(found)
-            held = self._per_subscriber[first][type_url].names
-            params = held[next(iter(names))]
-            if countOf(map(held.__getitem__, names), params) == len(found):
-                return [_PLAIN if params == EMPTY_PARAMS else frozenset((params,))] * len(found)
+                return [frozenset(first.counts)] * len(names)
+            params = self._their_params(self._per_subscriber[first][type_url], names)
+            if params is not None:
+                return [_PLAIN if params == EMPTY_PARAMS else frozenset((params,))] * len(names)
         return [_NONE if holder is None else self._params_of(type_url, name, holder)
-                for name, holder in zip(names, found, strict=True)]
+                for name, holder in zip(names, map(holders.get, names), strict=True)]
 
     def wanted_types(self) -> list[str]:
         """Types with at least one name or wildcard subscription."""
