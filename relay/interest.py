@@ -787,7 +787,10 @@ class InterestIndex:
         the same parameters, ``alike``, not looked up again)."""
         holders = self._holders.get(type_url, {})
         one = _one_holder(holders, names) if names else ()
-        if one and (first := one[0]) is not None:
+        if one:
+            first = one[0]
+            if first is None:  # (a client's names nobody holds any more: it left)
+                return [_NONE] * len(names)
             if isinstance(first, _Shared):
                 return [frozenset(first.counts)] * len(names)
             params = self._their_params(self._per_subscriber[first][type_url], names)

@@ -116,3 +116,14 @@ def test_wanted_among_is_wanted_params_of_each_after_random_changes(
     for names in (asked, POOL[slice(*span)]):
         assert index.wanted_among(ENDPOINT, names) == [
             index.wanted_params(ENDPOINT, name) for name in names]
+
+
+def test_names_nobody_holds_are_looked_up_once() -> None:
+    # (the upstream asks of a leaving client's names, once they are gone)
+    index, left, stays = InterestIndex(), Sub(), Sub()
+    index.apply(left, ENDPOINT, InterestChange(added=dict.fromkeys(NAMES, EMPTY_PARAMS)))
+    index.apply(stays, ENDPOINT, InterestChange(added={"other": EMPTY_PARAMS}))
+    index.remove(left)
+    holders = index._holders[ENDPOINT] = Counted(index._holders[ENDPOINT])
+    assert index.wanted_among(ENDPOINT, NAMES) == [frozenset()] * N
+    assert holders.calls == N + 1  # (their one holder, nobody, found in one pass)
