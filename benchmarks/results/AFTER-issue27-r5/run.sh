@@ -33,3 +33,5 @@ $P -m benchmarks.fanout --streams 1000 --runs 3 --servers bare-default,relay-bef
 $P -m benchmarks.fanout --streams 1000 --runs 5 --servers relay,relay-before --before-src $B --out $O/fanout-1000-runs5.json
 $P -m benchmarks.warm_sections --size 300 --runs 6 --baseline-src $B   # warm-sections-2.md
 $P -m benchmarks.storm_steps --runs 12 --baseline-src $B              # storm-steps.md
+run bc300-before-3 $P -m benchmarks.big_client --resources 10000 --size 300 --runs 5 --servers bare,relay,forwarder --relay-src $B --out $O/bc300-before-3.json
+run bc300-after-3  $P -m benchmarks.big_client --resources 10000 --size 300 --runs 5 --servers bare,relay,forwarder --out $O/bc300-after-3.json
