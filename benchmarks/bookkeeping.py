@@ -175,7 +175,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         child(int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
         return
-    from benchmarks.report import add_tree_options, compare, table, values
+    from benchmarks.report import add_tree_options, table, tree_rows, trees
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -192,15 +192,13 @@ def main() -> None:
                 [run] = measure(src, args.names, args.linger, 1)
                 runs.append({f"{p}_{k}": v for p, figures in run.items()
                              for k, v in figures.items()})
-    rows = [(f"{phase}: {what} (ms)",
-             compare(values(ours, f"{phase}_{key}"),
-                     None if theirs is None else values(theirs, f"{phase}_{key}")))
-            for phase in PHASES
-            for what, key in (("index CPU", "index_ms"), ("upstream CPU", "upstream_ms"),
-                              ("largest step", "largest_step_ms"))
-            if (phase, key) not in (("linger_end", "index_ms"), ("settle", "index_ms"))]
-    print(f"{args.names} names, {args.runs} runs; relay at {args.relay_src}"
-          + ("" if args.baseline_src is None else f", before at {args.baseline_src}"))
+    rows = tree_rows(ours, theirs, (
+        (f"{phase}: {what} (ms)", f"{phase}_{key}")
+        for phase in PHASES
+        for what, key in (("index CPU", "index_ms"), ("upstream CPU", "upstream_ms"),
+                          ("largest step", "largest_step_ms"))
+        if (phase, key) not in (("linger_end", "index_ms"), ("settle", "index_ms"))))
+    print(f"{args.names} names, {args.runs} runs; {trees(args.relay_src, args.baseline_src)}")
     print(table(rows, "figure", baseline="before"))
 
 

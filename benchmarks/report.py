@@ -14,7 +14,7 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,20 @@ def server_tables(summary: dict[str, Any], figures: dict[str, str], servers: Seq
     ratio_rows = [[label, *(_both(summary[key]["ratios"][r]) for r in ratio_keys)]
                   for key, label in figures.items()]
     return f"{markdown(head, rows)}\n\n{markdown(ratio_head, ratio_rows)}"
+
+
+def tree_rows(ours: Sequence[dict[str, Any]], theirs: Sequence[dict[str, Any]] | None,
+              figures: Iterable[tuple[str, str]]) -> list[tuple[str, Comparison]]:
+    """One row per ``(label, key)`` of ``figures``: this tree's runs against
+    the other tree's (``theirs``; None: no other tree was measured), for
+    :func:`table` with ``baseline="before"``."""
+    return [(label, compare(values(ours, key), None if theirs is None else values(theirs, key)))
+            for label, key in figures]
+
+
+def trees(relay_src: Path, baseline_src: Path | None) -> str:
+    """Which trees a before/after in one invocation measured (see :func:`add_tree_options`)."""
+    return f"relay at {relay_src}" + ("" if baseline_src is None else f", before at {baseline_src}")
 
 
 def add_tree_options(parser: argparse.ArgumentParser) -> None:

@@ -110,7 +110,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         print(json.dumps(_runs(int(sys.argv[2]), int(sys.argv[3]))))
         return
-    from benchmarks.report import add_tree_options, compare, table, values
+    from benchmarks.report import add_tree_options, table, tree_rows, trees
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,13 +124,10 @@ def main() -> None:
         ours += measure(args.relay_src, args.streams, max(1, args.runs // 3))
         if args.baseline_src is not None:
             theirs += measure(args.baseline_src, args.streams, max(1, args.runs // 3))
-    rows = [(f"{step} (ms)", compare(values(ours, step),
-                                     values(theirs, step) if args.baseline_src else None))
-            for step in ("cpu", *STEPS)]
+    rows = tree_rows(ours, theirs if args.baseline_src else None,
+                     ((f"{step} (ms)", step) for step in ("cpu", *STEPS)))
     print(f"storm of {args.streams} one-name delta subscribes, {len(ours)} runs; "
-          f"relay at {args.relay_src}"
-          + ("" if args.baseline_src is None else f", before at {args.baseline_src}")
-          + f"; load {os.getloadavg()[0]:.1f}")
+          f"{trees(args.relay_src, args.baseline_src)}; load {os.getloadavg()[0]:.1f}")
     print(table(rows, "all streams, per run", baseline="before"))
 
 

@@ -165,7 +165,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         child(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
         return
-    from benchmarks.report import add_tree_options, compare, table, values
+    from benchmarks.report import add_tree_options, table, tree_rows, trees
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,13 +182,10 @@ def main() -> None:
         if args.baseline_src is not None:
             theirs += measure(args.baseline_src, args)
     steps = ["received", "main_thread", *STEPS, "write"]
-    rows = [(f"{step} (ms)", compare(values(ours, step),
-                                     values(theirs, step) if args.baseline_src else None))
-            for step in steps if any(step in run for run in ours)]
+    rows = tree_rows(ours, theirs if args.baseline_src else None,
+                     ((f"{step} (ms)", step) for step in steps if any(step in run for run in ours)))
     print(f"warm {args.variant} join of {args.resources} x {args.size} B, {args.runs} runs; "
-          f"relay at {args.relay_src}"
-          + ("" if args.baseline_src is None else f", before at {args.baseline_src}")
-          + f"; load {os.getloadavg()[0]:.1f}")
+          f"{trees(args.relay_src, args.baseline_src)}; load {os.getloadavg()[0]:.1f}")
     print(table(rows, "main-thread CPU of", baseline="before"))
 
 
