@@ -26,8 +26,25 @@ in its own process (``--relay-src``, and ``--baseline-src`` for before and
 after in one invocation, the trees in turn); figures are per run, min and
 median. A step a tree lacks is left out of its figures.
 
+With ``--cold`` each run's client is the only one, and the relay lets
+names go as soon as nobody holds them (``linger: 0s``): every join is
+*cold*, fetched from the origin, and the upstream's steps are timed too:
+
+* ``up_interest``: the upstream told the names wanted, a turn at a time
+  (``UpstreamState.on_interest_changed``);
+* ``parse``: the origin's responses checked, summed over the steps of
+  each (``parse_steps``, as :class:`~relay.upstream.client.UpstreamClient`
+  runs it);
+* ``on_response``: each checked response applied
+  (``UpstreamState.on_response``), of which ``cache_apply``
+  (``ResourceCache.apply``).
+
+``write`` is left out there: the thread's time across an awaited write
+counts whatever else the loop ran meanwhile, and a cold join's writes
+overlap the next responses' parsing.
+
 Usage: ``python -m benchmarks.warm_sections [--resources 10000] [--size 300]
-[--variant delta|sotw] [--runs 8] [--relay-src DIR] [--baseline-src DIR]``
+[--variant delta|sotw] [--runs 8] [--cold] [--relay-src DIR] [--baseline-src DIR]``
 """
 
 from __future__ import annotations
@@ -54,6 +71,12 @@ STEPS = {
     "take_candidates": ("relay.protocol.subscription", "SubscriptionState", "_take_candidates"),
     "all_new": ("relay.protocol.subscription", "SubscriptionState", "_all_new"),
     "encode": ("relay.server.plans", "PlanEncoder", "encode"),
+}
+#: the upstream's steps, timed with --cold
+COLD_STEPS = {
+    "up_interest": ("relay.upstream.state", "UpstreamState", "on_interest_changed"),
+    "on_response": ("relay.upstream.state", "UpstreamState", "on_response"),
+    "cache_apply": ("relay.cache", "ResourceCache", "apply"),
 }
 SPENT: collections.Counter[str] = collections.Counter()
 
@@ -92,11 +115,34 @@ class _TimedContext:
             SPENT["write"] += time.thread_time() - start
 
 
-def _time_steps() -> None:
+def _timed_parse() -> None:
+    """The upstream client's parse_steps, each step timed (``parse``)."""
+    import relay.upstream.client as client
+
+    steps = client.parse_steps
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        checking = steps(*args, **kwargs)
+        while True:
+            start = time.thread_time()
+            try:
+                next(checking)
+            except StopIteration as done:
+                return done.value
+            finally:
+                SPENT["parse"] += time.thread_time() - start
+            yield
+
+    client.parse_steps = timed
+
+
+def _time_steps(cold: bool) -> None:
     from relay.server.streams import DownstreamStream
 
-    for step, (module, owner, name) in STEPS.items():
+    for step, (module, owner, name) in {**STEPS, **(COLD_STEPS if cold else {})}.items():
         _timed(step, module, owner, name)
+    if cold:
+        _timed_parse()
     serve = DownstreamStream.serve
 
     async def serve_timed(self: Any, requests: Any, context: Any) -> None:
@@ -105,7 +151,28 @@ def _time_steps() -> None:
     DownstreamStream.serve = serve_timed  # type: ignore[method-assign]
 
 
-async def _runs(resources: int, size: int, variant: str, runs: int) -> list[dict[str, float]]:
+async def _join(target: str, resources: int, variant: str) -> dict[str, float]:
+    """One client's join, timed by step; then it leaves."""
+    from benchmarks.big_client import client_main
+    from benchmarks.processes import wait_for_worker, workers
+
+    async with workers(client_main, 1, 1, target, resources, variant) as client:
+        await asyncio.sleep(0.3)
+        SPENT.clear()
+        cpu = time.thread_time()
+        client.pipes[0].send("join")
+        reply = await wait_for_worker(client.pipes[0], client.processes[0])
+        run = {step: spent * 1e3 for step, spent in SPENT.items()}
+        run["main_thread"] = (time.thread_time() - cpu) * 1e3
+        run["received"] = (reply["done"] - reply["sent"]) * 1e3
+        client.pipes[0].send("leave")
+        await wait_for_worker(client.pipes[0], client.processes[0])
+        await asyncio.sleep(0.5)  # (the leave is done)
+    return run
+
+
+async def _runs(resources: int, size: int, variant: str, runs: int,
+                cold: bool) -> list[dict[str, float]]:
     from benchmarks.bare import bare_process
     from benchmarks.big_client import client_main
     from benchmarks.processes import wait_for_worker, workers
@@ -116,38 +183,32 @@ async def _runs(resources: int, size: int, variant: str, runs: int) -> list[dict
 
     figures = []
     async with bare_process(big=resources, size=size) as origin:
-        relay = build_relay(parse_config(relay_config(origin.port, linger="30s")))
+        # (cold: what nobody holds is let go at once, so each join fetches anew)
+        relay = build_relay(parse_config(relay_config(origin.port,
+                                                      linger="0s" if cold else "30s")))
         await relay.start()
         tune_gc()
         target = f"127.0.0.1:{relay.xds_port}"
         try:
+            if cold:
+                for _ in range(runs):
+                    figures.append(await _join(target, resources, variant))
+                return figures
             async with workers(client_main, 1, 1, target, resources, variant) as holder:
                 holder.pipes[0].send("join")
                 await wait_for_worker(holder.pipes[0], holder.processes[0])
                 await asyncio.sleep(1.0)  # (the cold names settle)
                 for _ in range(runs):
-                    async with workers(client_main, 1, 1, target, resources, variant) as client:
-                        await asyncio.sleep(0.3)
-                        SPENT.clear()
-                        cpu = time.thread_time()
-                        client.pipes[0].send("join")
-                        reply = await wait_for_worker(client.pipes[0], client.processes[0])
-                        run = {step: spent * 1e3 for step, spent in SPENT.items()}
-                        run["main_thread"] = (time.thread_time() - cpu) * 1e3
-                        run["received"] = (reply["done"] - reply["sent"]) * 1e3
-                        figures.append(run)
-                        client.pipes[0].send("leave")
-                        await wait_for_worker(client.pipes[0], client.processes[0])
-                        await asyncio.sleep(0.5)  # (the leave is done)
+                    figures.append(await _join(target, resources, variant))
                 holder.pipes[0].send("leave")
         finally:
             await relay.stop(0)
     return figures
 
 
-def child(resources: int, size: int, variant: str, runs: int) -> None:
-    _time_steps()
-    print(json.dumps(asyncio.run(_runs(resources, size, variant, runs))))
+def child(resources: int, size: int, variant: str, runs: int, cold: bool) -> None:
+    _time_steps(cold)
+    print(json.dumps(asyncio.run(_runs(resources, size, variant, runs, cold))))
 
 
 def measure(src: Path, args: argparse.Namespace) -> list[dict[str, float]]:
@@ -155,7 +216,7 @@ def measure(src: Path, args: argparse.Namespace) -> list[dict[str, float]]:
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONMALLOC": "malloc"}  # (as ``run`` has it)
     done = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", str(args.resources),
-         str(args.size), args.variant, "1"],
+         str(args.size), args.variant, "1", "cold" if args.cold else "warm"],
         env=env, cwd=src, check=True, capture_output=True, text=True)
     result: list[dict[str, float]] = json.loads(done.stdout.splitlines()[-1])
     return result
@@ -163,7 +224,8 @@ def measure(src: Path, args: argparse.Namespace) -> list[dict[str, float]]:
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        child(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+        child(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]),
+              sys.argv[6] == "cold")
         return
     from benchmarks.report import add_tree_options, table, tree_rows, trees
 
@@ -173,6 +235,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=300, help="bytes of each resource (about)")
     parser.add_argument("--variant", choices=("delta", "sotw"), default="delta")
     parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--cold", action="store_true",
+                        help="every join fetched from the origin; the upstream's steps timed too")
     add_tree_options(parser)
     args = parser.parse_args()
     ours: list[dict[str, float]] = []
@@ -181,10 +245,12 @@ def main() -> None:
         ours += measure(args.relay_src, args)
         if args.baseline_src is not None:
             theirs += measure(args.baseline_src, args)
-    steps = ["received", "main_thread", *STEPS, "write"]
+    steps = ["received", "main_thread", *STEPS,
+             *(["parse", *COLD_STEPS] if args.cold else ["write"])]
     rows = tree_rows(ours, theirs if args.baseline_src else None,
                      ((f"{step} (ms)", step) for step in steps if any(step in run for run in ours)))
-    print(f"warm {args.variant} join of {args.resources} x {args.size} B, {args.runs} runs; "
+    kind = "cold" if args.cold else "warm"
+    print(f"{kind} {args.variant} join of {args.resources} x {args.size} B, {args.runs} runs; "
           f"{trees(args.relay_src, args.baseline_src)}; load {os.getloadavg()[0]:.1f}")
     print(table(rows, "main-thread CPU of", baseline="before"))
 
