@@ -11,13 +11,13 @@ See "settle" in ``docs/glossary.md``.
 
 from __future__ import annotations
 
-import functools
 import itertools
-import operator
 from collections.abc import Callable, Iterable, Mapping
+from operator import countOf
 
 from relay.constraints import EMPTY_PARAMS, Locator, Params
 from relay.upstream.deadlines import Deadlines, SettleDue
+from relay.upstream.requests import PLAIN
 
 #: A locator as the maps below key it: a plain name is the name itself, whose
 #: string the subscription holds anyway; only a name with parameters is a
@@ -30,25 +30,22 @@ def _key(locator: Locator) -> _Key:
     return locator if locator.params else locator.name
 
 
-# the parameter sets of a plain name, subscribed without parameters
-_PLAIN = frozenset({EMPTY_PARAMS})
-
-
 def _locator(key: _Key) -> Locator:
     return Locator(key, EMPTY_PARAMS) if isinstance(key, str) else key
 
 
-def _move_together(settling: dict[_Key, float], unsettled: dict[_Key, float],
-                   grace: float) -> list[float] | None:
+def _move_together(settling: dict[_Key, float], unsettled: dict[_Key, float]
+                   ) -> Iterable[float] | None:
     """What :meth:`Settling.answered_keys`'s loop does to ``settling`` where
-    none of ``unsettled`` is settling already (a big client's names, in C):
-    the times each comes due, in order; None where some are (the loop runs).
-    tests/upstream/test_settling_all.py holds it to the loop."""
-    if not settling.keys().isdisjoint(unsettled):
+    none of ``unsettled`` is settling already (a big client's names): all
+    moved at once, in C (both maps hold when each was subscribed, so nothing
+    is computed per locator); the times they were subscribed, in order; None
+    where some are (the loop runs). tests/upstream/test_settling_all.py
+    holds it to the loop."""
+    if not settling.keys().isdisjoint(unsettled.keys()):
         return None
-    dues = list(map(functools.partial(operator.add, grace), unsettled.values()))
-    settling.update(zip(unsettled, dues, strict=True))
-    return dues
+    settling.update(unsettled)
+    return unsettled.values()
 
 
 class Settling:
@@ -63,7 +60,9 @@ class Settling:
         self._deadlines = deadlines
         # locators no response has followed yet, with when they were subscribed
         self._unsettled: dict[str, dict[_Key, float]] = {}
-        # locators a response followed too soon: answered at the time given
+        # locators a response followed too soon, with when they were
+        # subscribed: answered ``grace`` after it (the time is not moved
+        # per locator: a big client's names move whole)
         self._settling: dict[str, dict[_Key, float]] = {}
 
     def new_stream(self) -> None:
@@ -84,9 +83,10 @@ class Settling:
         parameter sets). New plain names, a big client's thousands, go in
         together, with no :class:`Locator` made for each."""
         unsettled = self._unsettled.setdefault(type_url, {})
-        plain = [name for name, params in locators.items() if params == _PLAIN]
-        if len(plain) == len(locators) and unsettled.keys().isdisjoint(plain):
-            unsettled.update(dict.fromkeys(plain, now))
+        # (counted in C; PLAIN is the very object a subscription holds: no compare)
+        if countOf(locators.values(), PLAIN) == len(locators) and \
+                unsettled.keys().isdisjoint(locators.keys()):
+            unsettled.update(dict.fromkeys(locators, now))
         else:
             self.subscribed(type_url, (Locator(name, params) for name, params_set in
                                        locators.items() for params in params_set), now)
@@ -111,18 +111,15 @@ class Settling:
         a big client's thousands of names settle with no Locator made for each."""
         unsettled = self._unsettled.pop(type_url, {})
         settling = self._settling.setdefault(type_url, {})
-        dues = _move_together(settling, unsettled, self.grace)
-        if dues is not None:
-            for due, _ in itertools.groupby(dues):
-                if due > now:
-                    # one deadline for every locator of the type due at once
-                    self._deadlines.add(SettleDue(type_url, due))
-            return self._settled(type_url, now)
+        moved = _move_together(settling, unsettled)
+        if moved is None:
+            for key, subscribed_at in unsettled.items():
+                settling.pop(key, None)  # kept in the order they come due
+                settling[key] = subscribed_at
+            moved = unsettled.values()
         last_due = None
-        for key, subscribed_at in unsettled.items():
+        for subscribed_at, _ in itertools.groupby(moved):
             due = subscribed_at + self.grace
-            settling.pop(key, None)  # kept in the order they come due
-            settling[key] = due
             if due > now and due != last_due:
                 # one deadline for every locator of the type due at once
                 self._deadlines.add(SettleDue(type_url, due))
@@ -147,21 +144,22 @@ class Settling:
         type's first settling locator is due at it.
         """
         settling = self._settling.get(deadline.type_url)
-        return settling is not None and next(iter(settling.values()), None) == deadline.at
+        first = None if settling is None else next(iter(settling.values()), None)
+        return first is not None and first + self.grace == deadline.at
 
     def _settled(self, type_url: str, now: float) -> list[_Key]:
         settling = self._settling.get(type_url)
         if not settling:
             self._settling.pop(type_url, None)
             return []
-        if next(reversed(settling.values())) <= now:
+        if next(reversed(settling.values())) + self.grace <= now:
             # all of them (a big client's names, subscribed together, settle
             # together): taken whole, with no loop over them
             del self._settling[type_url]
             return list(settling)
         due = []
-        for key, at in settling.items():
-            if at > now:
+        for key, subscribed_at in settling.items():
+            if subscribed_at + self.grace > now:
                 break
             due.append(key)
         for key in due:

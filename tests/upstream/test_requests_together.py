@@ -65,13 +65,22 @@ def test_a_big_clients_names_are_sized_together(monkeypatch: pytest.MonkeyPatch)
         return original(text)
 
     monkeypatch.setattr(requests_module, "text_size", counting)
+    cuts: list[object] = []
+    accumulate = requests_module.itertools.accumulate
+
+    def cut_points(*args: Any) -> Any:
+        cuts.append(args)
+        return accumulate(*args)
+
+    monkeypatch.setattr(requests_module.itertools, "accumulate", cut_points)
     names = [f"big-{i}" for i in range(10_000)]
     change = SubscriptionChange(ENDPOINT, dict.fromkeys(reversed(names), PLAIN))
     [request] = split_requests(change, 1 << 20, NODE).requests
     assert sized == [] and list(request.resource_names_subscribe) == sorted(names)
+    assert cuts == []  # all fit the one request: summed whole, no cut points sought
     # too many for one request: cut where they no longer fit, still together
     several = split_requests(change, 40_000, NODE).requests
-    assert len(several) == 3 and sized == []
+    assert len(several) == 3 and sized == [] and len(cuts) == 1
     assert [n for r in several for n in r.resource_names_subscribe] == sorted(names)
 
 

@@ -3,6 +3,8 @@ Locator at a time, and new plain names go in without a Locator made for each."""
 
 from __future__ import annotations
 
+import gc
+import sys
 from typing import Any
 
 import pytest
@@ -106,3 +108,28 @@ def test_a_locator_subscribed_again_while_settling_comes_due_after_the_others() 
     assert len(deadlines) == 2  # 10.5 and 10.65
     assert settling.due(10.6) == {ENDPOINT: [Locator("b")]}
     assert settling.due(10.7) == {ENDPOINT: [Locator("a"), Locator("c")]}
+
+
+def test_a_big_clients_names_settle_with_no_step_or_object_per_name() -> None:
+    """Subscribed and answered together: no Python step per name (the
+    subscription is counted in C) and no object per name when answered
+    (the maps hold when each was subscribed: nothing computed per name)."""
+    from tests.test_cache_served import steps_of
+
+    def cold_join(names: int) -> tuple[int, int]:
+        settling = Settling(GRACE, Deadlines())
+        locators = {f"n{i}": PLAIN for i in range(names)}
+        steps = steps_of(lambda: settling.subscribed_all(ENDPOINT, locators, 10.0))
+        gc.disable()
+        try:
+            before = sys.getallocatedblocks()
+            answered = settling.answered_keys(ENDPOINT, 10.1)  # too soon: all settle
+            made = sys.getallocatedblocks() - before
+        finally:
+            gc.enable()
+        assert answered == []
+        return steps, made
+
+    small, big = cold_join(10), cold_join(5_000)
+    assert big[0] == small[0]  # (the general path: a step or more per name)
+    assert big[1] < 100  # (a due time per name was 5,000 floats)
