@@ -27,14 +27,14 @@ from relay.constraints import EMPTY_PARAMS, Locator, Params
 from relay.memory import oversized
 from relay.protocol.xdstp import PREFIX, collection_of
 from relay.upstream.deadlines import Deadlines, LingerEnds, WildcardLingerEnds
-from relay.upstream.requests import SubscriptionChange
+from relay.upstream.requests import PLAIN, SubscriptionChange
 from relay.upstream.scoped import OriginCache
 
 Locators = dict[str, Set[Params]]
 #: The parameter sets of a plain name as subscribed: one frozenset for every
 #: such name (a set of its own costs 216 bytes a name; a client of 100,000
 #: names would cost 20 MiB here alone).
-_PLAIN: frozenset[Params] = frozenset({EMPTY_PARAMS})
+_PLAIN: frozenset[Params] = PLAIN
 _NOTHING: frozenset[Params] = frozenset()
 
 
@@ -608,6 +608,9 @@ class Targets:
             names = {*needed, *current}
         else:
             wants = _wanted(demand, type_url, names)
+            joining = _joining_together(current, names, wants)
+            if joining is not None:
+                return joining, wildcard
             wanted_only = _wanted_only(names, wants) if self.linger > 0 and not ending else None
             if wanted_only is not None:
                 needed, names = wanted_only, wanted_only.keys()
@@ -733,6 +736,19 @@ def _subscribe_together(sub: TypeSubscription, target: Locators) -> Locators | N
     joined = dict.fromkeys(sorted(target), _PLAIN)
     sub.locators.update(joined)
     return cast(Locators, joined)
+
+
+def _joining_together(current: Mapping[str, Set[Params]], names: Collection[str],
+                      wanted: list[frozenset[Params]]) -> Locators | None:
+    """What :meth:`Targets.target` needs of ``names`` where each is wanted
+    plain and none is subscribed (a big client joining: nothing of them
+    lingers or is served from cache): each plain, in their order. Counted
+    in C: the demand answers such names with one object repeated, found by
+    identity."""
+    if not wanted or wanted[0] != _PLAIN or countOf(wanted, wanted[0]) != len(wanted) or \
+            not current.keys().isdisjoint(names):
+        return None
+    return dict.fromkeys(names, _PLAIN)
 
 
 def _let_go(subscribed: Mapping[str, Set[Params]], names: Collection[str],

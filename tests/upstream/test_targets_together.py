@@ -5,7 +5,8 @@ A client of many plain names leaving reaches the targets a slice at a time,
 each slice's names alike (nobody wants them, each subscribed plain), and
 later their linger ends together. ``relay.upstream.targets``'s whole-set
 paths (``_let_go_together``, ``_wanted_only``, ``_all_ended``,
-``_replace_together``) do such a slice with a few operations on the whole
+``_replace_together``; ``_subscribe_together`` and ``_joining_together``
+for a big client joining) do such a slice with a few operations on the whole
 set. Each scenario here runs with them and with the loops alone, and must
 give the same changes for the origin, the same subscriptions, the same
 lingering names and the same cache after every step.
@@ -173,6 +174,7 @@ def loops_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(targets_module, "_all_ended", lambda *args: False)
     monkeypatch.setattr(targets_module, "_replace_together", lambda *args: None)
     monkeypatch.setattr(targets_module, "_subscribe_together", lambda *args: None)
+    monkeypatch.setattr(targets_module, "_joining_together", lambda *args: None)
     monkeypatch.setattr(InterestIndex, "wanted_among", one_by_one)
 
 
@@ -233,6 +235,8 @@ def asked_of(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_a_big_client_joining_takes_the_whole_set_paths(monkeypatch: pytest.MonkeyPatch
                                                         ) -> None:
     joined = counted(monkeypatch, "_subscribe_together")
+    targeted, wanted_only = (counted(monkeypatch, name) for name in
+                             ("_joining_together", "_wanted_only"))
     params_of_calls: list[str] = []
     original = InterestIndex._params_of
 
@@ -245,6 +249,8 @@ def test_a_big_client_joining_takes_the_whole_set_paths(monkeypatch: pytest.Monk
     relay.join(0, NAMES, 0.0)  # one slice: every name new and plain
     relay.join(1, NAMES, 0.0)  # held already: nothing for the origin
     assert [names and len(names) for names in joined] == [N, None]
+    # targeted together, then (held already) by the loops
+    assert [names and len(names) for names in targeted] == [N, None] and len(wanted_only) == 1
     assert relay.changes[:2] == [([(name, frozenset({EMPTY_PARAMS})) for name in NAMES], []),
                                  ([], [])]
     assert params_of_calls == []  # looked up together, no call per name
