@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict, deque
-from collections.abc import Collection, Hashable, Iterable, Mapping
+from collections.abc import Collection, Hashable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from operator import countOf, is_
 from typing import Protocol
@@ -833,6 +833,21 @@ class InterestIndex:
             # of the same set.
             [name] = names
             return [(s, names) for s in wildcard.union(self._subscribers(holders.get(name)))]
+        if not globs:
+            one = _one_holder(holders, names)
+            if one:
+                # Many names with one holder (what the origin sent a big
+                # client, or its names forgotten once it left): each of the
+                # holder's subscribers hears of all of them, in one pass in C,
+                # where the loop below took ~0.4 us a name.
+                return [*((s, names) for s in self._subscribers(one[0]) if s not in wildcard),
+                        *((s, names) for s in wildcard)]
+        return self._affected_by_name(holders, wildcard, globs, names)
+
+    def _affected_by_name(self, holders: Mapping[str, Subscriber | _Shared],
+                          wildcard: Set[Subscriber], globs: bool, names: frozenset[str]
+                          ) -> list[tuple[Subscriber, frozenset[str]]]:
+        """:meth:`_affected`, name by name."""
         affected: dict[Subscriber, set[str]] = {}
         for name in names:
             for subscriber in self._subscribers(holders.get(name)):
