@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -165,10 +166,40 @@ async def _join(target: str, resources: int, variant: str) -> dict[str, float]:
         run = {step: spent * 1e3 for step, spent in SPENT.items()}
         run["main_thread"] = (time.thread_time() - cpu) * 1e3
         run["received"] = (reply["done"] - reply["sent"]) * 1e3
+        _RETURNED.clear()
         client.pipes[0].send("leave")
         await wait_for_worker(client.pipes[0], client.processes[0])
-        await asyncio.sleep(0.5)  # (the leave is done)
+        # The memory the leave let go is given back (a full collection, then
+        # a trim) a second or more after it: waited for here, where it would
+        # otherwise fall inside the next run's join.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_RETURNED.wait(), 10.0)
+        await asyncio.sleep(0.2)
     return run
+
+
+#: set when the relay gives memory back (see _tell_memory_returns)
+_RETURNED = asyncio.Event()
+
+
+def _tell_memory_returns() -> None:
+    """Each MemoryReturn made from now on sets :data:`_RETURNED` as it gives memory back."""
+    from relay.memory import MemoryReturn
+
+    made = MemoryReturn.__init__
+
+    @functools.wraps(made)
+    def telling(self: Any, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        collect = self._collect
+
+        def collect_and_tell() -> None:
+            collect()
+            _RETURNED.set()
+
+        self._collect = collect_and_tell
+
+    MemoryReturn.__init__ = telling  # type: ignore[method-assign]
 
 
 async def _runs(resources: int, size: int, variant: str, runs: int,
@@ -208,6 +239,7 @@ async def _runs(resources: int, size: int, variant: str, runs: int,
 
 def child(resources: int, size: int, variant: str, runs: int, cold: bool) -> None:
     _time_steps(cold)
+    _tell_memory_returns()
     print(json.dumps(asyncio.run(_runs(resources, size, variant, runs, cold))))
 
 
