@@ -4,6 +4,7 @@ Locator at a time, and new plain names go in without a Locator made for each."""
 from __future__ import annotations
 
 import gc
+import math
 import sys
 from typing import Any
 
@@ -133,3 +134,18 @@ def test_a_big_clients_names_settle_with_no_step_or_object_per_name() -> None:
     small, big = cold_join(10), cold_join(5_000)
     assert big[0] == small[0]  # (the general path: a step or more per name)
     assert big[1] < 100  # (a due time per name was 5,000 floats)
+
+
+def test_times_that_come_due_at_once_get_one_deadline() -> None:
+    """Names subscribed at two times that the grace makes one due time (the
+    sum rounds alike) settle on one deadline, as when each name's due time
+    was kept: the deadlines are grouped by due time, not by subscription."""
+    later = math.nextafter(1.0, 2.0)
+    assert later + 8.0 == 9.0 and later != 1.0  # (the premise)
+    deadlines = Deadlines()
+    settling = Settling(8.0, deadlines)
+    settling.subscribed_all(ENDPOINT, {"a": PLAIN}, 1.0)
+    settling.subscribed_all(ENDPOINT, {"b": PLAIN}, later)
+    assert settling.on_response(ENDPOINT, 2.0) == []
+    assert len(deadlines) == 1
+    assert settling.due(9.0) == {ENDPOINT: [Locator("a"), Locator("b")]}
