@@ -40,6 +40,17 @@ def _next_arrival() -> int:
     return _last_arrival
 
 
+def _next_arrivals(count: int) -> list[int]:
+    """``count`` arrival stamps in a row, drawn in one C call (no other
+    thread's stamp between them): a response's resources made in bulk
+    (:meth:`CachedResource.from_encoded_many`) stamped as one by one."""
+    global _last_arrival
+    stamps = list(itertools.islice(_arrivals, count))
+    if stamps:
+        _last_arrival = stamps[-1]
+    return stamps
+
+
 def arrival_clock() -> int:
     """The arrival stamp of the newest resource so far (0 before any).
 
@@ -241,6 +252,40 @@ class CachedResource:
             encoded = _VERSION_TAG + varint(len(version)) + version.encode() + encoded
             entry = _ENTRY_TAG + varint(len(encoded)) + encoded
         made.delta_entry = entry
+        return made
+
+    @classmethod
+    def from_encoded_many(cls, type_url: str, names: Sequence[str], versions: Sequence[str],
+                          entries: Sequence[bytes], received: float) -> list[CachedResource]:
+        """:meth:`from_encoded` of each (name, version, entry), in order;
+        ``versions`` empty: none has one.
+
+        When every one has a version from the origin (the common case), made
+        here in one loop with no call per resource: a cold client's 10,000
+        cost a call to :meth:`from_encoded` and one to its ``__init__`` each
+        (2,000 plain resources 0.74-0.79 ms, against 0.39-0.61 ms here).
+        Versions the relay derives (istiod) are made by :meth:`from_encoded`,
+        one by one: hashing each entry dwarfs the calls.
+        """
+        if not versions or "" in versions:
+            from_encoded = cls.from_encoded
+            return [from_encoded(type_url, name, version, entry, received)
+                    for name, version, entry in zip(
+                        names, versions or [""] * len(names), entries, strict=True)]
+        new = object.__new__
+        made: list[CachedResource] = []
+        append = made.append
+        for name, version, entry, arrival in zip(names, versions, entries,
+                                                 _next_arrivals(len(names)), strict=True):
+            plain = new(_Plain)
+            plain.type_url = type_url
+            plain.name = name
+            plain.version = version
+            plain.arrival = arrival
+            plain.received = received
+            plain.derived_version = False
+            plain.delta_entry = entry
+            append(plain)
         return made
 
     def is_current(self, resource: CachedResource) -> bool:

@@ -12,6 +12,8 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2, struct_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from relay import resource as resource_module
 from relay.cache import ResourceCache, Update
@@ -221,8 +223,8 @@ class Counts:
                 def FromString(value: bytes) -> Any:
                     counts.bulk_decodes += 1
                     return checked.FromString(value)
-            found = bulk.Shadows({"Entries": found.entries, "Extras": found.extras,
-                                  "Checked": Checked})
+            found = bulk.Shadows({"Entries": found.entries, "Checked": Checked,
+                                  "Listed": found.listed})
             return found
 
         resource_parse = resource_module._LAZY["resource"]
@@ -327,3 +329,96 @@ def test_entries_of_any_length_are_framed_once_per_length_as_one_by_one(
     # each distinct entry length framed once (a varint call), not once per resource
     entry_lengths = {len(r.SerializeToString()) for r in message.resources}
     assert sorted(framed) == sorted(entry_lengths) and len(framed) == 8
+
+
+# -- names and versions listed in one parse; resources made in one loop -------
+
+_NAMES = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1,
+                 max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(names=st.lists(_NAMES, min_size=bulk.BULK_FROM, max_size=90, unique=True),
+       versions=st.sampled_from(["all", "none", "some"]), lengths=st.data(),
+       type_url=st.sampled_from([ENDPOINT, UNKNOWN]))
+def test_any_plain_response_is_made_in_bulk_as_one_by_one(
+        names: list[str], versions: str, lengths: st.DataObject, type_url: str) -> None:
+    resources = []
+    for i, name in enumerate(names):
+        version = {"all": f"v{i}", "none": "", "some": f"v{i}" if i % 3 else ""}[versions]
+        body = (endpoints(name, *range(80, 80 + lengths.draw(st.integers(0, 6)))
+                          ).SerializeToString() if type_url == ENDPOINT
+                else bytes(lengths.draw(st.integers(0, 200))))
+        resources.append(discovery_pb2.Resource(name=name, version=version, resource=any_pb2.Any(
+            type_url=type_url, value=body)))
+    message = response(resources, type_url)
+    made = parse_response(message)
+    clock = resource_module.arrival_clock()
+    general = one_by_one(message)
+    assert isinstance(made, ParsedResponse) and isinstance(general, ParsedResponse)
+    assert not any(parsed_message(r) for r in made.upserts)  # (made in bulk)
+    for ours, theirs in zip(made.upserts, general.upserts, strict=True):
+        assert_same(ours, theirs)
+    # stamped in order of arrival, one after another, as one by one
+    arrivals = [r.arrival for r in made.upserts]
+    assert arrivals == list(range(clock - len(names) + 1, clock + 1))
+
+
+class Reads:
+    """Parses of the listing shadow type, bulk decodes, reads of the decoded
+    resources (a Python object each), and resources made one call each."""
+
+    def __init__(self, patch: pytest.MonkeyPatch) -> None:
+        self.listed = self.decodes = self.resources_read = self.from_encoded = 0
+        shadows, from_encoded = bulk.shadows, CachedResource.from_encoded
+        reads = self
+
+        class Decoded:
+            def __init__(self, checked: Any) -> None:
+                self._checked = checked
+
+            @property
+            def resources(self) -> Any:
+                reads.resources_read += 1
+                return self._checked.resources
+
+        def counting_shadows(type_url: str) -> Any:
+            found = shadows(type_url)
+
+            class Checked:
+                @staticmethod
+                def FromString(value: bytes) -> Any:
+                    reads.decodes += 1
+                    return Decoded(found.checked.FromString(value))
+
+            class Listed:
+                @staticmethod
+                def FromString(value: bytes) -> Any:
+                    reads.listed += 1
+                    return found.listed.FromString(value)
+            return bulk.Shadows({"Entries": found.entries, "Checked": Checked,
+                                 "Listed": Listed})
+
+        def counting_from_encoded(*args: Any) -> CachedResource:
+            self.from_encoded += 1
+            return from_encoded(*args)
+
+        patch.setattr(bulk, "shadows", counting_shadows)
+        patch.setattr(CachedResource, "from_encoded", counting_from_encoded)
+
+
+@pytest.mark.parametrize("versions,expected", [
+    ("all", (1, 3, 0, 0)),  # names and versions listed; no call a resource
+    ("none", (1, 3, 0, 2_500)),  # versions derived: from_encoded each (hashing)
+    ("some", (1, 3, 3, 2_500)),  # versions read from the decoded resources, a slice at a time
+])
+def test_names_and_versions_are_listed_in_one_parse_and_made_with_no_call_each(
+        monkeypatch: pytest.MonkeyPatch, versions: str, expected: tuple[int, ...]) -> None:
+    reads = Reads(monkeypatch)
+    message = response([plain(i, {"all": "v1", "none": "", "some": "" if i % 2 else "v1"}[
+        versions]) for i in range(2_500)])
+    made, general = parse_response(message), one_by_one(message)
+    assert isinstance(made, ParsedResponse) and isinstance(general, ParsedResponse)
+    assert (reads.listed, reads.decodes, reads.resources_read, reads.from_encoded) == expected
+    assert [r.version for r in made.upserts] == [r.version for r in general.upserts]
+    assert made.upserts[-1].delta_entry == general.upserts[-1].delta_entry
