@@ -44,8 +44,8 @@ def by_the_records(cache: ResourceCache, names: Iterable[str]) -> dict[str, Cach
     served = {}
     for name in names:
         record = entry.records.get(name)
-        if record is not None and len(record.variants) == 1 and \
-                (only := record.variants.get("")) is not None and \
+        variants = entry.variants_of(name, record) if record is not None else {}
+        if len(variants) == 1 and (only := variants.get("")) is not None and \
                 only.constraints is UNCONSTRAINED:
             served[name] = only
     return served
