@@ -78,3 +78,23 @@ def test_a_derived_version_is_the_digest_of_the_content_without_it() -> None:
     assert made.derived_version and made.version == content_digest(origin(version="")).hex()
     assert made.origin_version == ""
     assert made.resource.version == made.version
+
+
+@pytest.mark.parametrize("versions", [["v1", "v2", "v3"], [], ["v1", "", "v3"]],
+                         ids=["all", "none", "some"])
+def test_many_made_from_their_encodings_are_each_as_from_encoded(versions: list[str]) -> None:
+    sent = [origin(version) for version in versions or ["", "", ""]]
+    for i, resource in enumerate(sent):
+        resource.name = f"r{i}"
+    entries = [length_delimited_field(2, resource.SerializeToString()) for resource in sent]
+    names = [resource.name for resource in sent]
+    many = CachedResource.from_encoded_many(ENDPOINT, names, versions, entries, 5.0)
+    clock = resource_module.arrival_clock()
+    one_by_one = [CachedResource.from_encoded(ENDPOINT, name, resource.version, entry, 5.0)
+                  for name, resource, entry in zip(names, sent, entries, strict=True)]
+    fields = ("type_url", "name", "version", "derived_version", "delta_entry", "digest",
+              "plain", "received", "variant_key", "resource")
+    assert [[getattr(made, f) for f in fields] for made in many] == \
+        [[getattr(made, f) for f in fields] for made in one_by_one]
+    # stamped one after another, the last the clock's
+    assert [made.arrival for made in many] == [clock - 2, clock - 1, clock]
