@@ -4,25 +4,27 @@ One client's subscription of K names (``big-0`` ...) goes through the
 relay's interest index and upstream state (2,000 names a turn, as the
 upstream client takes them); the origin's answer, one
 DeltaDiscoveryResponse of K ClusterLoadAssignments of about ``--size``
-bytes (as :mod:`benchmarks.bare` makes them, versions included), is parsed
+bytes (as :mod:`benchmarks.bare` makes them, versions included), or one
+of ``--per-response`` names for each of the relay's requests (as the
+end-to-end origin answers them: five of 2,000 for 10,000), is parsed
 (:func:`relay.upstream.responses.parse_response`), applied
 (:meth:`UpstreamState.on_response`, which writes the cache) and each
 resource's delta entry read, as a first response to a client reads it.
-Timed in steps, min and median over ``--runs``, each in a fresh state.
+Timed in steps (the sum over responses), min and median over ``--runs``,
+each in a fresh state.
 
 Figures of one process on the CPU alone, so they hold up when other
 processes load the machine, unlike :mod:`benchmarks.big_client`'s
 end-to-end ones; ``--relay-src`` runs another tree's relay package.
 
 Usage: ``python -m benchmarks.cold_path [--resources 10000] [--size 300]
-[--runs 9] [--relay-src DIR]``; prints one table.
+[--runs 9] [--per-response N] [--relay-src DIR]``; prints one table.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import statistics
 import sys
 import time
@@ -37,16 +39,26 @@ ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 
 def origin_response(resources: int, size: int) -> bytes:
     """The origin's answer to all of them, encoded."""
+    return origin_responses(resources, size, resources)[0]
+
+
+def origin_responses(resources: int, size: int, per_response: int) -> list[bytes]:
+    """The origin's answers to all of them, ``per_response`` names each, encoded."""
     from envoy.service.discovery.v3 import discovery_pb2
     from google.protobuf import any_pb2
 
     from benchmarks.bare import big_names, padded_endpoints
 
-    response = discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT, nonce="1")
-    for name, body in padded_endpoints(big_names(resources), size):
-        response.resources.add(name=name, version=hashlib.sha256(body).hexdigest()[:12],
-                               resource=any_pb2.Any(type_url=ENDPOINT, value=body))
-    return response.SerializeToString()
+    made = list(padded_endpoints(big_names(resources), size))
+    responses = []
+    for start in range(0, resources, per_response):
+        response = discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT,
+                                                        nonce=str(len(responses) + 1))
+        for name, body in made[start:start + per_response]:
+            response.resources.add(name=name, version=hashlib.sha256(body).hexdigest()[:12],
+                                   resource=any_pb2.Any(type_url=ENDPOINT, value=body))
+        responses.append(response.SerializeToString())
+    return responses
 
 
 class _Subscriber:
@@ -54,7 +66,7 @@ class _Subscriber:
         pass
 
 
-def one_run(encoded: bytes, resources: int) -> list[float]:
+def one_run(encoded: list[bytes], resources: int) -> list[float]:
     """Milliseconds of each step (see STEPS) of one cold join."""
     from envoy.config.core.v3 import base_pb2
     from envoy.service.discovery.v3 import discovery_pb2
@@ -70,22 +82,29 @@ def one_run(encoded: bytes, resources: int) -> list[float]:
     state.on_connect(index, 0.0)
     names = big_names(resources)
     index.update(_Subscriber(), ENDPOINT, Interest(frozenset(names)))
-    response = discovery_pb2.DeltaDiscoveryResponse.FromString(encoded)
+    responses = [discovery_pb2.DeltaDiscoveryResponse.FromString(one) for one in encoded]
     marks = [time.perf_counter()]
     # (as the upstream client takes them: the names the index tells of, a
     # turn's worth at a time)
     for start in range(0, len(names), PER_TURN):
         state.on_interest_changed(ENDPOINT, index, 0.0, names[start:start + PER_TURN])
     marks.append(time.perf_counter())
-    parsed = parse_response(response)
-    marks.append(time.perf_counter())
-    assert isinstance(parsed, ParsedResponse)
-    state.on_response(parsed, index, 0.01)  # (answered only after the grace: as served)
-    marks.append(time.perf_counter())
-    entries = [resource.delta_entry for resource in parsed.upserts]
-    marks.append(time.perf_counter())
+    parse = on_response = 0.0
+    upserts = []
+    for response in responses:
+        started = time.perf_counter()
+        parsed = parse_response(response)
+        parsed_at = time.perf_counter()
+        assert isinstance(parsed, ParsedResponse)
+        state.on_response(parsed, index, 0.01)  # (answered only after the grace: as served)
+        parse += parsed_at - started
+        on_response += time.perf_counter() - parsed_at
+        upserts += parsed.upserts
+    before = time.perf_counter()
+    entries = [resource.delta_entry for resource in upserts]
+    after = time.perf_counter()
     assert len(entries) == len(cache.names(ENDPOINT)) == resources
-    steps = [(after - before) * 1e3 for before, after in itertools.pairwise(marks)]
+    steps = [(marks[1] - marks[0]) * 1e3, parse * 1e3, on_response * 1e3, (after - before) * 1e3]
     return [*steps, sum(steps)]
 
 
@@ -94,17 +113,19 @@ def main() -> None:
     parser.add_argument("--resources", type=int, default=10_000)
     parser.add_argument("--size", type=int, default=300, help="bytes of each resource's body")
     parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--per-response", type=int, default=None,
+                        help="names the origin answers in one response (default: all)")
     parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
                         help="the tree whose relay package runs (default: this checkout)")
     args = parser.parse_args()
     sys.path.insert(0, str(args.relay_src))
     from relay.runtime import tune_gc
 
-    encoded = origin_response(args.resources, args.size)
+    encoded = origin_responses(args.resources, args.size, args.per_response or args.resources)
     tune_gc()  # as a relay process does
     runs = [one_run(encoded, args.resources) for _ in range(args.runs)]
-    print(f"relay from {args.relay_src}: {args.resources} x {args.size} B, {args.runs} runs, "
-          f"ms (min / median)")
+    print(f"relay from {args.relay_src}: {args.resources} x {args.size} B in {len(encoded)} "
+          f"response(s), {args.runs} runs, ms (min / median)")
     print("| " + " | ".join(STEPS) + " |")
     print("|" + " ---: |" * len(STEPS))
     print("| " + " | ".join(f"{min(column):.1f} / {statistics.median(column):.1f}"
