@@ -181,8 +181,12 @@ def demand_ledger(config: RelayConfig, clock: Clock) -> DemandLedger:
     subscribe upstream: with ``server.workers``, each takes an equal share of
     ``limits.upstream_names`` (their hub adds them up on the origin stream)."""
     limits, workers = config.limits, max(1, config.server.workers)
+    table = routes(config)
+    # (where every name is served, the ledger asks nothing of each new name:
+    # a cold client's 10,000 names asked 1.9 ms of calls that all said None)
     return DemandLedger(-(-limits.upstream_names // workers), limits.upstream_names_per_host,
-                        clock.now, routes=routes(config).refusal)
+                        clock.now,
+                        routes=None if table.serves_every_name else table.refusal)
 
 
 def snapshot_stores(config: RelayConfig, group: str | None = None,

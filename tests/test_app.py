@@ -8,8 +8,12 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.app import Lifecycle, Relay, build_relay
+from relay.app import Lifecycle, Relay, build_relay, demand_ledger
+from relay.clock import MonotonicClock
 from relay.config import parse_config
+from relay.protocol.outcome import ProtocolError
+from relay.upstream.origins import Routes
+from relay.xds_types import CLUSTER
 
 
 def files_relay(directory: Path, **options: object) -> Relay:
@@ -71,3 +75,34 @@ async def test_readiness_given_is_what_ready_and_its_gauge_go_by(tmp_path: Path)
         assert ready_gauge(relay) == 1
     finally:
         await relay.stop(0)
+
+
+def test_with_a_default_origin_the_demand_ledger_asks_no_route_of_each_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every name is served where ``upstream:`` is an origin: a cold client's
+    names are not each asked for a refusal that is always None (1.9 ms of
+    calls for 10,000); without one, a name no origin serves is refused."""
+    asked: list[str] = []
+    refusal = Routes.refusal
+
+    def counted(self: Routes, name: str) -> str | None:
+        asked.append(name)
+        return refusal(self, name)
+
+    monkeypatch.setattr(Routes, "refusal", counted)
+    names = [f"big-{i}" for i in range(1_000)]
+    for authorities in ("", 'authorities: {east.example.com: {address: "127.0.0.1:2"}}'):
+        served = demand_ledger(parse_config(
+            f'node: {{id: a}}\nupstream: {{address: "127.0.0.1:1"}}\n{authorities}\n'),
+            MonotonicClock())
+        served.check("127.0.0.1", CLUSTER, 0, len(names), len(names), names)
+    assert asked == []
+    federated = demand_ledger(parse_config(
+        'node: {id: a}\nauthorities: {east.example.com: {address: "127.0.0.1:2"}}\n'),
+        MonotonicClock())
+    east = "xdstp://east.example.com/envoy.config.cluster.v3.Cluster/a"
+    federated.check("127.0.0.1", CLUSTER, 0, 1, 1, [east])
+    with pytest.raises(ProtocolError, match="'big-0' is not an xdstp:// name, and the relay "
+                                            "has no default origin"):
+        federated.check("127.0.0.1", CLUSTER, 0, 1, 1, ["big-0"])
+    assert asked == [east, "big-0"]

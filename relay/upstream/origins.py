@@ -67,9 +67,14 @@ class Routes:
             return self.origin_of(name) == origin
         return owns
 
+    @property
+    def serves_every_name(self) -> bool:
+        """Whether some origin serves every name (:meth:`refusal` is always None)."""
+        return self.default is not None or not self.authorities
+
     def refusal(self, name: str) -> str | None:
         """Why a client may not subscribe ``name`` (None: some origin serves it)."""
-        if self.default is not None or not self.authorities:
+        if self.serves_every_name:
             return None
         authority = authority_of(name)
         if authority is None:
