@@ -352,6 +352,21 @@ class ResourceCache:
             page = list(filter(plain.__contains__, page))
             return dict(zip(page, map(plain.__getitem__, page), strict=True))
 
+    def served_one(self, type_url: str, name: str) -> CachedResource | None:
+        """The one variant, unconstrained, that ``name``'s own record holds:
+        what every subscriber gets, whatever its parameters (None where
+        :meth:`served_to_all` would leave ``name`` out).
+
+        For a reader that looks names up one by one: a plain name's
+        :meth:`variants` is a dict made for the call (its record is a shared
+        one, see :data:`_PLAIN_NEW`), ~0.04-0.08 us more a call than when
+        each name had a record of its own; this makes none.
+        """
+        entry = self._types.get(type_url)
+        if entry is None or not entry.synced:
+            return None
+        return entry.plain.get(name)
+
     def unknown_to_all(self, type_url: str, names: Sequence[str]) -> int:
         """How many of ``names`` (distinct) the cache knows nothing of, for
         any subscriber: no record (no variant, error, absence or answer), no

@@ -51,6 +51,7 @@ def observed(cache: ResourceCache, clock: FakeClock) -> dict[str, Any]:
         "aliases": [cache.aliases_of(CLUSTER, name) for name in EVERY],
         "expiry": [cache.expiry(CLUSTER, name, key) for name in EVERY for key in KEYS],
         "served": list(cache.served_to_all(CLUSTER, EVERY).items()),
+        "served one": [cache.served_one(CLUSTER, name) for name in EVERY],
         "unknown": [cache.unknown_to_all(CLUSTER, page) for page in (EVERY, NAMES[:3])],
         "names": cache.names(CLUSTER),
         "resources": cache.resources(CLUSTER),
@@ -149,6 +150,8 @@ def test_plain_records_and_bulk_writes_read_as_the_general_path(
         assert got == expected, what
         assert told[0] == told[1] and forgot[0] == forgot[1], what
         assert observed(fast, clock) == observed(general, clock), what
+        assert [fast.served_one(CLUSTER, name) for name in EVERY] == \
+            [fast.served_to_all(CLUSTER, [name]).get(name) for name in EVERY]
 
 
 def cold(count: int, answered_later: bool = False) -> tuple[ResourceCache, Update, Update]:
