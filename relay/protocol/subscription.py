@@ -346,10 +346,7 @@ class SubscriptionState:
         again: look at them for the next response. Costs the names given.
         ``listed``: the names as the request listed them, in its order."""
         self._note_arrival(listed)
-        fresh = names - self._names
-        # Fresh names were unsubscribed as far as the index knows (or were
-        # touched already): no lookup per name.
-        self._touched.update(dict.fromkeys(fresh - self._touched.keys()))
+        fresh = self._touch_fresh(names)
         self._touch_all(names & self._locator_params.keys())
         self._touch_all(params.keys() - fresh)
         for name in names & self._locator_params.keys() - params.keys():
@@ -361,6 +358,24 @@ class SubscriptionState:
             for name in names:  # (dict.update would presize: twice the memory for one name)
                 since[name] = stamp
         self._pending |= names
+
+    def _touch_fresh(self, names: set[str]) -> set[str]:
+        """Those of ``names`` not subscribed yet, touched: unsubscribed as far
+        as the index knows (or touched already), so no lookup per name.
+
+        A big client's piece of names all new to the state is ``names``
+        itself, where the difference made a set of them anew (~0.08 us a
+        name), and, nothing touched since the index was last told (as after
+        each request), they are touched as one dict, where a set and a dict
+        were made to update it: ~0.75 ms of a 10,000-name join.
+        """
+        subscribed, touched = self._names, self._touched
+        fresh = names if subscribed.isdisjoint(names) else names - subscribed
+        if touched:
+            touched.update(dict.fromkeys(fresh - touched.keys()))
+        else:
+            self._touched = dict.fromkeys(fresh)
+        return fresh
 
     def _note_arrival(self, listed: Sequence[str] | None) -> None:
         """Keep the order in which names are subscribed (see ``_sorted``), while
