@@ -3,6 +3,7 @@ made from its encoding is parsed only when its message is read."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 
@@ -92,9 +93,23 @@ def test_many_made_from_their_encodings_are_each_as_from_encoded(versions: list[
     clock = resource_module.arrival_clock()
     one_by_one = [CachedResource.from_encoded(ENDPOINT, name, resource.version, entry, 5.0)
                   for name, resource, entry in zip(names, sent, entries, strict=True)]
+    # every slot set as from_encoded sets it (read before anything is computed
+    # on first read), so that a slot one day set in __init__ is not missed here
+    assert list(map(set_slots, many)) == list(map(set_slots, one_by_one))
     fields = ("type_url", "name", "version", "derived_version", "delta_entry", "digest",
               "plain", "received", "variant_key", "resource")
     assert [[getattr(made, f) for f in fields] for made in many] == \
         [[getattr(made, f) for f in fields] for made in one_by_one]
     # stamped one after another, the last the clock's
     assert [made.arrival for made in many] == [clock - 2, clock - 1, clock]
+
+
+def set_slots(made: CachedResource) -> dict[str, object]:
+    """The slots of ``made`` that are set (not computed on this read), but its arrival stamp."""
+    found = {}
+    for slot in CachedResource.__slots__:
+        if slot in ("__weakref__", "arrival"):
+            continue
+        with contextlib.suppress(AttributeError):
+            found[slot] = CachedResource.__dict__[slot].__get__(made)
+    return found
