@@ -466,15 +466,9 @@ class UpstreamClient:
 
     @staticmethod
     async def _parse(response: discovery_pb2.DeltaDiscoveryResponse) -> Checked:
-        """Parse a response in steps, giving the event loop a whole turn
-        between them: a response of 10,000 resources holds up no client for
-        long. A whole turn (not one pass): a downstream stream whose batch
-        window closed during a step pushes what the previous response
-        brought before the next step, where with one pass it waited two more
-        steps, and by then the response being parsed had batched it again: a
-        cold client of 10,000 names got nothing until the last of the
-        origin's five responses was in (its pushes now overlap the parsing)."""
-        return await made_in_turns(parse_steps(response))
+        """Parse a response in steps, letting the event loop run between them:
+        a response of 10,000 resources holds up no client for long."""
+        return await made_in_turns(parse_steps(response), _one_pass)
 
     async def _mark_connected(self, channel: grpc.aio.Channel, target: str) -> None:
         await channel.channel_ready()
@@ -596,3 +590,8 @@ class UpstreamClient:
             if not await wait_until(self.clock, self._timer_changed, deadline):
                 self._send(self.state.on_tick(self.demand, self.clock.now()))
 
+
+async def _one_pass() -> None:
+    """The pause between two steps of a response's check: one pass of the
+    loop (a stream's requests wait behind it; a timer may wait a step)."""
+    await asyncio.sleep(0)

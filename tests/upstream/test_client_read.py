@@ -9,16 +9,12 @@ import asyncio
 import gc
 
 import grpc
-import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
-import relay.upstream.client as client_module
 from relay.upstream.dial import Dialer
 from relay.upstream.requests import Request
-from relay.upstream.responses import Parsing, parse_steps
 from relay.xds_types import ENDPOINT
 from tests.upstream.test_client_batching import make
-from tests.upstream.test_responses import response
 
 
 class ScriptedCall:
@@ -51,55 +47,5 @@ async def test_a_response_applied_is_not_kept_while_the_next_is_awaited() -> Non
     gc.collect()
     # Only the test holds the response (and what it was parsed into is gone).
     assert gc.get_referrers(response) == []
-    call.end.set()
-    assert await reading is True
-
-
-async def test_a_stream_woken_during_a_parse_step_runs_before_the_next_step(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """While a big response is checked in steps, a task woken by a timer that
-    fell due during a step (a downstream stream whose batch window closed:
-    it pushes what the previous response brought) runs before the next step,
-    not after two more (by then the response being checked has batched it
-    again). Each step asks whether the woken task has run yet."""
-    loop = asyncio.get_running_loop()
-    woken: asyncio.Future[None] = loop.create_future()
-    ran: list[str] = []
-
-    async def stream() -> None:
-        await woken
-        ran.append("pushed")
-
-    pushing = asyncio.create_task(stream())
-    seen: list[bool] = []
-
-    def steps(response: discovery_pb2.DeltaDiscoveryResponse) -> Parsing:
-        checking = parse_steps(response)
-        paused = 0
-        while True:
-            try:
-                next(checking)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            seen.append(bool(ran))
-            if paused == 0:
-                # the batch window's timer falls due during this step
-                loop.call_later(0, woken.set_result, None)
-            paused += 1
-            yield
-
-    monkeypatch.setattr(client_module, "parse_steps", steps)
-    client, _, _, _ = make()
-    call = ScriptedCall(response(2500))
-    outbox: asyncio.Queue[Request] = asyncio.Queue()
-    reading = asyncio.create_task(client._read(
-        call, outbox, Dialer("127.0.0.1:1")))  # type: ignore[arg-type]
-    await asyncio.wait_for(call.waiting.wait(), 5)
-    [ack] = [outbox.get_nowait() for _ in range(outbox.qsize())]
-    assert not ack.HasField("error_detail"), ack.error_detail
-    # paused after encoding, after the fields' check and after the first of
-    # three slices: the task woken in the first step has run by the second
-    assert seen == [False, True, True, True]
-    await pushing
     call.end.set()
     assert await reading is True
