@@ -261,9 +261,8 @@ class _TypeEntry:
         if found is None:
             found = self.records[name] = _Record()
         elif id(found) in _SHARED:
-            variants = {"": self.plain[name]} if found.variants is _IN_PLAIN else {}
-            found = self.records[name] = _Record(variants, absent=found.absent,
-                                                 answered=found.answered)
+            found = self.records[name] = _Record(dict(self.variants_of(name, found)),
+                                                 absent=found.absent, answered=found.answered)
         return found
 
     def set_bare(self, name: str, absent: bool, answered: frozenset[Params]) -> None:
@@ -318,15 +317,14 @@ class ResourceCache:
         entry = self._types.get(type_url)
         if entry is None or not entry.synced:
             return UNKNOWN
-        own = found = entry.records.get(name)
-        if found is not None and found.variants is _IN_PLAIN:
-            return {"": entry.plain[name]}
-        if (found is None or not found.variants) and name in entry.aliases:
-            found = entry.records.get(canonical := entry.aliases[name])
-            if found is not None and found.variants is _IN_PLAIN:
-                return {"": entry.plain[canonical]}
-        if found is not None and found.variants:
-            return found.variants
+        own = entry.records.get(name)
+        variants = None if own is None else entry.variants_of(name, own)
+        if not variants and name in entry.aliases:
+            canonical = entry.aliases[name]
+            found = entry.records.get(canonical)
+            variants = None if found is None else entry.variants_of(canonical, found)
+        if variants:
+            return variants
         if entry.complete or (own is not None and own.absent):
             return ABSENT
         return UNKNOWN
