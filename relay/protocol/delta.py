@@ -354,6 +354,21 @@ class DeltaSubscription(SubscriptionState):
                 self._unanswered = gone | (self._unanswered or set())
                 self._pending |= gone
 
+    def only_first_answers(self, view: ResourceView) -> bool:
+        # In C: set compares (10,000 names ~0.1 ms), then a look-up a name. A
+        # change of names the client holds (an update, a removal) is not one.
+        unanswered, pending = self._unanswered, self._pending
+        if not unanswered or self._backlog:
+            return False
+        if self._recheck_all:
+            # (the type's first answer, say: every name is looked at, so every
+            # one subscribed must be waiting, none held)
+            if self._wildcard or not (self._names <= unanswered and pending <= unanswered):
+                return False
+        elif not (len(unanswered) == len(pending) and unanswered == pending):
+            return False
+        return view.serves_every(self._type_url, unanswered)
+
     def _start_wildcard(self) -> None:
         super()._start_wildcard()
         self._cycle.owe()  # Envoy waits for the first wildcard answer

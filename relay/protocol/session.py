@@ -415,6 +415,20 @@ class Session:
             return None
         return state.mark_changed(names, everything)
 
+    def first_answers_ready(self, type_url: str, view: ResourceView) -> bool:
+        """Whether the change of ``type_url`` just marked is the last of what
+        the client waits for, and all there is to send: the names it
+        subscribed to and was never answered, each in the cache now, and
+        nothing else marked, of any type. No later part of the origin's
+        burst can be one it waits for, nor change the order of what goes
+        out (invariant 20 is about changes to what clients hold): its
+        stream need not wait for the batch window to close."""
+        state = self._states.get(type_url)
+        if state is None or not state.only_first_answers(view):
+            return False
+        return not any(other.has_changes() for other in self._states.values()
+                       if other is not state)
+
     def heartbeats_received(self, type_url: str, names: frozenset[str]) -> bool:
         """The origin confirmed these names unchanged; whether the stream cares."""
         state = self._states.get(type_url)

@@ -172,6 +172,16 @@ class SubscriptionState:
             bool(self._pending) or self._recheck_all or bool(self._backlog) or
             bool(self._pending_heartbeats)))
 
+    def has_changes(self) -> bool:
+        """Whether names are marked to look at for the next response."""
+        return bool(self._pending) or self._recheck_all
+
+    def only_first_answers(self, view: ResourceView) -> bool:
+        """Whether what is marked to look at is exactly the names the client
+        waits for a first answer to, each in the cache now. Never, here: the
+        delta protocol keeps those names (see ``DeltaSubscription``)."""
+        return False
+
     def take_interest_change(self) -> InterestChange | None:
         """How the subscription changed since this was last called, if it did:
         what the interest index must learn. Costs the names touched since."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Protocol
 
 from cachetools import LRUCache
@@ -38,6 +39,10 @@ class ResourceView(Protocol):
         whatever its parameters, with it (what :meth:`lookup` gives each); the
         others may be left out. For a response of thousands of names: one
         call, not one per name."""
+
+    def serves_every(self, type_url: str, names: AbstractSet[str]) -> bool:
+        """Whether :meth:`served_to_all` gives each of ``names`` (false where it
+        cannot tell without a step per name). One call, in C."""
 
     def unknown_to_all(self, type_url: str, names: Sequence[str]) -> int:
         """How many of ``names`` (distinct) :meth:`lookup` gives UNKNOWN
@@ -135,6 +140,9 @@ class CacheView:
     def served_to_all(self, type_url: str, names: Iterable[str]) -> Mapping[str, CachedResource]:
         return self._cache.served_to_all(type_url, names)
 
+    def serves_every(self, type_url: str, names: AbstractSet[str]) -> bool:
+        return self._cache.serves_every(type_url, names)
+
     def unknown_to_all(self, type_url: str, names: Sequence[str]) -> int:
         # (no record, no alias, no glob answered: ``lookup``'s every ABSENT needs one)
         return self._cache.unknown_to_all(type_url, names)
@@ -211,6 +219,10 @@ class ScopedView:
             return served
         # (a resource under its own name: never an alias of one outside the scope)
         return {name: found for name, found in served.items() if self._scope.may_read(name)}
+
+    def serves_every(self, type_url: str, names: AbstractSet[str]) -> bool:
+        # (a name outside the scope is absent: not told apart in C)
+        return type_url != self._type_url and self._view.serves_every(type_url, names)
 
     def unknown_to_all(self, type_url: str, names: Sequence[str]) -> int:
         if type_url == self._type_url:

@@ -285,10 +285,17 @@ class ServingContext:
 
     # -- pushes ----------------------------------------------------------------
 
-    def wake_after_batch(self, stream: DownstreamStream) -> None:
+    def wake_after_batch(self, stream: DownstreamStream, now: bool = False) -> None:
         """Wake ``stream`` once the batch window closes, to let the rest of
-        the origin's burst arrive first (at once without a window)."""
+        the origin's burst arrive first (at once without a window). With
+        ``now``, at once, out of the open window if it was in it: what it has
+        to send cannot change with the rest of the burst (see
+        :meth:`Session.first_answers_ready
+        <relay.protocol.session.Session.first_answers_ready>`)."""
         window = self.settings.batch_window
+        if now:
+            self._batched.discard(stream)
+            window = 0.0
         if window <= 0:
             stream.wake()
             return

@@ -119,7 +119,9 @@ class DownstreamStream:
         if coalesced:
             self.serving.metrics.downstream_coalesced.add(
                 self.protocol, short_name(type_url), amount=coalesced)
-        self.serving.wake_after_batch(self)
+        # (a cold join's names all in: the rest of the burst is not for it)
+        self.serving.wake_after_batch(
+            self, now=self.session.first_answers_ready(type_url, self.view))
 
     def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
         if self.session.heartbeats_received(type_url, names):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from operator import countOf
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -58,6 +59,9 @@ class FakeView:
 
     def served_to_all(self, type_url: str, names: Iterable[str]) -> dict[str, CachedResource]:
         return {name: self._resources[name] for name in names if name in self._resources}
+
+    def serves_every(self, type_url: str, names: AbstractSet[str]) -> bool:
+        return self.synced and self._resources.keys() >= names
 
     def unknown_to_all(self, type_url: str, names: Sequence[str]) -> int:
         if self.complete:

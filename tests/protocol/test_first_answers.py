@@ -1,0 +1,155 @@
+"""Session.first_answers_ready: when a stream's push need not wait for the
+rest of the origin's burst (the batch window), with no I/O.
+
+It may go at once only when what it would send is exactly the first
+answers its client waits for, every one in the cache: nothing it holds
+changed (an update or a removal keeps the window, invariant 20), and no
+other type has anything marked. tests/e2e/test_first_answers.py runs the
+same through a relay.
+"""
+
+from __future__ import annotations
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from relay.cache import Update
+from relay.constraints import compile_constraints
+from relay.protocol.session import Session
+from relay.resource import CachedResource
+from relay.xds_types import CLUSTER, ENDPOINT
+from tests.builders import cluster, endpoints, pack
+from tests.protocol.test_session import Origin
+
+Delta = discovery_pb2.DeltaDiscoveryRequest
+Sotw = discovery_pb2.DiscoveryRequest
+
+
+def changed(session: Session, type_url: str, *names: str, everything: bool = False) -> None:
+    session.mark_changed(type_url, frozenset(names), everything)
+
+
+def joined(origin: Origin, *names: str) -> Session:
+    """A delta client subscribed to ``names`` of clusters, looked at once
+    (nothing there yet: every one awaited)."""
+    session = Session("delta")
+    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=list(names)))
+    assert session.due(origin.view).responses == []
+    return session
+
+
+def test_ready_once_the_last_awaited_name_is_in_and_not_before() -> None:
+    origin = Origin()
+    origin.put(CLUSTER, "other", cluster("other"))  # (the type is synced)
+    session = joined(origin, "a", "b")
+    origin.put(CLUSTER, "a", cluster("a"))
+    changed(session, CLUSTER, "a")
+    assert not session.first_answers_ready(CLUSTER, origin.view)
+    origin.put(CLUSTER, "b", cluster("b"))
+    changed(session, CLUSTER, "b")
+    assert session.first_answers_ready(CLUSTER, origin.view)
+    [answer] = session.due(origin.view).responses
+    assert sorted(r.name for r in answer.resources) == ["a", "b"]
+    session.receive(Delta(type_url=CLUSTER, response_nonce=answer.nonce))
+    # Answered: an update of what the client holds waits for the window.
+    origin.put(CLUSTER, "a", cluster("a", timeout_s=3), version="2")
+    changed(session, CLUSTER, "a")
+    assert not session.first_answers_ready(CLUSTER, origin.view)
+
+
+def test_the_types_first_answer_checks_every_name_at_once() -> None:
+    # The type's first answer marks every name to look at (everything).
+    origin = Origin()
+    session = Session("delta")
+    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["a", "b"]))
+    assert session.due(origin.view).responses == []  # (not synced: nothing looked at)
+    origin.put(CLUSTER, "a", cluster("a"))
+    changed(session, CLUSTER, "a", everything=True)
+    assert not session.first_answers_ready(CLUSTER, origin.view)
+    origin.put(CLUSTER, "b", cluster("b"))
+    changed(session, CLUSTER, "b")
+    assert session.first_answers_ready(CLUSTER, origin.view)
+
+
+def test_not_ready_when_a_held_name_changed_too() -> None:
+    origin = Origin()
+    origin.put(CLUSTER, "a", cluster("a"))
+    session = Session("delta")
+    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    [answer] = session.due(origin.view).responses
+    session.receive(Delta(type_url=CLUSTER, response_nonce=answer.nonce))
+    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["b"]))
+    assert session.due(origin.view).responses == []  # (b awaited)
+    origin.put(CLUSTER, "a", cluster("a", timeout_s=3), version="2")
+    changed(session, CLUSTER, "a")
+    origin.put(CLUSTER, "b", cluster("b"))
+    changed(session, CLUSTER, "b")
+    # b is all the client waits for, but a's update goes with it: the window.
+    assert not session.first_answers_ready(CLUSTER, origin.view)
+    changed(session, CLUSTER, everything=True)  # (every name looked at: a too)
+    assert not session.first_answers_ready(CLUSTER, origin.view)
+
+
+def test_not_ready_when_every_name_is_looked_at_and_one_is_held() -> None:
+    origin = Origin()
+    origin.put(CLUSTER, "a", cluster("a"))
+    session = Session("delta")
+    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    [answer] = session.due(origin.view).responses
+    session.receive(Delta(type_url=CLUSTER, response_nonce=answer.nonce))
+    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["b"]))
+    assert session.due(origin.view).responses == []
+    origin.put(CLUSTER, "b", cluster("b"))
+    changed(session, CLUSTER, "b", everything=True)
+    assert not session.first_answers_ready(CLUSTER, origin.view)
+
+
+def test_not_ready_when_another_type_has_changes() -> None:
+    origin = Origin()
+    origin.put(ENDPOINT, "e", endpoints("e"))
+    origin.put(CLUSTER, "other", cluster("other"))
+    session = joined(origin, "a")
+    session.receive(Delta(type_url=ENDPOINT, resource_names_subscribe=["e"]))
+    [eds] = session.due(origin.view).responses
+    session.receive(Delta(type_url=ENDPOINT, response_nonce=eds.nonce))
+    origin.put(ENDPOINT, "e", endpoints("e", 1001), version="2")
+    changed(session, ENDPOINT, "e")
+    origin.put(CLUSTER, "a", cluster("a"))
+    changed(session, CLUSTER, "a")
+    assert not session.first_answers_ready(CLUSTER, origin.view)
+
+
+def test_not_ready_for_a_name_with_variants_or_gone() -> None:
+    origin = Origin()
+    origin.put(CLUSTER, "other", cluster("other"))
+    session = joined(origin, "a", "gone")
+    constraints = discovery_pb2.DynamicParameterConstraints()
+    constraints.constraint.key = "env"
+    constraints.constraint.value = "prod"
+    resource = discovery_pb2.Resource(version="1", resource=pack(cluster("a")))
+    resource.resource_name.name = "a"
+    resource.resource_name.dynamic_parameter_constraints.CopyFrom(constraints)
+    origin.core.cache.apply(CLUSTER, Update([CachedResource(
+        CLUSTER, "a", "1", resource, compile_constraints(constraints))]))
+    changed(session, CLUSTER, "a")
+    origin.remove(CLUSTER, "gone")
+    changed(session, CLUSTER, "gone")
+    # (a variant is its subscriber's to pick, an absence is not a resource:
+    # the window, as before)
+    assert not session.first_answers_ready(CLUSTER, origin.view)
+
+
+def test_never_for_a_stream_that_awaits_nothing_or_a_sotw_one() -> None:
+    origin = Origin()
+    origin.put(CLUSTER, "a", cluster("a"))
+    session = Session("delta")
+    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
+    [answer] = session.due(origin.view).responses
+    session.receive(Delta(type_url=CLUSTER, response_nonce=answer.nonce))
+    changed(session, CLUSTER, "a")
+    assert not session.first_answers_ready(CLUSTER, origin.view)
+    assert not session.first_answers_ready(ENDPOINT, origin.view)  # (not subscribed)
+    sotw = Session("sotw")
+    sotw.receive(Sotw(type_url=CLUSTER, resource_names=["b"]))
+    origin.put(CLUSTER, "b", cluster("b"))
+    changed(sotw, CLUSTER, "b")
+    assert not sotw.first_answers_ready(CLUSTER, origin.view)
