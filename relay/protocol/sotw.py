@@ -179,6 +179,25 @@ class SotwSubscription(SubscriptionState):
         """Listeners and clusters: every response carries the whole subscribed set."""
         return self._type_url in FULL_STATE_TYPES
 
+    def only_first_answers(self, view: ResourceView) -> bool:
+        # The names the client waits for are those subscribed and not held.
+        # In C: a set difference, compares, a look-up a name; a stream that
+        # holds every name it subscribes to (nearly all, on a fan-out's
+        # path) is told apart by two lengths.
+        names, held, pending = self._names, self._held, self._pending
+        if self._wildcard or self._backlog or len(held) >= len(names):
+            return False
+        if self._recheck_all:
+            # (a first request, say: every name is looked at, so none may be held)
+            if held or not pending <= names:
+                return False
+            waiting = names
+        else:
+            waiting = names - held.keys()
+            if not (len(waiting) == len(pending) and waiting == pending):
+                return False
+        return view.serves_every(self._type_url, waiting)
+
     def expect_request(self) -> None:
         """Answer the next request in full, even one that looks like a plain ACK.
 

@@ -178,9 +178,9 @@ class SubscriptionState:
 
     def only_first_answers(self, view: ResourceView) -> bool:
         """Whether what is marked to look at is exactly the names the client
-        waits for a first answer to, each in the cache now. Never, here: the
-        delta protocol keeps those names (see ``DeltaSubscription``)."""
-        return False
+        waits for a first answer to, each in the cache now (each protocol
+        knows which those are)."""
+        raise NotImplementedError
 
     def take_interest_change(self) -> InterestChange | None:
         """How the subscription changed since this was last called, if it did:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.clock import ManualClock
 from tests.harness import (
@@ -40,13 +42,18 @@ async def subscribed_upstream(origin: ScriptedOrigin, clock: ManualClock, type_u
         await asyncio.sleep(0.01)
 
 
-async def test_first_answers_go_out_once_the_last_is_in_updates_wait_for_the_window() -> None:
+@pytest.mark.parametrize("delta", [True, False], ids=["delta", "sotw"])
+async def test_first_answers_go_out_once_the_last_is_in_updates_wait_for_the_window(
+        delta: bool) -> None:
     origin = ScriptedOrigin()
     origin.set(cluster("a"), version="v1")
     clock = ManualClock()
     async with running_stack(origin, clock=clock, server=f"batch_window: {WINDOW}") as stack:
-        client = stack.client(delta=True)
-        await client.send(node=node(), type_url=CLUSTER, resource_names_subscribe=["a", "b"])
+        client = stack.client(delta=delta)
+        if delta:
+            await client.send(node=node(), type_url=CLUSTER, resource_names_subscribe=["a", "b"])
+        else:
+            await client.send(node=node(), type_url=CLUSTER, resource_names=["a", "b"])
         await subscribed_upstream(origin, clock, CLUSTER, "b")
         await eventually(lambda: "a" in stack.relay.cache.names(CLUSTER))
         # a is in, b is not: the client waits for both, and the window holds a
@@ -55,8 +62,11 @@ async def test_first_answers_go_out_once_the_last_is_in_updates_wait_for_the_win
         origin.set(cluster("b"), version="v1")
         first = await client.recv()  # (within the timeout: long before the window)
         assert (first.type_url, sorted(names_of(first))) == (CLUSTER, ["a", "b"])
-        assert [r.version for r in first.resources] == ["v1", "v1"]
-        await client.ack(first)
+        if delta:
+            assert [r.version for r in first.resources] == ["v1", "v1"]
+            await client.ack(first)
+        else:
+            await client.ack(first, resource_names=["a", "b"])
 
         # An update of what the client holds waits for the rest of the burst.
         origin.set(cluster("a", timeout_s=3), version="v2")

@@ -131,6 +131,8 @@ async def test_invariant_25_new_client_is_served_from_cache_without_upstream_rou
         first = stack.client()
         await first.send(node=node("1"), type_url=ENDPOINT, resource_names_subscribe=["a"])
         await first.recv()
+        # (the relay's ACK of the origin's answer may follow the client's copy)
+        await eventually(lambda: any(r.response_nonce for r in origin.all_requests()))
         before = len(origin.all_requests())
         origin.auto = False  # the origin would no longer answer anything
         late = stack.client(delta=False)

@@ -10,6 +10,7 @@ same through a relay.
 
 from __future__ import annotations
 
+import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import Update
@@ -138,7 +139,7 @@ def test_not_ready_for_a_name_with_variants_or_gone() -> None:
     assert not session.first_answers_ready(CLUSTER, origin.view)
 
 
-def test_never_for_a_stream_that_awaits_nothing_or_a_sotw_one() -> None:
+def test_never_for_a_stream_that_awaits_nothing() -> None:
     origin = Origin()
     origin.put(CLUSTER, "a", cluster("a"))
     session = Session("delta")
@@ -148,8 +149,55 @@ def test_never_for_a_stream_that_awaits_nothing_or_a_sotw_one() -> None:
     changed(session, CLUSTER, "a")
     assert not session.first_answers_ready(CLUSTER, origin.view)
     assert not session.first_answers_ready(ENDPOINT, origin.view)  # (not subscribed)
-    sotw = Session("sotw")
-    sotw.receive(Sotw(type_url=CLUSTER, resource_names=["b"]))
-    origin.put(CLUSTER, "b", cluster("b"))
-    changed(sotw, CLUSTER, "b")
-    assert not sotw.first_answers_ready(CLUSTER, origin.view)
+
+
+@pytest.mark.parametrize("type_url", [CLUSTER, ENDPOINT])  # full state, and not
+def test_sotw_ready_once_every_name_subscribed_and_not_held_is_in(type_url: str) -> None:
+    made = cluster if type_url == CLUSTER else endpoints
+    origin = Origin()
+    origin.put(type_url, "other", made("other"))
+    session = Session("sotw")
+    session.receive(Sotw(type_url=type_url, resource_names=["a", "b"]))
+    assert session.due(origin.view).responses == []
+    origin.put(type_url, "a", made("a"))
+    changed(session, type_url, "a")
+    assert not session.first_answers_ready(type_url, origin.view)
+    origin.put(type_url, "b", made("b"))
+    changed(session, type_url, "b")
+    assert session.first_answers_ready(type_url, origin.view)
+    [answer] = session.due(origin.view).responses
+    assert sorted(r.name for r in answer.resources) == ["a", "b"]
+    session.receive(Sotw(type_url=type_url, resource_names=["a", "b"],
+                         response_nonce=answer.nonce, version_info=answer.version_info))
+    # Holding all it subscribes to: an update waits for the window.
+    origin.put(type_url, "a", made("a", timeout_s=3) if type_url == CLUSTER
+               else made("a", 1001), version="2")
+    changed(session, type_url, "a")
+    assert not session.first_answers_ready(type_url, origin.view)
+    # A new name, with a held one changed meanwhile: the window too.
+    [update] = session.due(origin.view).responses
+    session.receive(Sotw(type_url=type_url, resource_names=["a", "b"],
+                         response_nonce=update.nonce, version_info=update.version_info))
+    session.receive(Sotw(type_url=type_url, resource_names=["a", "b", "c"],
+                         response_nonce=update.nonce, version_info=update.version_info))
+    assert session.due(origin.view).responses == []
+    origin.put(type_url, "b", made("b", timeout_s=3) if type_url == CLUSTER
+               else made("b", 1001), version="2")
+    changed(session, type_url, "b")
+    origin.put(type_url, "c", made("c"))
+    changed(session, type_url, "c")
+    assert not session.first_answers_ready(type_url, origin.view)
+
+
+def test_sotw_not_ready_when_every_name_is_looked_at_and_one_is_held() -> None:
+    origin = Origin()
+    origin.put(ENDPOINT, "a", endpoints("a"))
+    session = Session("sotw")
+    session.receive(Sotw(type_url=ENDPOINT, resource_names=["a"]))
+    [answer] = session.due(origin.view).responses
+    session.receive(Sotw(type_url=ENDPOINT, resource_names=["a", "b"],
+                         response_nonce=answer.nonce, version_info=answer.version_info))
+    assert session.due(origin.view).responses == []
+    origin.put(ENDPOINT, "b", endpoints("b"))
+    changed(session, ENDPOINT, "b", everything=True)  # (a may have changed too)
+    assert not session.first_answers_ready(ENDPOINT, origin.view)
