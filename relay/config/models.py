@@ -324,9 +324,10 @@ class ServerConfig(_Section):
     batch_window: DurationField = Field(
         default=0.005,
         description="how long a push caused by an origin change waits for the rest of its "
-                    "burst (clients get it in make-before-break order), and how long "
-                    "clients' subscription changes gather before going to the origin (at "
-                    "most one per type per window); 0 disables")
+                    "burst (clients get it in make-before-break order; a client's first "
+                    "answers go as soon as the last of them is in), and how long clients' "
+                    "subscription changes gather before going to the origin (at most one "
+                    "per type per window); 0 disables")
     drain_period: DurationField = Field(
         default=10.0,
         description="on SIGTERM, refuse new streams and close the open ones spread over "
