@@ -355,19 +355,21 @@ class DeltaSubscription(SubscriptionState):
                 self._pending |= gone
 
     def only_first_answers(self, view: ResourceView) -> bool:
-        # In C: set compares (10,000 names ~0.1 ms), then a look-up a name. A
-        # change of names the client holds (an update, a removal) is not one.
+        # A change of names the client holds (an update, a removal) is not
+        # one. Lengths first, then the cache (which stops at the first name
+        # it lacks: all but the last of a cold join's changes), then the set
+        # compares (in C, ~0.1 ms a 10,000), once.
         unanswered, pending = self._unanswered, self._pending
         if not unanswered or self._backlog:
             return False
-        if self._recheck_all:
-            # (the type's first answer, say: every name is looked at, so every
-            # one subscribed must be waiting, none held)
-            if self._wildcard or not (self._names <= unanswered and pending <= unanswered):
-                return False
-        elif not (len(unanswered) == len(pending) and unanswered == pending):
+        recheck = self._recheck_all
+        if (self._wildcard if recheck else len(unanswered) != len(pending)) or \
+                not view.serves_every(self._type_url, unanswered):
             return False
-        return view.serves_every(self._type_url, unanswered)
+        # (every name looked at, as at the type's first answer: every one
+        # subscribed must be waiting, none held)
+        return self._names <= unanswered and pending <= unanswered if recheck \
+            else unanswered == pending
 
     def _start_wildcard(self) -> None:
         super()._start_wildcard()

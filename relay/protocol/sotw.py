@@ -181,22 +181,20 @@ class SotwSubscription(SubscriptionState):
 
     def only_first_answers(self, view: ResourceView) -> bool:
         # The names the client waits for are those subscribed and not held.
-        # In C: a set difference, compares, a look-up a name; a stream that
-        # holds every name it subscribes to (nearly all, on a fan-out's
-        # path) is told apart by two lengths.
+        # Lengths first (a stream holding every name it subscribes to, nearly
+        # all on a fan-out's path, goes no further), then the cache, then
+        # the set operations, in C.
         names, held, pending = self._names, self._held, self._pending
         if self._wildcard or self._backlog or len(held) >= len(names):
             return False
         if self._recheck_all:
             # (a first request, say: every name is looked at, so none may be held)
-            if held or not pending <= names:
-                return False
-            waiting = names
-        else:
-            waiting = names - held.keys()
-            if not (len(waiting) == len(pending) and waiting == pending):
-                return False
-        return view.serves_every(self._type_url, waiting)
+            return not held and view.serves_every(self._type_url, names) and \
+                pending <= names
+        if len(pending) != len(names) - len(held):
+            return False
+        waiting = names - held.keys()
+        return waiting == pending and view.serves_every(self._type_url, waiting)
 
     def expect_request(self) -> None:
         """Answer the next request in full, even one that looks like a plain ACK.
