@@ -11,7 +11,8 @@ about ``N * 100 / R`` clients. Every response is decoded and ACKed.
 * **Resend** (``--rounds`` times): the origin ends its streams gracefully, as
   istiod does at its maximum connection age; the relay reconnects and gets
   all R resources again, unchanged. Reported: downstream responses the
-  clients received (must be 0), the relay's CPU time from the origin's end
+  clients received (must be 0), the relay's CPU time (all threads, and its
+  main thread's, the event loop's: what clients wait on) from the origin's end
   of the stream until the resend is ACKed plus one quiet second, and, as the
   baseline, the CPU a bare ``grpc.aio`` client (its own process, subscribed
   to the same R names on the same origin) spends receiving, decoding and
@@ -21,8 +22,14 @@ about ``N * 100 / R`` clients. Every response is decoded and ACKed.
   origin's return until every client has the change, and the relay's
   backoff step in force then (from its log), which should bound it plus 1 s.
 
+The relay runs from ``--relay-src`` (default: this checkout). Given more
+than once, each tree is measured in turn (its own relay process and clients,
+on the same origin and bare client), ``--repeat`` times, alternating: a
+before and an after in one invocation, minutes apart, not hours.
+
 Usage: ``python -m benchmarks.reconnect [--clients 1000] [--resources 10000]
-[--rounds 3] [--outages 3] [--outage 20] [--origin-versions]``
+[--rounds 3] [--outages 3] [--outage 20] [--origin-versions]
+[--relay-src DIR ...] [--repeat 1]``
 Writes a table to stdout and JSON to ``benchmarks/results/reconnect.json``.
 """
 
@@ -47,7 +54,8 @@ import grpc
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from benchmarks.processes import cpu_seconds, relay_process, workers
+from benchmarks.processes import cpu_seconds, main_thread_cpu_seconds, relay_process, workers
+from benchmarks.report import revision
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints
 from tests.harness import eventually
@@ -60,10 +68,20 @@ PER_CLIENT = 100
 BARE = ("x-bench-client", "bare")
 
 
-def names_of_client(index: int, total: int) -> list[str]:
-    """``ep-0`` and 99 names after ``index * 10``: together, every name, each
-    held by several clients."""
-    return [WATCHED, *(f"ep-{(index * 10 + k) % total}" for k in range(1, PER_CLIENT))]
+def stride_of(clients: int, total: int) -> int:
+    """How far apart two clients' first names are: 10, or more where 10 would
+    leave names nobody holds (fewer clients than a tenth of the names)."""
+    stride = max(10, -(-total // clients))
+    if stride >= PER_CLIENT:
+        raise SystemExit(f"{clients} clients of {PER_CLIENT} names cannot hold {total} "
+                         f"resources: at least {-(-total // (PER_CLIENT - 1))} clients")
+    return stride
+
+
+def names_of_client(index: int, total: int, stride: int = 10) -> list[str]:
+    """``ep-0`` and 99 names after ``index * stride``: together, every name,
+    each held by several clients (see :func:`stride_of`)."""
+    return [WATCHED, *(f"ep-{(index * stride + k) % total}" for k in range(1, PER_CLIENT))]
 
 
 def first_port(body: bytes) -> int:
@@ -74,8 +92,9 @@ def first_port(body: bytes) -> int:
 # -- client workers (separate processes) ----------------------------------------
 
 
-def worker_main(conn: Connection, first: int, count: int, target: str, total: int) -> None:
-    asyncio.run(_worker(conn, first, count, target, total))
+def worker_main(conn: Connection, first: int, count: int, target: str, total: int,
+                stride: int) -> None:
+    asyncio.run(_worker(conn, first, count, target, total, stride))
 
 
 class _Client:
@@ -137,14 +156,15 @@ class _Client:
                     version_info=response.version_info, resource_names=self.names))
 
 
-async def _worker(conn: Connection, first: int, count: int, target: str, total: int) -> None:
+async def _worker(conn: Connection, first: int, count: int, target: str, total: int,
+                  stride: int) -> None:
     loop = asyncio.get_running_loop()
     channels, clients = [], []
     tasks = []
     for i in range(first, first + count):
         channel = grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
         channels.append(channel)
-        client = _Client(channel, i % 2 == 0, names_of_client(i, total))
+        client = _Client(channel, i % 2 == 0, names_of_client(i, total, stride))
         await client.subscribe(f"reconnect-bench-{i}")
         clients.append(client)
         task = asyncio.create_task(client.run())
@@ -241,7 +261,8 @@ def connected_after(log: Path, at: float) -> float | None:
                  if when >= at and "connected to origin" in line), None)
 
 
-async def measure(args: argparse.Namespace) -> dict[str, Any]:
+async def measure(args: argparse.Namespace, src: Path) -> dict[str, Any]:
+    """Resends and outages of the relay from the tree ``src``."""
     total = args.resources
     origin = await IstiodOrigin(versions=args.origin_versions).start()
     origin.set(*(endpoints(f"ep-{i}", 1000 + i % 1000) for i in range(total)))
@@ -260,8 +281,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with log_path.open("wb") as log:  # noqa: ASYNC230 (once, before measuring)
             async with relay_process("reconnect-bench", port, 0, log_level="info",
-                                     stderr=log, upstream_extra=args.upstream) as relay, \
+                                     stderr=log, upstream_extra=args.upstream,
+                                     src=src) as relay, \
                     workers(worker_main, args.clients, args.workers, relay.target, total,
+                            stride_of(args.clients, total),
                             numbered=True) as clients:
                 pid = relay.process.pid
                 await asyncio.sleep(1.0)
@@ -270,6 +293,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     await clients.next_messages()
                     before = len(relay_streams())
                     relay_cpu, bare_cpu = cpu_seconds(pid), cpu_seconds(bare.pid)
+                    relay_main = main_thread_cpu_seconds(pid)
                     started = time.monotonic()
                     origin.end_streams()
                     await eventually(lambda b=before: len(relay_streams()) > b and
@@ -278,11 +302,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     acked = time.monotonic() - started
                     await asyncio.sleep(1.0)  # whatever the resend causes goes out meanwhile
                     relay_cpu = cpu_seconds(pid) - relay_cpu
+                    relay_main = main_thread_cpu_seconds(pid) - relay_main
                     bare_cpu = cpu_seconds(bare.pid) - bare_cpu
                     clients.send("count")
                     pushed = sum(await clients.next_messages())
                     resend.append({"downstream_responses": pushed,
                                    "relay_cpu_ms": round(relay_cpu * 1000),
+                                   "relay_main_thread_cpu_ms": round(relay_main * 1000),
                                    "bare_cpu_ms": round(bare_cpu * 1000),
                                    "acked_after_ms": round(acked * 1000)})
                     print(json.dumps({"resend": resend[-1]}), flush=True)
@@ -313,8 +339,31 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await origin.stop()
         with contextlib.suppress(OSError):
             os.unlink(log_path)
-    return {"clients": args.clients, "resources": total, "origin_versions": args.origin_versions,
+    return {"relay_src": str(src), "revision": revision(src), "clients": args.clients,
+            "resources": total, "origin_versions": args.origin_versions,
             "outage_s": args.outage, "resend": resend, "outages": outages}
+
+
+def report(result: dict[str, Any]) -> None:
+    """One tree's figures, as a line or two."""
+    resend, outages = result["resend"], result["outages"]
+    print(f"\nrelay at {result['revision']} ({result['relay_src']}):")
+    if resend:
+        ratios = [r["relay_cpu_ms"] / max(r["bare_cpu_ms"], 1) for r in resend]
+        cpu = [r["relay_cpu_ms"] for r in resend]
+        main = [r["relay_main_thread_cpu_ms"] for r in resend]
+        print(f"resend of {result['resources']} unchanged resources, {result['clients']} "
+              f"clients: downstream responses {[r['downstream_responses'] for r in resend]}; "
+              f"relay CPU ms {cpu} (min {min(cpu)}, median {statistics.median(cpu):g}), "
+              f"its main thread's (the event loop) {main} (min {min(main)}, median "
+              f"{statistics.median(main):g}), "
+              f"bare client CPU ms {[r['bare_cpu_ms'] for r in resend]}; relay / bare min "
+              f"{min(ratios):.2f}x median {statistics.median(ratios):.2f}x")
+    if outages:
+        print(f"outage of {result['outage_s']:g}s: clients converged "
+              f"{[o['converged_s'] for o in outages]} s after the origin was back; relay "
+              f"backoff step in force {[o['backoff_step_s'] for o in outages]} s; from the "
+              f"relay's connect {[o['connected_to_converged_s'] for o in outages]} s")
 
 
 def main() -> None:
@@ -331,24 +380,26 @@ def main() -> None:
     parser.add_argument("--upstream", default="",
                         help="extra keys for the relay's upstream section, YAML flow style")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--relay-src", type=Path, action="append", default=None,
+                        help="a tree whose relay runs (default: this checkout); more than "
+                             "once: each in turn")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="how many times each tree is measured, the trees alternating")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/reconnect.json"))
     args = parser.parse_args()
-    result = asyncio.run(measure(args))
-    resend, outages = result["resend"], result["outages"]
-    if resend:
-        ratios = [r["relay_cpu_ms"] / max(r["bare_cpu_ms"], 1) for r in resend]
-        print(f"\nresend of {result['resources']} unchanged resources, {result['clients']} "
-              f"clients: downstream responses {[r['downstream_responses'] for r in resend]}; "
-              f"relay CPU ms {[r['relay_cpu_ms'] for r in resend]}, bare client CPU ms "
-              f"{[r['bare_cpu_ms'] for r in resend]}; relay / bare min {min(ratios):.2f}x "
-              f"median {statistics.median(ratios):.2f}x")
-    if outages:
-        print(f"outage of {result['outage_s']:g}s: clients converged "
-              f"{[o['converged_s'] for o in outages]} s after the origin was back; relay "
-              f"backoff step in force {[o['backoff_step_s'] for o in outages]} s; from the "
-              f"relay's connect {[o['connected_to_converged_s'] for o in outages]} s")
+    trees = [src.resolve() for src in args.relay_src or [Path(__file__).resolve().parents[1]]]
+    results = []
+    for _ in range(args.repeat):
+        for src in trees:
+            results.append(asyncio.run(measure(args, src)))
+            report(results[-1])
+    if len(results) > 1:
+        print("\nall, in the order measured:")
+        for result in results:
+            report(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"cpus": os.cpu_count(), **result}, indent=2))
+    body = results[0] if len(results) == 1 else {"runs": results}
+    args.out.write_text(json.dumps({"cpus": os.cpu_count(), **body}, indent=2))
 
 
 if __name__ == "__main__":
