@@ -14,10 +14,11 @@ every replica that receives the same bytes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -25,7 +26,7 @@ from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
 from relay.constraints import UNCONSTRAINED, Constraints
-from relay.encoding import length_delimited_field, varint
+from relay.encoding import field_size, length_delimited_field, varint
 
 # Field numbers of ``resources`` in DeltaDiscoveryResponse and DiscoveryResponse.
 _RESOURCES_FIELD = 2
@@ -97,6 +98,8 @@ def content_digest(resource: discovery_pb2.Resource) -> bytes:
 
 
 _DIGEST_BYTES = 8
+# How long a derived version is as Resource.version (tag, length, hex digest).
+_DERIVED_FIELD = 2 + 2 * _DIGEST_BYTES
 
 
 class CachedResource:
@@ -244,14 +247,10 @@ class CachedResource:
         where encoding the message with it writes it.
         """
         made = _Plain(type_url, name, version, received)
-        if not version:
-            encoded = _payload(entry)
-            digest = made.digest = _digest(encoded)
-            made.version = version = digest.hex()
-            made.derived_version = True
-            encoded = _VERSION_TAG + varint(len(version)) + version.encode() + encoded
-            entry = _ENTRY_TAG + varint(len(encoded)) + encoded
-        made.delta_entry = entry
+        if version:
+            made.delta_entry = entry
+        else:
+            _derive(made, entry)
         return made
 
     @classmethod
@@ -287,6 +286,56 @@ class CachedResource:
             plain.delta_entry = entry
             append(plain)
         return made
+
+    @classmethod
+    def from_resent_many(cls, type_url: str, names: Sequence[str], versions: Sequence[str],
+                         payloads: Sequence[bytes], received: float,
+                         cached: Mapping[str, CachedResource], prefix: Callable[[int], bytes]
+                         ) -> tuple[list[CachedResource], list[bytes]]:
+        """:meth:`from_encoded_many` of a resend, and the entries to decode:
+        those not byte for byte the one the copy of their name in ``cached``
+        was made from. ``payloads``: each entry's message (the entry is
+        ``prefix(len(payload)) + payload``: framed only if it is decoded).
+
+        A copy made from an entry is a plain one (:meth:`from_encoded`),
+        made once its body decoded: the same bytes decode again, to the same
+        version and digest, which the new copy takes with the entry (the very
+        bytes object: no second copy of it, no hashing where the relay
+        derives the version). That entry is the origin's message framed,
+        where the origin sent a version; with the derived version first, where
+        the relay derived one: the same message if the entry ends with it and
+        is as long as such an entry of it. The others are made by
+        :meth:`from_encoded`, as :meth:`from_encoded_many` makes them.
+        """
+        derived = not versions
+        extra = _DERIVED_FIELD if derived else 0
+        get = cached.get
+        new = object.__new__
+        from_encoded = cls.from_encoded
+        made: list[CachedResource] = []
+        append = made.append
+        fresh: list[bytes] = []
+        for name, version, payload in zip(names, versions or [""] * len(names), payloads,
+                                          strict=True):
+            old = get(name)
+            if old is not None and old.plain and old.derived_version is derived:
+                held = old.delta_entry
+                if len(held) == _entry_size(len(payload) + extra) and held.endswith(payload):
+                    plain = new(_Plain)
+                    plain.type_url = type_url
+                    plain.name = name
+                    plain.version = old.version
+                    plain.arrival = _next_arrival()
+                    plain.received = received
+                    plain.derived_version = derived
+                    plain.digest = old.digest
+                    plain.delta_entry = held
+                    append(plain)
+                    continue
+            entry = prefix(len(payload)) + payload
+            fresh.append(entry)
+            append(from_encoded(type_url, name, version, entry, received))
+        return made, fresh
 
     def is_current(self, resource: CachedResource) -> bool:
         """Whether a client holding this copy holds ``resource``: the same
@@ -340,6 +389,25 @@ class _Plain(CachedResource):
 
     def __repr__(self) -> str:
         return "plain " + super().__repr__()
+
+
+@functools.lru_cache(maxsize=1_024)
+def _entry_size(payload: int) -> int:
+    """How long a ``resources`` entry of a message of ``payload`` bytes is
+    (one lookup a resource: bodies are often of a few lengths)."""
+    return field_size(payload)
+
+
+def _derive(made: CachedResource, entry: bytes) -> None:
+    """Give ``made``, a plain resource with no version from the origin, the
+    version derived from its entry (see :meth:`CachedResource.from_encoded`)."""
+    encoded = _payload(entry)
+    digest = made.digest = _digest(encoded)
+    made.version = version = digest.hex()
+    made.derived_version = True
+    encoded = _VERSION_TAG + varint(len(version)) + version.encode() + encoded
+    made.delta_entry = _ENTRY_TAG + varint(len(encoded)) + encoded
+
 
 
 # -- what a CachedResource computes on first read ------------------------------

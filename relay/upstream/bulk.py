@@ -19,6 +19,14 @@ message share the wire format, so a field can be read as either.
 * ``Checked`` reads ``Any.value`` as the response's message type: parsing
   it decodes every body in one C call, a slice of entries at a time.
 
+A resend is not decoded again: istiod ends each stream at its maximum
+connection age and sends every resource again, unchanged, on the next one.
+An entry byte for byte the one the cached copy of its name was made from
+(see :meth:`~relay.resource.CachedResource.from_resent_many`) decoded then; only the others are
+decoded, and the copy's version, digest and entry are reused (no hashing
+where the relay derives the version). What is NACKed, cached and served is
+what checking all of them gives.
+
 Anything else (an extra field, a resource without a body or of another
 type, a missing or repeated name, a body that does not decode) sends the
 whole response to the general check in :mod:`relay.upstream.responses`,
@@ -29,7 +37,7 @@ cached, are the general check's.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from functools import cache, lru_cache
 from typing import Any
 
@@ -136,15 +144,22 @@ def _message(file: descriptor_pb2.FileDescriptorProto, name: str,
 
 
 Bulk = Generator[None, None, list[CachedResource] | None]
+#: The copies the relay holds of some names of a type, by name (those it
+#: holds, unconstrained: :meth:`relay.cache.ResourceCache.served_to_all`).
+Known = Callable[[str, list[str]], Mapping[str, CachedResource]]
 
 
 def plain_resources(response: discovery_pb2.DeltaDiscoveryResponse, type_url: str,
-                    received: float, step: bool = True) -> Bulk:
+                    received: float, step: bool = True, known: Known | None = None) -> Bulk:
     """The response's resources, checked and made in bulk, when every one is
     plain and decodes; None when any is not (or there are too few to be
     worth it): the general check then finds which and why. A generator that
     pauses (yields) when ``step``: after encoding the response, after
-    checking its fields, and after each slice of :data:`SLICE`."""
+    checking its fields, and after each slice of :data:`SLICE`.
+
+    With ``known``, an entry that the cached copy of its name was made from
+    is not decoded again (see the module's docstring); a cold response pays
+    a lookup a name, in C (no call each), and no more."""
     count = len(response.resources)
     if count < BULK_FROM:
         return None
@@ -161,25 +176,35 @@ def plain_resources(response: discovery_pb2.DeltaDiscoveryResponse, type_url: st
     names, versions = listed
     if len(set(names)) != count:
         return None
+    # (only where all or none have a version: some with one read theirs from
+    # Checked, which then decodes all)
+    cached = known(type_url, names) if known is not None and versions is not None else None
     if step:
         yield
     payloads = found.entries.FromString(encoded).resources
     del encoded
     made: list[CachedResource] = []
-    from_encoded_many = CachedResource.from_encoded_many
     for start in range(0, count, SLICE):
         if step and start:
             yield
-        entries = [_entry_prefix(len(payload)) + payload
-                   for payload in payloads[start:start + SLICE]]
+        some, chunk = payloads[start:start + SLICE], names[start:start + SLICE]
+        resent = None
+        if cached and versions is not None:
+            # (a resend: the copies made, and the entries to decode, framed)
+            resent, entries = CachedResource.from_resent_many(
+                type_url, chunk, versions[start:start + SLICE], some, received, cached,
+                _entry_prefix)
+        else:
+            entries = [_entry_prefix(len(payload)) + payload for payload in some]
         try:
             # (decoded to be checked: the names, and most often the versions, are listed)
             checked = found.checked.FromString(b"".join(entries))
         except message.DecodeError:
             return None
-        made += from_encoded_many(type_url, names[start:start + SLICE], (
-            versions[start:start + SLICE] if versions is not None
-            else [resource.version for resource in checked.resources]), entries, received)
+        made += resent if resent is not None else CachedResource.from_encoded_many(
+            type_url, chunk, (versions[start:start + SLICE] if versions is not None
+                              else [resource.version for resource in checked.resources]),
+            entries, received)
     return made
 
 

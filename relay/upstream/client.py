@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from relay.cache import ResourceCache
 from relay.clock import Clock, MonotonicClock, wait_until
 from relay.demand import REFUSAL_COOLDOWN
 from relay.protocol.limits import shown
@@ -50,6 +51,7 @@ from relay.upstream.dial import Dialer, DialError
 from relay.upstream.fallback import Failover, probe_requests, watches_uncached
 from relay.upstream.requests import Request
 from relay.upstream.responses import Checked, ParsedResponse, parse_steps
+from relay.upstream.scoped import ScopedCache
 from relay.upstream.state import (
     DEFAULT_MAX_REQUEST_SIZE,
     Acked,
@@ -464,11 +466,16 @@ class UpstreamClient:
                     "answered yet and refused them to their %d subscribers", self.target,
                     shown(details, 200), sum(map(len, suspects.values())), refused)
 
-    @staticmethod
-    async def _parse(response: discovery_pb2.DeltaDiscoveryResponse) -> Checked:
+    async def _parse(self, response: discovery_pb2.DeltaDiscoveryResponse) -> Checked:
         """Parse a response in steps, letting the event loop run between them:
-        a response of 10,000 resources holds up no client for long."""
-        return await made_in_turns(parse_steps(response), _one_pass)
+        a response of 10,000 resources holds up no client for long. What the
+        cache holds is handed to it: a resend of cached bodies is not decoded
+        again (see :mod:`relay.upstream.bulk`)."""
+        cache = self.state.cache
+        if isinstance(cache, ScopedCache):  # (one origin of several: the same cache)
+            cache = cache.cache
+        known = cache.served_to_all if isinstance(cache, ResourceCache) else None
+        return await made_in_turns(parse_steps(response, known=known), _one_pass)
 
     async def _mark_connected(self, channel: grpc.aio.Channel, target: str) -> None:
         await channel.channel_ready()

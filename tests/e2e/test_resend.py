@@ -1,0 +1,101 @@
+"""End to end: istiod ends its stream and resends everything, unchanged.
+
+The relay (real gRPC on loopback, :class:`tests.istiod.IstiodOrigin`: no
+per-resource versions) decodes none of the resent bodies again, and its
+clients hear nothing; a resend with one body that does not decode is NACKed
+for the reason checking every body gives, and the cached copy stays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
+
+from relay.upstream import bulk
+from relay.upstream.responses import Unusable, parse_response
+from relay.xds_types import ENDPOINT
+from tests.harness import QUIET, endpoints, eventually, node, running_stack
+from tests.istiod import IstiodOrigin
+
+NAMES = [f"ep-{i:02d}" for i in range(48)]  # (over bulk.BULK_FROM: checked in bulk)
+BROKEN = "ep-07"
+UNDECODABLE = b"\x0a\x05ab"  # (field 1, a string, cut short)
+
+
+def counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many bodies each of the bulk check's decodes is given, in order."""
+    decoded: list[int] = []
+    shadows = bulk.shadows
+
+    def counting_shadows(type_url: str) -> Any:
+        found = shadows(type_url)
+
+        class Checked:
+            @staticmethod
+            def FromString(value: bytes) -> Any:
+                # (counted before: one that does not decode raises)
+                decoded.append(len(found.entries.FromString(value).resources))
+                return found.checked.FromString(value)
+        return bulk.Shadows({"Entries": found.entries, "Checked": Checked,
+                             "Listed": found.listed})
+
+    monkeypatch.setattr(bulk, "shadows", counting_shadows)
+    return decoded
+
+
+def as_sent(origin: IstiodOrigin) -> discovery_pb2.DeltaDiscoveryResponse:
+    """The response the origin sends a new stream subscribing to NAMES."""
+    response = discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT, nonce="n")
+    for name in sorted(NAMES):
+        response.resources.add(name=name, resource=origin.resources[ENDPOINT][name])
+    return response
+
+
+async def test_a_resend_decodes_nothing_again_and_a_broken_one_is_nacked_as_ever(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded = counting_decodes(monkeypatch)
+    origin = IstiodOrigin()
+    origin.set(*(endpoints(name, 1000 + i) for i, name in enumerate(NAMES)))
+    async with running_stack(origin) as stack:
+        delta = stack.client()
+        await delta.send(node=node("d"), type_url=ENDPOINT, resource_names_subscribe=NAMES)
+        first = await delta.recv()
+        await delta.ack(first)
+        sotw = stack.client(delta=False)
+        await sotw.send(node=node("s"), type_url=ENDPOINT, resource_names=NAMES)
+        sotw_first = await sotw.recv()
+        await sotw.ack(sotw_first, resource_names=NAMES)
+        assert sorted(r.name for r in first.resources) == NAMES and len(sotw_first.resources) == 48
+        assert sum(decoded) == 48  # (the first time: every body)
+        held = {name: stack.relay.cache.served_one(ENDPOINT, name) for name in NAMES}
+        assert all(held.values())
+
+        # 1. The origin ends its stream; the next one resends everything, unchanged.
+        decoded.clear()
+        origin.end_streams()
+        await eventually(lambda: len(origin.streams) == 2 and origin.stream.sent
+                         and origin.stream.all_answered())
+        assert origin.stream.resources_sent == 48 and origin.stream.nacks == []
+        assert decoded == [0]  # (one bulk check, of no body)
+        await delta.expect_nothing(QUIET)
+        await sotw.expect_nothing(0)
+        assert {n: stack.relay.cache.served_one(ENDPOINT, n) for n in NAMES} == held
+
+        # 2. Again, with one body that does not decode: NACKed as checking all says.
+        origin.resources[ENDPOINT][BROKEN] = any_pb2.Any(type_url=ENDPOINT, value=UNDECODABLE)
+        expected = parse_response(as_sent(origin))
+        assert isinstance(expected, Unusable)
+        assert expected.reason.startswith(f"resource {BROKEN!r} cannot be decoded as {ENDPOINT}: ")
+        decoded.clear()
+        origin.end_streams()
+        await eventually(lambda: len(origin.streams) == 3 and origin.stream.sent
+                         and origin.stream.all_answered())
+        assert origin.stream.nacks == [expected.reason]
+        assert decoded == [1]  # (the bulk check: the broken body alone, which fails; the
+        # general check then decodes all, one by one, to find it and say why)
+        await delta.expect_nothing(QUIET)
+        await sotw.expect_nothing(0)
+        assert stack.relay.cache.served_one(ENDPOINT, BROKEN) is held[BROKEN]
