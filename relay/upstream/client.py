@@ -39,7 +39,6 @@ from dataclasses import dataclass
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
-from relay.cache import ResourceCache
 from relay.clock import Clock, MonotonicClock, wait_until
 from relay.demand import REFUSAL_COOLDOWN
 from relay.protocol.limits import shown
@@ -51,7 +50,6 @@ from relay.upstream.dial import Dialer, DialError
 from relay.upstream.fallback import Failover, probe_requests, watches_uncached
 from relay.upstream.requests import Request
 from relay.upstream.responses import Checked, ParsedResponse, parse_steps
-from relay.upstream.scoped import ScopedCache
 from relay.upstream.state import (
     DEFAULT_MAX_REQUEST_SIZE,
     Acked,
@@ -471,10 +469,7 @@ class UpstreamClient:
         a response of 10,000 resources holds up no client for long. What the
         cache holds is handed to it: a resend of cached bodies is not decoded
         again (see :mod:`relay.upstream.bulk`)."""
-        cache = self.state.cache
-        if isinstance(cache, ScopedCache):  # (one origin of several: the same cache)
-            cache = cache.cache
-        known = cache.served_to_all if isinstance(cache, ResourceCache) else None
+        known = self.state.cache.served_to_all
         return await made_in_turns(parse_steps(response, known=known), _one_pass)
 
     async def _mark_connected(self, channel: grpc.aio.Channel, target: str) -> None:

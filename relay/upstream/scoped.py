@@ -36,6 +36,8 @@ class OriginCache(Protocol):
 
     def is_answered(self, type_url: str, locator: Locator) -> bool: ...
 
+    def served_to_all(self, type_url: str, names: Iterable[str]) -> dict[str, CachedResource]: ...
+
     def names(self, type_url: str) -> list[str]: ...
 
     def resources(self, type_url: str) -> list[CachedResource]: ...
@@ -80,6 +82,10 @@ class ScopedCache:
     def is_complete(self, type_url: str) -> bool:
         # Never set through a scoped view (see apply), so never true of one.
         return False
+
+    def served_to_all(self, type_url: str, names: Iterable[str]) -> dict[str, CachedResource]:
+        # (any origin's copy: one made from the same bytes was checked as well)
+        return self.cache.served_to_all(type_url, names)
 
     def is_answered(self, type_url: str, locator: Locator) -> bool:
         return self.cache.is_answered(type_url, locator)
