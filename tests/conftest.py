@@ -1,5 +1,4 @@
-"""Make every check of an invariant selectable as ``pytest -k invariant_N``;
-let go of the ports stopped origins held (see tests/ports.py) after each test.
+"""Make every check of an invariant selectable as ``pytest -k invariant_N``.
 
 A test named ``test_invariant_14_15_...`` checks lines 14 and 15 of
 ``relay-invariants.md``; it gets the keywords ``invariant_14`` and
@@ -11,12 +10,9 @@ tests named for line 1 first.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
-
-from tests.ports import release_held_ports
 
 # Hypothesis fails an example that takes over 200 ms by default: a race with
 # the clock, which a busy 2-core machine loses now and then. The examples
@@ -40,11 +36,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = getattr(item, "originalname", None) or item.name
         for number in invariant_numbers(name):
             item.extra_keyword_matches.add(f"invariant_{number}")
-
-
-@pytest.fixture(autouse=True)
-def _held_ports_released() -> Iterator[None]:
-    """Ports an origin stopped on are held for its return within a test
-    (see tests/ports.py), never beyond it."""
-    yield
-    release_held_ports()

@@ -31,7 +31,6 @@ from tests.builders import (  # noqa: F401 (re-exported for tests)
     type_url_of,
     version_of,
 )
-from tests.ports import hold_port, release_port
 
 DELTA = discovery_pb2.DeltaDiscoveryRequest
 DPC = discovery_pb2.DynamicParameterConstraints
@@ -77,7 +76,6 @@ class OriginServer:
             {"DeltaAggregatedResources": handler}), *self.more_handlers()])
         credentials = self.server_credentials()
         address = f"127.0.0.1:{port}"
-        release_port(port)  # (held since an origin on it stopped, if one did)
         self.port = server.add_insecure_port(address) if credentials is None else \
             server.add_secure_port(address, credentials)
         await server.start()
@@ -89,7 +87,6 @@ class OriginServer:
         if self._server is not None:
             await self._server.stop(0)
             self._server = None
-            hold_port(self.port)  # (for its return, if the test brings it back)
 
     @property
     def stream(self) -> Any:
