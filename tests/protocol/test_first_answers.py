@@ -38,6 +38,22 @@ def joined(origin: Origin, *names: str) -> Session:
     return session
 
 
+def holding_a(origin: Origin, protocol: str, type_url: str = CLUSTER) -> Session:
+    """A client of ``protocol`` holding ``a`` of ``type_url`` (in the cache
+    already), its answer ACKed; a SotW client's ACK subscribes ``b`` too."""
+    session = Session(protocol)
+    if protocol == "delta":
+        session.receive(Delta(type_url=type_url, resource_names_subscribe=["a"]))
+        [answer] = session.due(origin.view).responses
+        session.receive(Delta(type_url=type_url, response_nonce=answer.nonce))
+    else:
+        session.receive(Sotw(type_url=type_url, resource_names=["a"]))
+        [answer] = session.due(origin.view).responses
+        session.receive(Sotw(type_url=type_url, resource_names=["a", "b"],
+                             response_nonce=answer.nonce, version_info=answer.version_info))
+    return session
+
+
 def test_ready_once_the_last_awaited_name_is_in_and_not_before() -> None:
     origin = Origin()
     origin.put(CLUSTER, "other", cluster("other"))  # (the type is synced)
@@ -74,10 +90,7 @@ def test_the_types_first_answer_checks_every_name_at_once() -> None:
 def test_not_ready_when_a_held_name_changed_too() -> None:
     origin = Origin()
     origin.put(CLUSTER, "a", cluster("a"))
-    session = Session("delta")
-    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
-    [answer] = session.due(origin.view).responses
-    session.receive(Delta(type_url=CLUSTER, response_nonce=answer.nonce))
+    session = holding_a(origin, "delta")
     session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["b"]))
     assert session.due(origin.view).responses == []  # (b awaited)
     origin.put(CLUSTER, "a", cluster("a", timeout_s=3), version="2")
@@ -93,10 +106,7 @@ def test_not_ready_when_a_held_name_changed_too() -> None:
 def test_not_ready_when_every_name_is_looked_at_and_one_is_held() -> None:
     origin = Origin()
     origin.put(CLUSTER, "a", cluster("a"))
-    session = Session("delta")
-    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
-    [answer] = session.due(origin.view).responses
-    session.receive(Delta(type_url=CLUSTER, response_nonce=answer.nonce))
+    session = holding_a(origin, "delta")
     session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["b"]))
     assert session.due(origin.view).responses == []
     origin.put(CLUSTER, "b", cluster("b"))
@@ -142,10 +152,7 @@ def test_not_ready_for_a_name_with_variants_or_gone() -> None:
 def test_never_for_a_stream_that_awaits_nothing() -> None:
     origin = Origin()
     origin.put(CLUSTER, "a", cluster("a"))
-    session = Session("delta")
-    session.receive(Delta(type_url=CLUSTER, resource_names_subscribe=["a"]))
-    [answer] = session.due(origin.view).responses
-    session.receive(Delta(type_url=CLUSTER, response_nonce=answer.nonce))
+    session = holding_a(origin, "delta")
     changed(session, CLUSTER, "a")
     assert not session.first_answers_ready(CLUSTER, origin.view)
     assert not session.first_answers_ready(ENDPOINT, origin.view)  # (not subscribed)
@@ -192,11 +199,7 @@ def test_sotw_ready_once_every_name_subscribed_and_not_held_is_in(type_url: str)
 def test_sotw_not_ready_when_every_name_is_looked_at_and_one_is_held() -> None:
     origin = Origin()
     origin.put(ENDPOINT, "a", endpoints("a"))
-    session = Session("sotw")
-    session.receive(Sotw(type_url=ENDPOINT, resource_names=["a"]))
-    [answer] = session.due(origin.view).responses
-    session.receive(Sotw(type_url=ENDPOINT, resource_names=["a", "b"],
-                         response_nonce=answer.nonce, version_info=answer.version_info))
+    session = holding_a(origin, "sotw", ENDPOINT)
     assert session.due(origin.view).responses == []
     origin.put(ENDPOINT, "b", endpoints("b"))
     changed(session, ENDPOINT, "b", everything=True)  # (a may have changed too)
