@@ -310,7 +310,6 @@ class CachedResource:
         derived = not versions
         extra = _DERIVED_FIELD if derived else 0
         get = cached.get
-        new = object.__new__
         from_encoded = cls.from_encoded
         made: list[CachedResource] = []
         append = made.append
@@ -321,12 +320,7 @@ class CachedResource:
             if old is not None and old.plain and old.derived_version is derived:
                 held = old.delta_entry
                 if len(held) == _entry_size(len(payload) + extra) and held.endswith(payload):
-                    plain = new(_Plain)
-                    plain.type_url = type_url
-                    plain.name = name
-                    plain.version = old.version
-                    plain.arrival = _next_arrival()
-                    plain.received = received
+                    plain = _Plain(type_url, name, old.version, received)
                     plain.derived_version = derived
                     plain.digest = old.digest
                     plain.delta_entry = held
