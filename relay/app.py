@@ -25,7 +25,7 @@ from relay.admission import TokenBucket
 from relay.authorization import Authorizer
 from relay.cache import ResourceCache
 from relay.certificates import WatchedKeyPair
-from relay.clock import Clock, MonotonicClock
+from relay.clock import Clock, MonotonicClock, within
 from relay.config import RelayConfig, node_proto
 from relay.config.models import FallbackServerConfig, UpstreamConfig
 from relay.console.data import snapshot_views
@@ -882,7 +882,7 @@ class Relay:
         where = store.description
         timeout = self.config.persistence.load_timeout
         try:
-            stored = await asyncio.wait_for(store.load(), timeout)
+            stored = await within(store.load(), timeout)
         except TimeoutError:
             log.warning("snapshot not loaded: no answer from %s within %gs "
                         "(persistence.load_timeout); serving without it", where, timeout)
@@ -915,7 +915,7 @@ class Relay:
             return
         timeout = persistence.load_timeout
         try:
-            listed = await asyncio.wait_for(registry.load(), timeout)
+            listed = await within(registry.load(), timeout)
         except TimeoutError:
             log.warning("node groups not restored: no answer from %s within %gs "
                         "(persistence.load_timeout)", registry.description, timeout)
@@ -1127,7 +1127,7 @@ class Relay:
         writers = list(self._snapshot_writers.values())
         if writers:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
+                await within(
                     asyncio.gather(*(writer.write_pending() for writer in writers)), 2.0)
         for store in self._parts.snapshots.values():
             await store.close()

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -39,10 +42,21 @@ class MonotonicClock:
 
     async def wait(self, event: asyncio.Event, timeout: float | None) -> bool:
         try:
-            await asyncio.wait_for(event.wait(), timeout)
+            await within(event.wait(), timeout)
         except TimeoutError:
             return False
         return True
+
+
+async def within(awaitable: Awaitable[T], timeout: float | None) -> T:
+    """``await awaitable``, or TimeoutError once ``timeout`` seconds passed (None:
+    no limit). The relay waits with this, never ``asyncio.wait_for``: on Python
+    3.11 that one loses a cancellation which comes as what it waits for is
+    done (the task it runs in carries on to its next wait, and whoever
+    cancelled it, stopping the relay or closing a group, waits for it forever);
+    ``asyncio.timeout`` keeps it."""
+    async with asyncio.timeout(timeout):
+        return await awaitable
 
 
 async def wait_until(clock: Clock, event: asyncio.Event, deadline: float | None) -> bool:

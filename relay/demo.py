@@ -16,6 +16,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.app import build_relay
+from relay.clock import within
 from relay.config import parse_config
 from relay.xds_types import CLUSTER, ENDPOINT, LISTENER, message_class, short_name
 
@@ -52,7 +53,7 @@ async def show_client_served(port: int) -> list[str]:
         await call.write(discovery_pb2.DiscoveryRequest(type_url=LISTENER, node=node))
         clusters: list[str] = []
         for _ in range(2):
-            response = await asyncio.wait_for(call.read(), 10)
+            response = await within(call.read(), 10)
             names = _names(response)
             if response.type_url == CLUSTER:
                 clusters = names
@@ -60,7 +61,7 @@ async def show_client_served(port: int) -> list[str]:
                          f"  [version_info {response.version_info}]")
         await call.write(discovery_pb2.DiscoveryRequest(type_url=ENDPOINT,
                                                         resource_names=clusters))
-        response = await asyncio.wait_for(call.read(), 10)
+        response = await within(call.read(), 10)
         lines.append(f"{short_name(response.type_url)}: {', '.join(_names(response))}")
         call.cancel()
     return lines
@@ -90,7 +91,7 @@ async def run_demo(resources: Path, port: int, admin_port: int, origin_port: int
         await origin.stop(0)
         raise
     try:
-        await asyncio.wait_for(relay.upstream.synced_event.wait(), 10)  # type: ignore[union-attr]
+        await within(relay.upstream.synced_event.wait(), 10)  # type: ignore[union-attr]
         print(f"""
 xds-relay demo is running
   origin (files in {resources}/): Delta ADS on 127.0.0.1:{origin.xds_port}

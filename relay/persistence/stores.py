@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
+from relay.clock import within
 from relay.errors import RelayError
 from relay.persistence.entries import FORMAT
 
@@ -181,7 +182,7 @@ class RedisStore:
         key, cursor = self._key(name), 0
         found: dict[str, bytes] = {}
         while True:
-            cursor, fields = await asyncio.wait_for(
+            cursor, fields = await within(
                 self._client.hscan(key, cursor, count=ENTRIES_PER_READ), self.timeout)
             for field_name, entry in fields.items():
                 found[field_name.decode(errors="replace")] = entry
@@ -213,17 +214,17 @@ class RedisStore:
                     pipe.hdel(self._key(name), *argument)
                 size += len(argument)
                 if size >= ENTRIES_PER_WRITE or number == len(commands):
-                    await asyncio.wait_for(pipe.execute(), self.timeout)
+                    await within(pipe.execute(), self.timeout)
                     size = 0
 
     async def clear(self) -> None:
         """Delete the snapshot: its meta and the hash of every type it names."""
         with self._errors("clear"):
-            meta: dict[bytes, bytes] = await asyncio.wait_for(
+            meta: dict[bytes, bytes] = await within(
                 self._client.hgetall(self._key("meta")), self.timeout)
             names = [self._key("meta"), *(self._key(f"type:{key[len(b'type:'):].decode()}")
                                           for key in meta if key.startswith(b"type:"))]
-            await asyncio.wait_for(self._client.delete(*names), self.timeout)
+            await within(self._client.delete(*names), self.timeout)
 
     async def close(self) -> None:
         if not self._owns_client:
@@ -382,24 +383,24 @@ class RedisGroupRegistry:
 
     async def load(self) -> dict[str, bytes]:
         with self._store._errors("load node groups"):
-            found: dict[bytes, bytes] = await asyncio.wait_for(
+            found: dict[bytes, bytes] = await within(
                 self._store._client.hgetall(self._hash), self._store.timeout)
         return {key.decode(errors="replace"): value for key, value in found.items()}
 
     async def get(self, group: str) -> bytes | None:
         with self._store._errors("read node group"):
-            found: bytes | None = await asyncio.wait_for(
+            found: bytes | None = await within(
                 self._store._client.hget(self._hash, group), self._store.timeout)
         return found
 
     async def put(self, group: str, entry: bytes) -> None:
         with self._store._errors("write node group"):
-            await asyncio.wait_for(self._store._client.hset(self._hash, group, entry),
+            await within(self._store._client.hset(self._hash, group, entry),
                                    self._store.timeout)
 
     async def drop(self, group: str) -> None:
         with self._store._errors("drop node group"):
-            await asyncio.wait_for(self._store._client.hdel(self._hash, group),
+            await within(self._store._client.hdel(self._hash, group),
                                    self._store.timeout)
 
 

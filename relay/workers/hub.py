@@ -31,6 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from relay.admin import READ_METHODS, AdminServer, Reply
 from relay.app import build_relay, signal_queue
 from relay.cache import ResourceCache
+from relay.clock import within
 from relay.config import Address, RelayConfig
 from relay.console.data import snapshot_views
 from relay.console.source import ConsoleSource, WorkersSource, hub_reading
@@ -153,7 +154,7 @@ class WorkerProcess:
         self._replies[ask_id] = reply
         link.send({"ask": question, "id": ask_id, "details": dict(details or {})})
         try:
-            return await asyncio.wait_for(reply, ASK_TIMEOUT)
+            return await within(reply, ASK_TIMEOUT)
         except TimeoutError:
             return None
         finally:
