@@ -41,7 +41,7 @@ from envoy.config.core.v3 import base_pb2
 from google.protobuf import message
 
 from relay.cache import ResourceCache
-from relay.clock import Clock
+from relay.clock import Clock, within
 from relay.persistence.entries import CorruptEntry
 from relay.persistence.restore import Restored, restore
 from relay.persistence.stores import ClearableStore, GroupRegistry, StoreError
@@ -156,13 +156,15 @@ class GroupSnapshot:
                         for origin, part in self._origins.items()}
         self.restored: dict[str, Restored] = {}
         self._forgotten = False
+        # whether the registry listed the group once (a warm start finds it)
+        self._listed = False
 
     async def restore(self, timeout: float, wall_now: float) -> None:
         """Load each origin's snapshot into the cache (``timeout`` each at most)."""
         for origin, part in self._origins.items():
             where = part.store.description
             try:
-                stored = await asyncio.wait_for(part.store.load(), timeout)
+                stored = await within(part.store.load(), timeout)
             except TimeoutError:
                 log.warning("node group %s: snapshot not loaded: no answer from %s within "
                             "%gs (persistence.load_timeout)", self.group.id, where, timeout)
@@ -200,8 +202,7 @@ class GroupSnapshot:
         while True:
             if clients():
                 try:
-                    await self._registry.put(self.group.id, encode_group(
-                        replace(self.group, seen_at=self._wall())))
+                    await self._list()
                     failing = False
                 except StoreError as error:
                     # its resources are still written; the next turn lists it
@@ -211,14 +212,34 @@ class GroupSnapshot:
                     failing = True
             await self._clock.sleep(seen_every(self.linger))
 
+    async def _list(self) -> None:
+        """List the group in the registry as seen now."""
+        await self._registry.put(self.group.id, encode_group(
+            replace(self.group, seen_at=self._wall())))
+        self._listed = True
+
     async def flush(self) -> None:
         """Write what is left (the relay stops), :data:`FLUSH_TIMEOUT` at most;
-        nothing once forgotten."""
+        nothing once forgotten. A group the registry never listed (the relay
+        stops within a turn of its first client) is listed now: what its writers
+        wrote is found by a warm start only through the registry."""
         if self._forgotten:
             return
+        writes = [writer.write_pending() for writer in self.writers.values()]
+        if not self._listed:
+            writes.append(self._list_once_more())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(
-                *(writer.write_pending() for writer in self.writers.values())), FLUSH_TIMEOUT)
+            await within(asyncio.gather(*writes), FLUSH_TIMEOUT)
+
+    async def _list_once_more(self) -> bool:
+        """List the group; whether that succeeded (as a writer's write says)."""
+        try:
+            await self._list()
+        except StoreError as error:
+            log.warning("node group %s not listed in %s: %s", self.group.id,
+                        self._registry.description, error)
+            return False
+        return True
 
     async def forget(self) -> None:
         """The group closed for good here: its snapshot and registry entry go,

@@ -121,3 +121,30 @@ async def test_a_running_group_says_it_is_seen_while_it_has_clients(
     running.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await running
+
+
+async def test_a_group_stopped_before_its_first_listing_is_listed_by_the_flush(
+        stores: tuple[DirectoryStore, DirectoryStore]) -> None:
+    """A relay that stops within a turn of a group's first client still lists
+    the group on its way out: a warm start finds its snapshot only there."""
+    relay, group = stores
+    registry = DirectoryGroupRegistry(relay)
+    clock = ManualClock()
+    snapshot = GroupSnapshot(_group(), registry, ResourceCache(clock.now),
+                             {"default": GroupOrigin(group, ResourceCache(clock.now))},
+                             new_metrics(prometheus_provider()[0]), clock, linger=30.0,
+                             wall=lambda: clock.now() + 5_000)
+    running = asyncio.create_task(snapshot.run(lambda: 1))
+    running.cancel()  # before its first turn
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    assert await registry.get("g-0123456789ab") is None
+    await clock.advance(3.0)
+    await snapshot.flush()
+    entry = await registry.get("g-0123456789ab")
+    assert entry is not None and decode_group(entry).seen_at == 6_003.0
+    # once listed, a flush leaves the registry to the turns
+    await clock.advance(3.0)
+    await snapshot.flush()
+    entry = await registry.get("g-0123456789ab")
+    assert entry is not None and decode_group(entry).seen_at == 6_003.0
