@@ -121,6 +121,8 @@ class OriginStream:
     subscribed: dict[str, set[str]] = field(default_factory=dict)
     # type -> (name, parameters) subscribed with ResourceLocators
     locators: dict[str, set[tuple[str, Params]]] = field(default_factory=dict)
+    # set once the relay's side of the stream is gone (closed or cancelled)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class ScriptedOrigin(OriginServer):
@@ -172,8 +174,11 @@ class ScriptedOrigin(OriginServer):
                     self._answer(stream, request)
             await stream.outbox.put(None)
 
-        async for response in pump(stream.outbox, read()):
-            yield response
+        try:
+            async for response in pump(stream.outbox, read()):
+                yield response
+        finally:
+            stream.ended.set()
 
     def _answer(self, stream: OriginStream, request: DELTA) -> None:
         type_url = request.type_url

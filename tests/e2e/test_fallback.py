@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import grpc
 
@@ -28,7 +27,6 @@ from tests.clock import ManualClock
 from tests.e2e.test_metrics import labels, scrape, series
 from tests.harness import (
     ADS,
-    DELTA,
     ScriptedOrigin,
     XdsClient,
     cluster,
@@ -48,22 +46,10 @@ BACKOFF_MAX = 0.5
 
 
 class EndingOrigin(ScriptedOrigin):
-    """A scripted origin that counts the streams that ended (the relay closed them)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ended = 0
-
-    async def _serve(self, requests: AsyncIterator[DELTA],
-                     context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
-            async for response in super()._serve(requests, context):
-                yield response
-        finally:
-            self.ended += 1
+    """A scripted origin that tells the streams still open (the relay closes them)."""
 
     def open_streams(self) -> int:
-        return len(self.streams) - self.ended
+        return sum(not stream.ended.is_set() for stream in self.streams)
 
 
 @contextlib.asynccontextmanager

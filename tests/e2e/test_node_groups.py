@@ -35,6 +35,7 @@ from tests.clock import ManualClock
 from tests.e2e.test_metrics import labels, scrape, series
 from tests.harness import (
     ADS,
+    TIMEOUT,
     Stack,
     XdsClient,
     eventually,
@@ -148,8 +149,7 @@ async def test_the_last_client_leaving_closes_its_groups_stream_after_linger() -
         await clock.advance(1.0)
         await eventually(lambda: len(groups) == 1)
         # the origin sees the group's stream end
-        await eventually(lambda: stream.outbox.qsize() > 0 and
-                         stream.outbox._queue[-1] is None)  # type: ignore[attr-defined]
+        await asyncio.wait_for(stream.ended.wait(), TIMEOUT)
         # the other group is still served
         origin.set_backend("payments", 4)
         assert timeout_of(await payments.recv()) == 4
