@@ -31,6 +31,7 @@ from tests.builders import (  # noqa: F401 (re-exported for tests)
     type_url_of,
     version_of,
 )
+from tests.ports import origin_ports
 
 DELTA = discovery_pb2.DeltaDiscoveryRequest
 DPC = discovery_pb2.DynamicParameterConstraints
@@ -66,21 +67,35 @@ class OriginServer:
         return []
 
     async def start(self, port: int = 0) -> Self:
-        """Listen on ``port`` (a free one by default; the same again after a stop)."""
-        server = grpc.aio.server(options=self.server_options())
+        """Listen on ``port`` (by default a free one of :func:`origin_ports`, which
+        no other test's server is given while this one is away; the same again
+        after a stop). Nothing else may listen on it (no ``SO_REUSEPORT``)."""
+        server = grpc.aio.server(options=[*self.server_options(), ("grpc.so_reuseport", 0)])
         handler = grpc.stream_stream_rpc_method_handler(
             self._serve, request_deserializer=DELTA.FromString,
             response_serializer=discovery_pb2.DeltaDiscoveryResponse.SerializeToString)
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
             "envoy.service.discovery.v3.AggregatedDiscoveryService",
             {"DeltaAggregatedResources": handler}), *self.more_handlers()])
-        credentials = self.server_credentials()
-        address = f"127.0.0.1:{port}"
-        self.port = server.add_insecure_port(address) if credentials is None else \
-            server.add_secure_port(address, credentials)
+        self.port = self._listen(server, port)
         await server.start()
         self._server = server
         return self
+
+    def _listen(self, server: grpc.aio.Server, port: int) -> int:
+        credentials = self.server_credentials()
+
+        def bind(port: int) -> int:
+            address = f"127.0.0.1:{port}"
+            return server.add_insecure_port(address) if credentials is None else \
+                server.add_secure_port(address, credentials)
+
+        if port:
+            return bind(port)
+        for _, candidate in zip(range(50), origin_ports(), strict=False):
+            with contextlib.suppress(RuntimeError):  # taken (another run's origin)
+                return bind(candidate)
+        return bind(0)
 
     async def stop(self) -> None:
         """Go away at once, as a crashed or unreachable origin does."""

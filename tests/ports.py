@@ -1,9 +1,14 @@
 """Free TCP ports on loopback, for servers that must be told theirs (redis-server,
-a relay process whose config names it)."""
+a relay process whose config names it), and for origins that stop and come back
+on the same port."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import socket
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -12,3 +17,42 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+# Origins a test stops and starts again on the same port (the relay's config
+# names it) must get that port back. One bound to port 0 gets an ephemeral
+# port, which another xdist worker's bind to port 0 may be given while the
+# origin is away. So origins take their ports below the ephemeral range, from
+# a block of their worker's own, where no bind to port 0 reaches.
+_BLOCK = 1_000
+_BLOCKS = 16
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _worker_block() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    digits = worker.removeprefix("gw")
+    return int(digits) % _BLOCKS if digits.isdigit() else 0
+
+
+def _origin_ports() -> Iterator[int]:
+    floor = _ephemeral_floor()
+    first = floor - _BLOCKS * _BLOCK
+    if first < 1_024:  # no room below the ephemeral range: take what bind gives
+        return itertools.repeat(0)
+    start = first + _worker_block() * _BLOCK
+    return (start + n % _BLOCK for n in itertools.count())
+
+
+_ports = _origin_ports()
+
+
+def origin_ports() -> Iterator[int]:
+    """Ports to try, in turn, for an origin's first start (0: any)."""
+    return _ports
