@@ -9,7 +9,11 @@ tests named for line 1 first.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import sys
+import threading
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
@@ -36,3 +40,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = getattr(item, "originalname", None) or item.name
         for number in invariant_numbers(name):
             item.extra_keyword_matches.add(f"invariant_{number}")
+
+
+# -- a test that hangs says where --------------------------------------------------------
+#
+# pytest-timeout prints the threads' stacks, which for an asyncio test show only
+# the event loop waiting in epoll. A few seconds before it fires, the stacks of
+# every task still pending are printed too (to the test's captured stderr).
+
+HANG_NOTICE = 5.0  # seconds before pytest-timeout's deadline
+
+
+def _print_pending_tasks() -> None:
+    try:
+        tasks = list(asyncio.tasks._all_tasks)  # every loop's (3.11)
+    except (AttributeError, RuntimeError):  # another Python; or the set changed meanwhile
+        return
+    print(f"+++ {len(tasks)} asyncio tasks at the hang notice +++", file=sys.stderr)
+    for task in tasks:
+        if not task.done():
+            print(f"--- {task!r}", file=sys.stderr)
+            for frame in task.get_stack(limit=12):  # innermost last
+                code = frame.f_code
+                print(f"    {code.co_filename}:{frame.f_lineno} in {code.co_name}",
+                      file=sys.stderr)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    timeout = float(item.config.getini("timeout") or 0)
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        timeout = float(marker.args[0])
+    if timeout <= HANG_NOTICE:
+        return (yield)
+    notice = threading.Timer(timeout - HANG_NOTICE, _print_pending_tasks)
+    notice.daemon = True
+    notice.start()
+    try:
+        return (yield)
+    finally:
+        notice.cancel()
