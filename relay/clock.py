@@ -54,9 +54,17 @@ async def within(awaitable: Awaitable[T], timeout: float | None) -> T:
     3.11 that one loses a cancellation which comes as what it waits for is
     done (the task it runs in carries on to its next wait, and whoever
     cancelled it, stopping the relay or closing a group, waits for it forever);
-    ``asyncio.timeout`` keeps it."""
+    ``asyncio.timeout`` keeps it. A cancellation that what it waits for
+    swallowed (redis-py 8's asyncio client does, now and then) is raised
+    again here."""
+    task = asyncio.current_task()
+    assert task is not None, "within() runs in a task"
+    cancels = task.cancelling()
     async with asyncio.timeout(timeout):
-        return await awaitable
+        result = await awaitable
+    if task.cancelling() > cancels:  # cancelled meanwhile, and it never arrived
+        raise asyncio.CancelledError
+    return result
 
 
 async def wait_until(clock: Clock, event: asyncio.Event, deadline: float | None) -> bool:

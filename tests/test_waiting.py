@@ -59,6 +59,35 @@ async def test_a_cancel_that_comes_as_the_wait_ends_is_kept(
     assert ended == ("cancelled" if taken else "returned")
 
 
+async def test_a_cancel_that_what_it_waits_for_swallowed_is_raised_again() -> None:
+    async def swallowing(event: asyncio.Event) -> str:
+        try:
+            await event.wait()
+        except asyncio.CancelledError:
+            return "swallowed"  # as redis-py 8's asyncio client does, now and then
+        return "set"
+
+    event = asyncio.Event()
+    task = asyncio.create_task(within(swallowing(event), 10.0))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # one that was cancelling already (cleaning up on its way out) is let through
+    async def cleaning_up() -> str:
+        current = asyncio.current_task()
+        assert current is not None
+        current.cancel()
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            return await within(asyncio.sleep(0, "done"), 1.0)
+        raise AssertionError("not cancelled")
+
+    assert await asyncio.create_task(cleaning_up()) == "done"
+
+
 async def test_the_measure_sees_asyncio_wait_for_lose_a_cancel() -> None:
     """The check above catches what it is for (3.11's wait_for fails it)."""
     outcomes = {await cancelled_after(passes, lambda e: asyncio.wait_for(e.wait(), 10.0))

@@ -3,6 +3,7 @@ store that cannot be reached says so (it never hangs)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -204,3 +205,21 @@ async def test_the_group_registry_lists_puts_and_drops(store: SnapshotStore) -> 
     await registry.drop("g-3")  # never listed: harmless
     assert await registry.load() == {"g-2": b'{"two": 2}'}
     assert await registry.get("g-1") is None
+
+
+@pytest.mark.parametrize("passes", range(0, 30, 2))
+async def test_a_write_cancelled_midway_ends_cancelled(store: SnapshotStore, passes: int) -> None:
+    """The writer's task is cancelled as the relay stops: a write must not
+    swallow that (redis-py 8's client does now and then; then the relay's stop
+    waited for the writer forever)."""
+    for _ in range(3):
+        batch = SnapshotBatch(upserts={CLUSTER: {"a": b"entry-a"}},
+                              types={CLUSTER: TypeState()}, written_at=1.0)
+        task = asyncio.create_task(store.write(batch))
+        for _ in range(passes):
+            await asyncio.sleep(0)
+        if task.cancel():
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            await task
