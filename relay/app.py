@@ -1018,6 +1018,7 @@ class Relay:
                 owns=self.origins.routes.owned_by(origin)
                 if self.origins is not None and self.origins.routes.several else None)
             self.cache.add_listener(writer.on_cache_change)
+            self.cache.add_forget_listener(writer.on_forget)
             self._tasks.append(asyncio.create_task(writer.run(), name=f"snapshot-{origin}"))
         if parts.files is not None:
             parts.files.load()  # served before the first client can connect

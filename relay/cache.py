@@ -82,6 +82,20 @@ ChangeListener = Callable[[CacheChange], None]
 
 
 @dataclass(frozen=True)
+class Forgotten:
+    """What one :meth:`ResourceCache.forget` dropped of one type: how many
+    names (memory the process may give back), and those of them that held a
+    resource (a snapshot keeps them as it last wrote them)."""
+
+    type_url: str
+    dropped: int
+    held: frozenset[str]
+
+
+ForgetListener = Callable[[Forgotten], None]
+
+
+@dataclass(frozen=True)
 class Update:
     """One write to one type: what an origin response (or a file load) says.
 
@@ -295,15 +309,15 @@ class ResourceCache:
         # A heartbeat pushes a new entry; the stale one is dropped when it
         # comes up (its record no longer holds that deadline).
         self._deadlines: list[tuple[float, str, str, str]] = []
-        self._forget_listeners: list[Callable[[int], None]] = []
+        self._forget_listeners: list[ForgetListener] = []
 
     def add_listener(self, listener: ChangeListener) -> None:
         """Call ``listener`` after every write that changes what readers see."""
         self._listeners.append(listener)
 
-    def add_forget_listener(self, listener: Callable[[int], None]) -> None:
-        """Call ``listener`` with how many names each :meth:`forget` dropped:
-        memory the process may give back (see :mod:`relay.memory`)."""
+    def add_forget_listener(self, listener: ForgetListener) -> None:
+        """Call ``listener`` with what each :meth:`forget` dropped (see
+        :class:`Forgotten`; :mod:`relay.memory` gives memory back)."""
         self._forget_listeners.append(listener)
 
     # -- reading ---------------------------------------------------------
@@ -585,7 +599,7 @@ class ResourceCache:
                 record.aliases -= {alias}
                 if canonical not in keep and not record.aliases:
                     gone.add(canonical)
-        dropped = 0
+        dropped, held = 0, []
         collections, plain = entry.collections, entry.plain
         for name in gone:
             record = entry.records.pop(name, None)
@@ -595,6 +609,7 @@ class ResourceCache:
                 for alias in record.aliases:
                     entry.aliases.pop(alias, None)
                 if record.variants or record.variants is _IN_PLAIN:
+                    held.append(name)
                     plain.pop(name, None)
                     if collections:
                         entry.left(name)
@@ -603,8 +618,9 @@ class ResourceCache:
                 entry.records = dict(entry.records)
             if oversized(entry.plain):
                 entry.plain = dict(entry.plain)
+            forgotten = Forgotten(type_url, dropped, frozenset(held))
             for listener in self._forget_listeners:
-                listener(dropped)
+                listener(forgotten)
 
     @staticmethod
     def _with_members(entry: _TypeEntry, gone: set[str], keep: Container[str]) -> None:

@@ -50,7 +50,8 @@ class Core:
         cache.add_listener(index.on_cache_change)
         serving = ServingContext.create(cache, index, metrics or new_metrics(), settings)
         if serving.settings.memory is not None:
-            cache.add_forget_listener(serving.settings.memory.let_go)
+            let_go = serving.settings.memory.let_go
+            cache.add_forget_listener(lambda forgotten: let_go(forgotten.dropped))
         return cls(cache, index, serving, clock)
 
     def follow(self, dialer: Dialer, state: UpstreamState, backoff: Backoff) -> UpstreamClient:

@@ -354,7 +354,7 @@ def test_forgetting_tells_how_many_names_went_and_gives_the_table_back() -> None
     names = [f"made-up-{i}" for i in range(20_000)]
     cache = ResourceCache()
     forgotten: list[int] = []
-    cache.add_forget_listener(forgotten.append)
+    cache.add_forget_listener(lambda forgot: forgotten.append(forgot.dropped))
     cache.apply(CLUSTER, Update())
     with traced() as held:
         cache.apply(CLUSTER, Update(removed=names))

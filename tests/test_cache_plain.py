@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from relay import cache as cache_module
-from relay.cache import CacheChange, ResourceCache, Update
+from relay.cache import CacheChange, Forgotten, ResourceCache, Update
 from relay.constraints import EMPTY_PARAMS, Locator, params_of
 from relay.protocol.view import CacheView
 from relay.resource import CachedResource
@@ -140,7 +140,7 @@ def test_plain_records_and_bulk_writes_read_as_the_general_path(
     clock = FakeClock()
     fast, general = ResourceCache(clock), RecordsCache(clock)
     told: tuple[list[CacheChange], list[CacheChange]] = ([], [])
-    forgot: tuple[list[int], list[int]] = ([], [])
+    forgot: tuple[list[Forgotten], list[Forgotten]] = ([], [])
     for cache, changes, dropped in zip((fast, general), told, forgot, strict=True):
         cache.add_listener(changes.append)
         cache.add_forget_listener(dropped.append)

@@ -192,6 +192,7 @@ class GroupSnapshot:
         registry lists the group as seen now (every :func:`seen_every`)."""
         for writer in self.writers.values():
             self._cache.add_listener(writer.on_cache_change)
+            self._cache.add_forget_listener(writer.on_forget)
         async with asyncio.TaskGroup() as tasks:
             for origin, writer in self.writers.items():
                 tasks.create_task(writer.run(), name=f"snapshot-{self.group.id}-{origin}")

@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from relay.cache import CacheChange, ResourceCache
+from relay.cache import CacheChange, Forgotten, ResourceCache
 from relay.clock import Clock, MonotonicClock
 from relay.persistence.entries import encode_entry
 from relay.persistence.stores import SnapshotBatch, SnapshotStore, StoreError, TypeState
@@ -60,8 +60,10 @@ class SnapshotWriter:
         self.clock: Clock = clock or MonotonicClock()
         self.wall = wall
         self.retry = retry or Backoff(0.5, 10.0)
-        # per type URL: names whose state is not written yet
+        # per type URL: names whose state is not written yet; those a write
+        # under way took (noted again if it does not happen)
         self._pending: dict[str, set[str]] = {}
+        self._writing: dict[str, set[str]] = {}
         self._wake = asyncio.Event()
         self._failures = 0  # consecutive failed writes (0: the store is fine)
         self.written = asyncio.Event()  # set after each successful write (tests wait on it)
@@ -84,6 +86,17 @@ class SnapshotWriter:
         names.update(beats)
         self._wake.set()
 
+    def on_forget(self, forgotten: Forgotten) -> None:
+        """A cache forget listener: names nobody subscribes to any more keep the
+        state last written (a restart serves them until the origin says
+        otherwise). A change of theirs not written yet is not written: the cache
+        holds nothing of them now, which would be written as their deletion.
+        (A name the origin removed held nothing: its deletion is written.)"""
+        for noted in (self._pending.get(forgotten.type_url),
+                      self._writing.get(forgotten.type_url)):
+            if noted:
+                noted.difference_update(forgotten.held)
+
     async def run(self) -> None:
         """Write whatever changed, retrying after failures; until cancelled."""
         while True:
@@ -99,6 +112,7 @@ class SnapshotWriter:
         if not self._pending:
             return True
         pending, self._pending = self._pending, {}
+        self._writing = pending  # what on_forget trims meanwhile
         try:
             batch = await self._batch(pending)
             started = time.perf_counter()  # the write alone (building it yields the loop)
@@ -117,6 +131,9 @@ class SnapshotWriter:
                             "latest state of %d names (logged again once it works)", error,
                             self.pending())
             return False
+        finally:
+            if self._writing is pending:
+                self._writing = {}
         self.metrics.snapshot_writes.add(1, {"outcome": "ok"})
         self.metrics.snapshot_write_seconds.record(time.perf_counter() - started)
         if self._failures:
@@ -144,10 +161,12 @@ class SnapshotWriter:
                 complete=self.owns is None and self.cache.is_complete(type_url))
             upserts = batch.upserts.setdefault(type_url, {})
             deletes = batch.deletes.setdefault(type_url, [])
-            for name in names:
+            for name in list(names):  # (forgotten ones leave the set meanwhile)
                 step += 1
                 if step % NAMES_PER_STEP == 0:
                     await asyncio.sleep(0)
+                if name not in names:
+                    continue
                 found = self.cache.variants(type_url, name)
                 # By name, not through an alias: each name's own variants.
                 kept = [] if not isinstance(found, Mapping) else [

@@ -61,6 +61,7 @@ async def rig(redis: RedisServer, prefix: str) -> AsyncIterator[Rig]:
     writer = SnapshotWriter(cache, store, new_metrics(provider, registry), clock,
                             wall=lambda: WALL + clock.now(), retry=Backoff(0.01, 0.02))
     cache.add_listener(writer.on_cache_change)
+    cache.add_forget_listener(writer.on_forget)
     yield Rig(cache, clock, store, writer, registry)
     await store.close()
 
@@ -237,5 +238,54 @@ async def test_a_write_cut_short_by_a_stop_is_made_by_the_last_write(rig: Rig) -
 
     rig.writer.store = rig.store
     assert await rig.writer.write_pending()  # the write on the way out
+    fresh, _ = await rig.restored()
+    assert list(variants_of(fresh, "a")) == [""]
+
+
+async def test_a_name_forgotten_before_its_write_keeps_the_state_last_written(rig: Rig) -> None:
+    """Nobody subscribes to "a" any more and the cache forgets it: the snapshot
+    keeps it as last written (a restart serves it until the origin says
+    otherwise), never a deletion of it; a removal by the origin is one."""
+    rig.cache.apply(CLUSTER, Update([origin_resource("a", "v1"), origin_resource("b", "v1")]))
+    assert await rig.writer.write_pending()
+    rig.cache.apply(CLUSTER, Update([origin_resource("a", "v2")], removed=["b"]))
+    rig.cache.forget(CLUSTER, ["a", "b"])
+    assert rig.writer.pending() == 1  # "b": removed, then forgotten
+    assert await rig.writer.write_pending()
+    fresh, loaded = await rig.restored()
+    assert list(loaded.entries[CLUSTER]) == ["a"]
+    found = fresh.variants(CLUSTER, "a")
+    assert not isinstance(found, type(ABSENT)) and found[""].version == "v1"
+
+
+async def test_a_write_cut_short_then_forgotten_is_not_written_as_a_deletion(rig: Rig) -> None:
+    """The relay stops: its clients leave (the cache forgets their names) while
+    the writer's write is cancelled; the write on the way out must not delete
+    what the cancelled one was writing (a warm restart then served nothing)."""
+    import asyncio
+
+    rig.cache.apply(CLUSTER, Update([origin_resource("a", "v1")]))
+    assert await rig.writer.write_pending()
+
+    class HeldStore:
+        def __init__(self) -> None:
+            self.entered = asyncio.Event()
+
+        async def write(self, batch: SnapshotBatch) -> None:
+            self.entered.set()
+            await asyncio.Event().wait()
+
+    held = HeldStore()
+    rig.writer.store = held  # type: ignore[assignment]
+    task = asyncio.create_task(rig.writer.run())
+    rig.cache.apply(CLUSTER, Update([origin_resource("a", "v2")]))
+    await asyncio.wait_for(held.entered.wait(), 5)
+    rig.cache.forget(CLUSTER, ["a"])
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert rig.writer.pending() == 0
+    rig.writer.store = rig.store
+    assert await rig.writer.write_pending()
     fresh, _ = await rig.restored()
     assert list(variants_of(fresh, "a")) == [""]

@@ -217,7 +217,7 @@ def test_a_new_stream_subscribes_what_lingers_and_not_what_is_due() -> None:
 def test_what_a_sync_unsubscribes_the_cache_forgets_in_one_go() -> None:
     cache, index = ResourceCache(), InterestIndex()
     forgotten: list[int] = []
-    cache.add_forget_listener(forgotten.append)
+    cache.add_forget_listener(lambda forgot: forgotten.append(forgot.dropped))
     targets = Targets(cache, 0.0, Deadlines())
     sub = Sub()
     names = {f"e{i}" for i in range(1000)}
