@@ -83,6 +83,24 @@ class SnapshotBatch:
         """How many names the batch writes or drops."""
         return sum(map(len, self.upserts.values())) + sum(map(len, self.deletes.values()))
 
+    def then(self, later: SnapshotBatch) -> SnapshotBatch:
+        """One batch that writes this one and then ``later`` (whose entries,
+        drops and type states win)."""
+        merged = SnapshotBatch(types={**self.types, **later.types},
+                               written_at=later.written_at)
+        for type_url in {*self.upserts, *self.deletes, *later.upserts, *later.deletes}:
+            newer, dropped = later.upserts.get(type_url, {}), later.deletes.get(type_url, [])
+            upserts = {name: entry for name, entry in self.upserts.get(type_url, {}).items()
+                       if name not in newer}
+            for name in dropped:
+                upserts.pop(name, None)
+            upserts.update(newer)
+            merged.upserts[type_url] = upserts
+            merged.deletes[type_url] = [
+                *(name for name in self.deletes.get(type_url, ())
+                  if name not in newer and name not in dropped), *dropped]
+        return merged
+
 
 class SnapshotStore(Protocol):
     """What the relay needs of a place to keep its snapshot."""

@@ -64,13 +64,18 @@ class SnapshotWriter:
         # under way took (noted again if it does not happen)
         self._pending: dict[str, set[str]] = {}
         self._writing: dict[str, set[str]] = {}
+        # a batch built but not written (a stop cut its write short, or the
+        # store failed): the next write makes it first (its names may be
+        # forgotten by the cache since, and rebuilt would be lost)
+        self._unwritten: SnapshotBatch | None = None
         self._wake = asyncio.Event()
         self._failures = 0  # consecutive failed writes (0: the store is fine)
         self.written = asyncio.Event()  # set after each successful write (tests wait on it)
 
     def pending(self) -> int:
         """How many names wait to be written."""
-        return sum(map(len, list(self._pending.values())))
+        unwritten = 0 if self._unwritten is None else self._unwritten.names()
+        return sum(map(len, list(self._pending.values()))) + unwritten
 
     def on_cache_change(self, change: CacheChange) -> None:
         """A cache listener: note what changed (heartbeats move a TTL's expiry)."""
@@ -109,21 +114,24 @@ class SnapshotWriter:
     async def write_pending(self) -> bool:
         """One write of every noted name; whether it succeeded (on failure the
         names stay noted)."""
-        if not self._pending:
+        if not self._pending and self._unwritten is None:
             return True
         pending, self._pending = self._pending, {}
         self._writing = pending  # what on_forget trims meanwhile
+        batch: SnapshotBatch | None = None
         try:
             batch = await self._batch(pending)
+            if self._unwritten is not None:
+                batch = self._unwritten.then(batch)
             started = time.perf_counter()  # the write alone (building it yields the loop)
             await self.store.write(batch)
         except asyncio.CancelledError:
-            # Stopped mid-write (the relay stopping): the names stay noted, so
-            # that the last write on the way out still has them.
-            self._note(pending)
+            # Stopped mid-write (the relay stopping): the last write on the way
+            # out still makes it.
+            self._keep(pending, batch)
             raise
         except StoreError as error:
-            self._note(pending)
+            self._keep(pending, batch)
             self.metrics.snapshot_writes.add(1, {"outcome": "failed"})
             self._failures += 1
             if self._failures == 1:
@@ -134,6 +142,7 @@ class SnapshotWriter:
         finally:
             if self._writing is pending:
                 self._writing = {}
+        self._unwritten = None
         self.metrics.snapshot_writes.add(1, {"outcome": "ok"})
         self.metrics.snapshot_write_seconds.record(time.perf_counter() - started)
         if self._failures:
@@ -144,8 +153,12 @@ class SnapshotWriter:
         self.written.set()
         return True
 
-    def _note(self, pending: Mapping[str, set[str]]) -> None:
-        """Note ``pending`` again (a write of them did not happen)."""
+    def _keep(self, pending: Mapping[str, set[str]], batch: SnapshotBatch | None) -> None:
+        """A write of ``pending`` did not happen: keep its batch for the next
+        (None: cut short while built; its names are noted again)."""
+        if batch is not None:
+            self._unwritten = batch
+            return
         for type_url, names in pending.items():
             self._pending.setdefault(type_url, set()).update(names)
 

@@ -284,8 +284,24 @@ async def test_a_write_cut_short_then_forgotten_is_not_written_as_a_deletion(rig
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert rig.writer.pending() == 0
+    assert rig.writer.pending() == 1  # the batch that was cut short, kept
     rig.writer.store = rig.store
     assert await rig.writer.write_pending()
+    assert rig.writer.pending() == 0
     fresh, _ = await rig.restored()
-    assert list(variants_of(fresh, "a")) == [""]
+    found = fresh.variants(CLUSTER, "a")
+    assert not isinstance(found, type(ABSENT)) and found[""].version == "v2"
+
+
+def test_a_batch_kept_then_a_later_one_write_as_one_with_the_later_winning() -> None:
+    kept = SnapshotBatch(upserts={CLUSTER: {"a": b"a1", "b": b"b1", "c": b"c1"}},
+                         deletes={CLUSTER: ["d", "e"]},
+                         types={CLUSTER: TypeState()}, written_at=1.0)
+    later = SnapshotBatch(upserts={CLUSTER: {"a": b"a2", "d": b"d2"}},
+                          deletes={CLUSTER: ["b"]},
+                          types={CLUSTER: TypeState(complete=True)}, written_at=2.0)
+    merged = kept.then(later)
+    assert merged.upserts == {CLUSTER: {"a": b"a2", "c": b"c1", "d": b"d2"}}
+    assert sorted(merged.deletes[CLUSTER]) == ["b", "e"]
+    assert merged.types == {CLUSTER: TypeState(complete=True)}
+    assert merged.written_at == 2.0
