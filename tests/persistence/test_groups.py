@@ -93,15 +93,21 @@ async def test_a_group_is_deleted_unless_a_relay_served_it_lately(
     assert (await registry.get("g-0123456789ab") is None) is deleted
 
 
+def _snapshot(registry: DirectoryGroupRegistry, group: DirectoryStore,
+              clock: ManualClock) -> GroupSnapshot:
+    """The group's snapshot on ``clock`` (the wall clock 5,000 s ahead; linger 30 s)."""
+    return GroupSnapshot(_group(), registry, ResourceCache(clock.now),
+                         {"default": GroupOrigin(group, ResourceCache(clock.now))},
+                         new_metrics(prometheus_provider()[0]), clock, linger=30.0,
+                         wall=lambda: clock.now() + 5_000)
+
+
 async def test_a_running_group_says_it_is_seen_while_it_has_clients(
         stores: tuple[DirectoryStore, DirectoryStore]) -> None:
     relay, group = stores
     registry = DirectoryGroupRegistry(relay)
     clock = ManualClock()
-    snapshot = GroupSnapshot(_group(), registry, ResourceCache(clock.now),
-                             {"default": GroupOrigin(group, ResourceCache(clock.now))},
-                             new_metrics(prometheus_provider()[0]), clock, linger=30.0,
-                             wall=lambda: clock.now() + 5_000)
+    snapshot = _snapshot(registry, group, clock)
     clients = 1
     running = asyncio.create_task(snapshot.run(lambda: clients))
 
@@ -130,10 +136,7 @@ async def test_a_group_stopped_before_its_first_listing_is_listed_by_the_flush(
     relay, group = stores
     registry = DirectoryGroupRegistry(relay)
     clock = ManualClock()
-    snapshot = GroupSnapshot(_group(), registry, ResourceCache(clock.now),
-                             {"default": GroupOrigin(group, ResourceCache(clock.now))},
-                             new_metrics(prometheus_provider()[0]), clock, linger=30.0,
-                             wall=lambda: clock.now() + 5_000)
+    snapshot = _snapshot(registry, group, clock)
     running = asyncio.create_task(snapshot.run(lambda: 1))
     running.cancel()  # before its first turn
     with contextlib.suppress(asyncio.CancelledError):

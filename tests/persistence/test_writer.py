@@ -3,6 +3,7 @@ it back: exactly what the origin said, never what it did not."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -213,19 +214,18 @@ async def test_the_run_loop_writes_after_changes_and_retries_on_its_own(rig: Rig
 
 
 
+class HeldStore:
+    """A store whose write waits until cancelled (a stop comes mid-write)."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    async def write(self, batch: SnapshotBatch) -> None:
+        self.entered.set()
+        await asyncio.Event().wait()
+
+
 async def test_a_write_cut_short_by_a_stop_is_made_by_the_last_write(rig: Rig) -> None:
-    import asyncio
-
-    class HeldStore:
-        """The rig's store, with a write that waits until cancelled."""
-
-        def __init__(self) -> None:
-            self.entered = asyncio.Event()
-
-        async def write(self, batch: SnapshotBatch) -> None:
-            self.entered.set()
-            await asyncio.Event().wait()
-
     held = HeldStore()
     rig.writer.store = held  # type: ignore[assignment]
     task = asyncio.create_task(rig.writer.run())
@@ -262,18 +262,8 @@ async def test_a_write_cut_short_then_forgotten_is_not_written_as_a_deletion(rig
     """The relay stops: its clients leave (the cache forgets their names) while
     the writer's write is cancelled; the write on the way out must not delete
     what the cancelled one was writing (a warm restart then served nothing)."""
-    import asyncio
-
     rig.cache.apply(CLUSTER, Update([origin_resource("a", "v1")]))
     assert await rig.writer.write_pending()
-
-    class HeldStore:
-        def __init__(self) -> None:
-            self.entered = asyncio.Event()
-
-        async def write(self, batch: SnapshotBatch) -> None:
-            self.entered.set()
-            await asyncio.Event().wait()
 
     held = HeldStore()
     rig.writer.store = held  # type: ignore[assignment]
