@@ -64,9 +64,9 @@ class SnapshotWriter:
         # under way took (noted again if it does not happen)
         self._pending: dict[str, set[str]] = {}
         self._writing: dict[str, set[str]] = {}
-        # a batch built but not written (a stop cut its write short, or the
-        # store failed): the next write makes it first (its names may be
-        # forgotten by the cache since, and rebuilt would be lost)
+        # a batch built but not written, a stop having cut its write short:
+        # the write on the way out makes it first (its names may be forgotten
+        # by the cache since, and rebuilt would be lost)
         self._unwritten: SnapshotBatch | None = None
         self._wake = asyncio.Event()
         self._failures = 0  # consecutive failed writes (0: the store is fine)
@@ -113,7 +113,7 @@ class SnapshotWriter:
 
     async def write_pending(self) -> bool:
         """One write of every noted name; whether it succeeded (on failure the
-        names stay noted)."""
+        names stay noted, to be rebuilt from the cache on the next try)."""
         if not self._pending and self._unwritten is None:
             return True
         pending, self._pending = self._pending, {}
@@ -131,7 +131,8 @@ class SnapshotWriter:
             self._keep(pending, batch)
             raise
         except StoreError as error:
-            self._keep(pending, batch)
+            # (names, not the batch: a long outage would hold every entry)
+            self._note(pending)
             self.metrics.snapshot_writes.add(1, {"outcome": "failed"})
             self._failures += 1
             if self._failures == 1:
@@ -154,11 +155,15 @@ class SnapshotWriter:
         return True
 
     def _keep(self, pending: Mapping[str, set[str]], batch: SnapshotBatch | None) -> None:
-        """A write of ``pending`` did not happen: keep its batch for the next
-        (None: cut short while built; its names are noted again)."""
+        """A stop cut the write of ``pending`` short: keep its batch for the
+        last write (None: cut short while built; its names are noted again)."""
         if batch is not None:
             self._unwritten = batch
-            return
+        else:
+            self._note(pending)
+
+    def _note(self, pending: Mapping[str, set[str]]) -> None:
+        """Note ``pending`` again (a write of them did not happen)."""
         for type_url, names in pending.items():
             self._pending.setdefault(type_url, set()).update(names)
 
