@@ -24,8 +24,10 @@ def free_port() -> int:
 # port, which another xdist worker's bind to port 0 may be given while the
 # origin is away. So origins take their ports below the ephemeral range, from
 # a block of their worker's own, where no bind to port 0 reaches.
-_BLOCK = 1_000
-_BLOCKS = 16
+# A block outlasts a run's origins (a port comes round again only after 3,000
+# starts, when no relay of an earlier test still dials it).
+_BLOCK = 3_000
+_BLOCKS = 8
 
 
 def _ephemeral_floor() -> int:
