@@ -4,6 +4,7 @@ injected clock, and what the return does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
 import sys
@@ -183,9 +184,18 @@ async def healthy(admin_port: int, timeout: float = 30.0) -> None:
             await asyncio.sleep(0.05)
             continue
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        status = await reader.readline()
+        try:
+            status = await reader.readline()
+        except OSError:  # reset: as good as closed without an answer
+            status = b""
         writer.close()
-        await writer.wait_closed()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        if not status and asyncio.get_running_loop().time() <= deadline:
+            # closed without an answer: a listener not serving HTTP yet (or
+            # another's, on a port free_port gave away meanwhile): ask again
+            await asyncio.sleep(0.05)
+            continue
         assert status.startswith(b"HTTP/1.1 200"), status
         return
 
