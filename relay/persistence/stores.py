@@ -90,15 +90,14 @@ class SnapshotBatch:
                                written_at=later.written_at)
         for type_url in {*self.upserts, *self.deletes, *later.upserts, *later.deletes}:
             newer, dropped = later.upserts.get(type_url, {}), later.deletes.get(type_url, [])
+            gone = set(dropped)
             upserts = {name: entry for name, entry in self.upserts.get(type_url, {}).items()
-                       if name not in newer}
-            for name in dropped:
-                upserts.pop(name, None)
+                       if name not in gone}
             upserts.update(newer)
             merged.upserts[type_url] = upserts
             merged.deletes[type_url] = [
                 *(name for name in self.deletes.get(type_url, ())
-                  if name not in newer and name not in dropped), *dropped]
+                  if name not in newer and name not in gone), *dropped]
         return merged
 
 
