@@ -25,7 +25,7 @@ from relay.admission import TokenBucket
 from relay.authorization import Authorizer
 from relay.cache import ResourceCache
 from relay.certificates import WatchedKeyPair
-from relay.clock import Clock, MonotonicClock, within
+from relay.clock import Clock, MonotonicClock, ended, within
 from relay.config import RelayConfig, node_proto
 from relay.config.models import FallbackServerConfig, UpstreamConfig
 from relay.console.data import snapshot_views
@@ -1097,8 +1097,7 @@ class Relay:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await ended(task)
         self._tasks = []
         if self.admin is not None:
             await self.admin.stop()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -65,6 +65,29 @@ async def within(awaitable: Awaitable[T], timeout: float | None) -> T:
     if task.cancelling() > cancels:  # cancelled meanwhile, and it never arrived
         raise asyncio.CancelledError
     return result
+
+
+async def ended(task: asyncio.Future[Any] | None, *, errors_too: bool = False) -> None:
+    """Wait for ``task`` (None: nothing) to end, cancelled or done: its own
+    CancelledError (and, with ``errors_too``, any error it ends with) is
+    swallowed, as a stop path wants of a task it has just cancelled. A
+    cancellation of the task that waits is raised all the same: a stop path
+    that swallowed every CancelledError also swallowed the one meant for
+    whoever was stopping (a timeout around a stop never fired, and the
+    canceller waited on). The count of the waiting task's cancel requests
+    tells the two apart, as in :func:`within`."""
+    if task is None:
+        return
+    current = asyncio.current_task()
+    cancels = current.cancelling() if current is not None else 0
+    try:
+        await task
+    except asyncio.CancelledError:
+        if current is not None and current.cancelling() > cancels:
+            raise
+    except Exception:
+        if not errors_too:
+            raise
 
 
 async def wait_until(clock: Clock, event: asyncio.Event, deadline: float | None) -> bool:

@@ -20,7 +20,6 @@ the relay's clock. What a group's core is, the app builds
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Final, Literal, Protocol
 from envoy.config.core.v3 import base_pb2
 from google.protobuf import json_format, struct_pb2
 
+from relay.clock import ended
 from relay.protocol.limits import LimitExceeded, shown
 from relay.protocol.outcome import ProtocolError
 
@@ -403,7 +403,6 @@ class NodeGroups:
 
 
 async def _ended(task: asyncio.Task[None] | None) -> None:
-    """Wait for ``task`` (cancelled, or done) to end, whatever its outcome."""
-    if task is not None:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+    """Wait for ``task`` (cancelled, or done) to end, whatever its outcome
+    (a cancellation of the waiting task's own is raised: see :func:`ended`)."""
+    await ended(task, errors_too=True)

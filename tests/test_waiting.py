@@ -1,9 +1,13 @@
-"""Waiting with a limit keeps a cancellation (relay/clock.py's ``within``).
+"""Waiting keeps a cancellation (relay/clock.py's ``within`` and ``ended``).
 
 On Python 3.11, ``asyncio.wait_for`` returns the result when the task running
 it is cancelled as what it waits for completes: the cancellation is lost, the
 task carries on to its next wait, and whoever cancelled it (the relay
 stopping, a node group closing) waits for it forever. Tests hung so in CI.
+
+A stop path that cancels a task and then waits for it must swallow that
+task's CancelledError, and only that one: ``ended`` raises a cancellation
+of the waiting task itself (``contextlib.suppress`` swallowed both).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import relay
-from relay.clock import MonotonicClock, within
+from relay.clock import MonotonicClock, ended, within
 
 # cancel the waiting task this many loop passes after its event is set: one
 # of them falls between the wait's end and the waiting task's resumption
@@ -112,3 +116,115 @@ def test_the_relay_never_waits_with_asyncio_wait_for() -> None:
                     isinstance(node.value, ast.Name) and node.value.id == "asyncio":
                 calls.append(f"{path.relative_to(package.parent)}:{node.lineno}")
     assert calls == [], "use relay.clock.within (see its docstring)"
+
+
+async def stubborn(release: asyncio.Event) -> None:
+    """A task that takes a while to end once cancelled (it cleans up until released)."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        await release.wait()
+        raise
+
+
+async def test_ended_swallows_the_cancel_of_the_task_it_waits_for() -> None:
+    task = asyncio.create_task(asyncio.Event().wait())
+    await asyncio.sleep(0)
+    task.cancel()
+    assert await ended(task) is None
+    assert task.cancelled()
+    await ended(None)  # (nothing to wait for)
+    done = asyncio.create_task(asyncio.sleep(0, "done"))
+    await ended(done)
+    assert done.result() == "done"
+
+
+async def test_ended_raises_a_cancel_of_the_task_that_waits() -> None:
+    """A stop cancelled midway (a timeout around it) ends with CancelledError,
+    where contextlib.suppress went on as if nothing had happened."""
+    release = asyncio.Event()
+    task = asyncio.create_task(stubborn(release))
+    await asyncio.sleep(0)
+    task.cancel()
+    steps: list[str] = []
+
+    async def stopping() -> None:
+        await ended(task)
+        steps.append("went on")
+
+    stop = asyncio.create_task(stopping())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not stop.done()  # (waiting: the task cleans up)
+    stop.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await stop
+    assert steps == []
+    assert task.cancelled()
+
+
+async def test_a_timeout_around_a_wait_with_ended_fires() -> None:
+    release = asyncio.Event()
+    task = asyncio.create_task(stubborn(release))
+    await asyncio.sleep(0)
+    task.cancel()
+
+    async def stopping() -> str:
+        try:
+            async with asyncio.timeout(0.01):
+                await ended(task)
+        except TimeoutError:
+            return "timed out"
+        return "went on"
+
+    stop = asyncio.create_task(stopping())
+    await asyncio.sleep(0.05)
+    release.set()
+    assert await stop == "timed out"
+
+
+async def test_ended_lets_a_task_cleaning_up_on_its_way_out_wait() -> None:
+    """A waiter cancelled before it waits (a finally of a cancelled task)
+    still waits the task out, and swallows that task's own cancel."""
+    task = asyncio.create_task(asyncio.Event().wait())
+    await asyncio.sleep(0)
+
+    async def cleaning_up() -> str:
+        current = asyncio.current_task()
+        assert current is not None
+        current.cancel()
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            task.cancel()
+            await ended(task)
+            return "cleaned up"
+        raise AssertionError("not cancelled")
+
+    assert await asyncio.create_task(cleaning_up()) == "cleaned up"
+
+
+async def test_ended_raises_errors_unless_told_to_swallow_them() -> None:
+    async def failing() -> None:
+        raise ValueError("broken")
+
+    task = asyncio.create_task(failing())
+    with pytest.raises(ValueError, match="broken"):
+        await ended(task)
+    again = asyncio.create_task(failing())
+    await ended(again, errors_too=True)
+    assert isinstance(again.exception(), ValueError)
+
+
+def test_the_relay_never_swallows_cancellations_with_suppress() -> None:
+    package = Path(relay.__file__).resolve().parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "suppress" and any(
+                        isinstance(arg, ast.Attribute) and arg.attr == "CancelledError"
+                        for arg in node.args):
+                found.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    assert found == [], "wait with relay.clock.ended (see its docstring)"

@@ -24,7 +24,6 @@ per-stream gauges cost tens of milliseconds there).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -33,7 +32,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from relay.clock import Clock, MonotonicClock
+from relay.clock import Clock, MonotonicClock, ended
 from relay.telemetry import LOOP_LAG_BUCKETS, PUSH_LATENCY_BUCKETS, HotCounter, HotHistogram
 
 __all__ = ["CAPACITY", "INTERVAL", "History", "Point", "Reading", "Sampler", "Tally",
@@ -270,8 +269,7 @@ class Sampler:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await ended(task)
 
     async def sample(self) -> Point | None:
         """Take one reading now and add it (what each interval does)."""

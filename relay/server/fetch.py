@@ -25,7 +25,6 @@ adapters map it to a status each.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections import Counter, OrderedDict
@@ -37,7 +36,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.authorization import PeerIdentity
 from relay.cache import UNKNOWN
-from relay.clock import Clock, wait_until
+from relay.clock import Clock, ended, wait_until
 from relay.constraints import Params
 from relay.interest import InterestChange
 from relay.protocol.delta import MAX_NAMES_PER_PIECE
@@ -671,9 +670,7 @@ class Fetcher:
         """:meth:`close`, and wait for the reaper to end."""
         reaper = self._reaper
         self.close()
-        if reaper is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+        await ended(reaper)
 
 
 class _Registration:

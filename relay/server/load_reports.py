@@ -58,6 +58,7 @@ from envoy.service.load_stats.v3 import lrs_pb2
 from google.protobuf import duration_pb2
 
 from relay.authorization import PeerIdentity
+from relay.clock import ended
 from relay.errors import RelayError
 from relay.protocol.limits import shown
 from relay.server.decoding import RequestTooLarge, UndecodableRequest, request_decoder
@@ -350,8 +351,7 @@ class _Forwarding:
             for stream in self._origins.values():
                 stream.call.cancel()
             for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await ended(task)
             for origin, stream in self._origins.items():
                 await self._service._channels.give_back(origin, stream.channel,
                                                         stream.unavailable)
