@@ -12,8 +12,20 @@ from pathlib import Path
 
 
 def free_port() -> int:
-    """A port nobody listens on now (bound and released: another process may
-    take it in the meantime, which tests on one machine accept)."""
+    """A port nobody listens on now, for a process the test starts to bind
+    (a relay process, redis-server). Bound and released: from this worker's
+    block (see :func:`origin_ports`), where no other process's bind to port 0
+    can be given it in between, as an ephemeral port was (a relay process's
+    admin port answered another test's listener once)."""
+    for _, port in zip(range(_BLOCK), origin_ports(), strict=False):
+        if port == 0:
+            break  # (no room below the ephemeral range: any port)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken (another run's server)
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
