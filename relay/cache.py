@@ -76,6 +76,9 @@ class CacheChange:
     became_synced: bool = False
     # names whose origin heartbeat arrived (the resource itself is unchanged)
     heartbeats: frozenset[str] = frozenset()
+    # the type's every resource is held again after its wildcard was let go
+    # (see ResourceCache.holds_wildcard): wildcard subscribers look again
+    wildcard_regained: bool = False
 
 
 ChangeListener = Callable[[CacheChange], None]
@@ -109,7 +112,9 @@ class Update:
     name alone (no :class:`Locator` made for each of a big client's names).
     ``complete`` says whether the cache now holds every resource of the type
     (a wildcard subscription or a file source), so that a missing name means
-    the resource does not exist.
+    the resource does not exist. ``wildcard_answered`` says the origin
+    answered the relay's wildcard subscription of the type (with several
+    origins, where no type is ever complete, the default origin's answer).
     ``deadlines`` give, by (name, variant key), the clock time at which an
     upsert's TTL lapses when it is not its TTL from now (a restored snapshot).
     """
@@ -122,6 +127,7 @@ class Update:
     answered: Iterable[Locator | str] = ()
     complete: bool | None = None
     deadlines: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    wildcard_answered: bool = False
 
 
 #: The errors and TTL deadlines of every record that has none, shared: a
@@ -230,6 +236,10 @@ class _TypeEntry:
     # reset): an xdstp name it does not hold may then be absent to a
     # subscriber (see ``unknown_to_all``)
     globs_answered: bool = False
+    # the type's wildcard subscription ended (``end_wildcard``: what only it
+    # held is forgotten) and the origin has not answered a wildcard since
+    # (see ``holds_wildcard``)
+    wildcard_let_go: bool = False
 
     def indexed(self) -> dict[str, set[str]]:
         """The collections, indexed from the records the first time."""
@@ -433,6 +443,16 @@ class ResourceCache:
         record = entry.records.get(name) if entry is not None else None
         return set(record.aliases) if record is not None else set()
 
+    def holds_wildcard(self, type_url: str) -> bool:
+        """Whether a wildcard subscriber may be answered from the cache: unless
+        the type's wildcard ended (what only it held forgotten) and the origin
+        has not answered the wildcard again since, what is cached of a synced
+        type is what the wildcard gets. Where it did end, the cache holds only
+        the names subscribed by name: a response from it would tell a SotW
+        client of a full-state type (LDS, CDS) that the rest were deleted."""
+        entry = self._types.get(type_url)
+        return entry is None or not entry.wildcard_let_go
+
     def is_complete(self, type_url: str) -> bool:
         """Whether the cache holds every resource of the type (wildcard or files)."""
         entry = self._types.get(type_url)
@@ -534,14 +554,17 @@ class ResourceCache:
                 entry.compact(name)
         if update.complete is not None:
             entry.complete = update.complete
+        regained = entry.wildcard_let_go and (update.wildcard_answered or bool(update.complete))
+        if regained:
+            entry.wildcard_let_go = False
         became_synced = not entry.synced
         entry.synced = True
         # (a plain record, with no alias: nothing more to do; a cold client's
         # response changes no other name: its names are not copied twice)
         result = frozenset(changed | fresh if changed else fresh)
         heartbeats = frozenset(beats - result) if beats else frozenset()
-        if result or became_synced or heartbeats:
-            self._notify(CacheChange(type_url, result, became_synced, heartbeats))
+        if result or became_synced or heartbeats or regained:
+            self._notify(CacheChange(type_url, result, became_synced, heartbeats, regained))
         return result
 
     def replace_type(self, type_url: str, resources: Sequence[CachedResource]) -> frozenset[str]:
@@ -656,6 +679,7 @@ class ResourceCache:
         if entry is None:
             return
         entry.complete = False
+        entry.wildcard_let_go = entry.synced
         self.forget(type_url, [name for name in entry.records if name not in keep and not (
             name.startswith(PREFIX) and _in_kept_collection(name, keep))], keep)
 

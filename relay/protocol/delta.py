@@ -429,7 +429,7 @@ class DeltaSubscription(SubscriptionState):
     def _next_page(self, view: ResourceView, nonces: NonceSource,
                    max_size: int | None) -> DeltaResponsePlan | None:
         """:meth:`next_response` from the next page of names (none: nothing in it to send)."""
-        if not self.has_work() or not view.is_synced(self._type_url):
+        if not self._answerable(view):
             return None
         candidates = self._take_candidates(
             view, lambda: (*self._names, *self._held, *(self._unanswered or ()), *self._pending))

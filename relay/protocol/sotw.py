@@ -340,7 +340,7 @@ class SotwSubscription(SubscriptionState):
         response. A full-state type's response is the whole set, whatever
         its size (absence would mean deletion).
         """
-        if not self.has_work() or not view.is_synced(self._type_url):
+        if not self._answerable(view):
             return None
         if self._full_state:
             return self._full_state_response(view, nonces)

@@ -172,6 +172,14 @@ class SubscriptionState:
             bool(self._pending) or self._recheck_all or bool(self._backlog) or
             bool(self._pending_heartbeats)))
 
+    def _answerable(self, view: ResourceView) -> bool:
+        """Whether a response may be made now: there is work, the origin has
+        answered for the type, and a wildcard subscription's set is held
+        (not while the origin has yet to answer a wildcard that ended and
+        began again: see :meth:`ResourceView.holds_wildcard`)."""
+        return self.has_work() and view.is_synced(self._type_url) and \
+            (not self._wildcard or view.holds_wildcard(self._type_url))
+
     def has_changes(self) -> bool:
         """Whether names are marked to look at for the next response."""
         return bool(self._pending) or self._recheck_all

@@ -31,6 +31,11 @@ class ResourceView(Protocol):
     def is_synced(self, type_url: str) -> bool:
         """Whether the origin has answered for this type at least once."""
 
+    def holds_wildcard(self, type_url: str) -> bool:
+        """Whether a wildcard subscriber of the type may be answered now (see
+        :meth:`relay.cache.ResourceCache.holds_wildcard`): not while the
+        origin has yet to answer a wildcard that ended and began again."""
+
     def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
         """The variant of ``name`` a subscriber with ``params`` gets, or why there is none."""
 
@@ -99,6 +104,9 @@ class CacheView:
 
     def is_synced(self, type_url: str) -> bool:
         return self._cache.is_synced(type_url)
+
+    def holds_wildcard(self, type_url: str) -> bool:
+        return self._cache.holds_wildcard(type_url)
 
     def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
         # A name holding one plain resource (most names): read from the
@@ -200,6 +208,10 @@ class ScopedView:
 
     def is_synced(self, type_url: str) -> bool:
         return self._view.is_synced(type_url) or \
+            (type_url == self._type_url and self._scope.is_empty)
+
+    def holds_wildcard(self, type_url: str) -> bool:
+        return self._view.holds_wildcard(type_url) or \
             (type_url == self._type_url and self._scope.is_empty)
 
     def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:

@@ -298,7 +298,7 @@ class UpstreamState:
         gone = self._resync.reconcile(type_url, now)
         return Update(wanted, removed, [*parsed.removed_variants, *gone], errors, beats,
                       answered=self._settling.answered_keys(type_url, now),
-                      complete=True if sub.wildcard else None)
+                      complete=True if sub.wildcard else None, wildcard_answered=sub.wildcard)
 
 
 def _all_subscribed(upserts: Sequence[CachedResource], sub: TypeSubscription

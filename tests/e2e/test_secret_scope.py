@@ -56,10 +56,9 @@ async def mutual_tls_stack(ca: Authority, rules: str = RULES) -> AsyncIterator[S
     relay = ca.relay_leaf()
     server = (f"tls: {{cert_file: '{relay.cert_file}', key_file: '{relay.key_file}', "
               f"client_ca_file: '{ca.cert_file}'}}, authorization: {{{rules}}}")
-    # Subscriptions linger as the relay's default has them: a client following
-    # another into the same wildcard finds it still subscribed (with none, the
-    # wildcard ending between them is a race of its own; see the closing note).
-    async with running_stack(secrets_origin(), server=server, linger="30s",
+    # (no linger: a client following another into the same wildcard may find
+    # it ended, and waits for the origin's answer: see test_wildcard_again)
+    async with running_stack(secrets_origin(), server=server,
                              rest='address: "127.0.0.1:0"') as stack:
         yield stack
 

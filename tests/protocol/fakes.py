@@ -21,6 +21,8 @@ class FakeView:
         self.type_url = type_url
         self.synced = True
         self.complete = False  # like a wildcard-fed cache: missing means absent
+        # False: the type's wildcard ended and has yet to be answered again
+        self.wildcard_held = True
         self._resources: dict[str, CachedResource] = {}
         self._absent: set[str] = set()
         # the origin's current error per name
@@ -51,6 +53,9 @@ class FakeView:
 
     def is_synced(self, type_url: str) -> bool:
         return self.synced
+
+    def holds_wildcard(self, type_url: str) -> bool:
+        return self.wildcard_held
 
     def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
         if name in self._resources:
