@@ -403,7 +403,8 @@ class GroupCore:
             registry, shared = persisting
             several = origins.routes.several
             parts = {name: GroupOrigin(
-                store, ScopedCache(core.cache, origins.routes.owned_by(name)) if several
+                store, ScopedCache(core.cache, origins.routes.owned_by(name),
+                                   takes_wildcard=name == DEFAULT_ORIGIN) if several
                 else core.cache, origins.routes.owned_by(name) if several else None)
                 for name, store in snapshot_stores(config, group.id, shared).items()}
             snapshot = GroupSnapshot(group, registry, core.cache, parts, metrics, clock,
@@ -466,7 +467,8 @@ def _origins(config: RelayConfig, core: Core, hub: Dialer | None,
         key = "upstream" if name == DEFAULT_ORIGIN else f"authorities.{name}"
         if table.several:  # each origin sees its own names only
             owns = table.owned_by(name)
-            cache: OriginCache = ScopedCache(core.cache, owns)
+            cache: OriginCache = ScopedCache(core.cache, owns,
+                                             takes_wildcard=name == DEFAULT_ORIGIN)
             demand: Demand = RoutedDemand(core.index, table, name)
         else:
             cache, demand = core.cache, core.index
@@ -970,7 +972,8 @@ class Relay:
         assert self.origins is not None
         if not self.origins.routes.several:
             return self.cache
-        return ScopedCache(self.cache, self.origins.routes.owned_by(origin))
+        return ScopedCache(self.cache, self.origins.routes.owned_by(origin),
+                           takes_wildcard=origin == DEFAULT_ORIGIN)
 
     async def drain(self, period: float | None = None) -> None:
         """Stop taking streams and close the open ones spread over ``period``.

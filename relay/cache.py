@@ -76,9 +76,9 @@ class CacheChange:
     became_synced: bool = False
     # names whose origin heartbeat arrived (the resource itself is unchanged)
     heartbeats: frozenset[str] = frozenset()
-    # the type's every resource is held again after its wildcard was let go
-    # (see ResourceCache.holds_wildcard): wildcard subscribers look again
-    wildcard_regained: bool = False
+    # the cache holds the type's wildcard set now, and did not before (see
+    # ResourceCache.holds_wildcard): wildcard subscribers, who waited, look again
+    wildcard_held: bool = False
 
 
 ChangeListener = Callable[[CacheChange], None]
@@ -114,7 +114,8 @@ class Update:
     (a wildcard subscription or a file source), so that a missing name means
     the resource does not exist. ``wildcard_answered`` says the origin
     answered the relay's wildcard subscription of the type (with several
-    origins, where no type is ever complete, the default origin's answer).
+    origins, where no type is ever complete, the default origin's answer),
+    or a snapshot restores a type whose wildcard set the cache held.
     ``deadlines`` give, by (name, variant key), the clock time at which an
     upsert's TTL lapses when it is not its TTL from now (a restored snapshot).
     """
@@ -236,10 +237,11 @@ class _TypeEntry:
     # reset): an xdstp name it does not hold may then be absent to a
     # subscriber (see ``unknown_to_all``)
     globs_answered: bool = False
-    # the type's wildcard subscription ended (``end_wildcard``: what only it
-    # held is forgotten) and the origin has not answered a wildcard since
-    # (see ``holds_wildcard``)
-    wildcard_let_go: bool = False
+    # the origin has answered a wildcard subscription of the type (or the
+    # type came whole, from files or a snapshot that held it) and the
+    # wildcard has not ended since (``end_wildcard``: what only it held is
+    # forgotten); see ``holds_wildcard``
+    wildcard_held: bool = False
 
     def indexed(self) -> dict[str, set[str]]:
         """The collections, indexed from the records the first time."""
@@ -444,14 +446,15 @@ class ResourceCache:
         return set(record.aliases) if record is not None else set()
 
     def holds_wildcard(self, type_url: str) -> bool:
-        """Whether a wildcard subscriber may be answered from the cache: unless
-        the type's wildcard ended (what only it held forgotten) and the origin
-        has not answered the wildcard again since, what is cached of a synced
-        type is what the wildcard gets. Where it did end, the cache holds only
-        the names subscribed by name: a response from it would tell a SotW
-        client of a full-state type (LDS, CDS) that the rest were deleted."""
+        """Whether a wildcard subscriber may be answered from the cache: the
+        origin has answered a wildcard subscription of the type (or the type
+        came whole from files or a snapshot) and the wildcard has not ended
+        since. Otherwise the cache holds only names subscribed by name (gRPC
+        clients subscribe CDS and LDS so), or what was left when the wildcard
+        ended: a response from it would tell a SotW client of a full-state
+        type (LDS, CDS) that every other resource was deleted."""
         entry = self._types.get(type_url)
-        return entry is None or not entry.wildcard_let_go
+        return entry is not None and entry.wildcard_held
 
     def is_complete(self, type_url: str) -> bool:
         """Whether the cache holds every resource of the type (wildcard or files)."""
@@ -554,17 +557,17 @@ class ResourceCache:
                 entry.compact(name)
         if update.complete is not None:
             entry.complete = update.complete
-        regained = entry.wildcard_let_go and (update.wildcard_answered or bool(update.complete))
-        if regained:
-            entry.wildcard_let_go = False
+        held = not entry.wildcard_held and (update.wildcard_answered or bool(update.complete))
+        if held:
+            entry.wildcard_held = True
         became_synced = not entry.synced
         entry.synced = True
         # (a plain record, with no alias: nothing more to do; a cold client's
         # response changes no other name: its names are not copied twice)
         result = frozenset(changed | fresh if changed else fresh)
         heartbeats = frozenset(beats - result) if beats else frozenset()
-        if result or became_synced or heartbeats or regained:
-            self._notify(CacheChange(type_url, result, became_synced, heartbeats, regained))
+        if result or became_synced or heartbeats or held:
+            self._notify(CacheChange(type_url, result, became_synced, heartbeats, held))
         return result
 
     def replace_type(self, type_url: str, resources: Sequence[CachedResource]) -> frozenset[str]:
@@ -672,14 +675,19 @@ class ResourceCache:
         record.answered = answered
         entry.compact(name)
 
-    def end_wildcard(self, type_url: str, keep: Container[str]) -> None:
+    def end_wildcard(self, type_url: str, keep: Container[str], *,
+                     lets_wildcard_go: bool = True) -> None:
         """A wildcard subscription ended: keep only the explicitly wanted names
-        (and the members of wanted glob collections)."""
+        (and the members of wanted glob collections). With several origins,
+        one that wildcards do not go to prunes its names so too, without
+        ``lets_wildcard_go``: the wildcard set the default origin keeps is
+        still held."""
         entry = self._types.get(type_url)
         if entry is None:
             return
         entry.complete = False
-        entry.wildcard_let_go = entry.synced
+        if lets_wildcard_go:
+            entry.wildcard_held = False
         self.forget(type_url, [name for name in entry.records if name not in keep and not (
             name.startswith(PREFIX) and _in_kept_collection(name, keep))], keep)
 

@@ -815,7 +815,7 @@ class InterestIndex:
                 if type_url in per_type:
                     subscriber.resources_changed(type_url, change.names, True)
             return
-        if change.wildcard_regained:  # (they waited for it: see ResourceCache.holds_wildcard)
+        if change.wildcard_held:  # (they waited for it: see ResourceCache.holds_wildcard)
             for subscriber in list(self._wildcard.get(type_url, ())):
                 subscriber.resources_changed(type_url, change.names, True)
         for subscriber, names in self._affected(type_url, change.names):

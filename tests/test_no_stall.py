@@ -351,9 +351,9 @@ def registering(count: int, upstream_names: int = 10**6, leases_per_host: int = 
     call adds, the interest it reports and the demand it takes."""
     core = Core.create(settings=ServingSettings(limits=dataclasses.replace(
         DEFAULT_LIMITS, leases_per_host=leases_per_host)), clock=(clock := ManualClock()))
-    core.cache.apply(ENDPOINT, Update([
+    core.cache.apply(ENDPOINT, Update([  # (the wildcard's answer too: a wildcard poll is served)
         CachedResource.from_message(ENDPOINT, pack(endpoints(name, 1)), name, "1")
-        for name in names(count)]))
+        for name in names(count)], wildcard_answered=True))
     core.index.link(told := Told())
     core.index.limit_demand(ledger := DemandLedger(upstream_names, 10**6, clock.now))
     applied: list[int] = []

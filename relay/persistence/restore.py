@@ -76,7 +76,8 @@ def restore(cache: OriginCache, snapshot: StoredSnapshot, where: str,
                         continue
                     deadlines[(name, resource.variant_key)] = variant.expires_at + offset
                 upserts.append(resource)
-        cache.apply(type_url, Update(upserts, complete=state.complete, deadlines=deadlines))
+        cache.apply(type_url, Update(upserts, complete=state.complete, deadlines=deadlines,
+                                     wildcard_answered=state.wildcard))
         done.types += 1
         done.resources += len(upserts)
     if count_skipped is not None:

@@ -56,6 +56,9 @@ class TypeState:
 
     # the cache held every resource of the type (a wildcard subscription)
     complete: bool = False
+    # the cache held the type's wildcard set (see ResourceCache.holds_wildcard;
+    # with several origins a type is never complete, but this may be so)
+    wildcard: bool = False
 
 
 @dataclass
@@ -127,14 +130,20 @@ class ClearableStore(SnapshotStore, Protocol):
 
 def _meta_fields(batch: SnapshotBatch) -> dict[str, str]:
     return {"format": str(FORMAT), "written_at": repr(batch.written_at),
-            **{f"type:{type_url}": json.dumps({"complete": state.complete})
+            **{f"type:{type_url}": json.dumps(_type_fields(state))
                for type_url, state in batch.types.items()}}
+
+
+def _type_fields(state: TypeState) -> dict[str, bool]:
+    return {"complete": state.complete, "wildcard": state.wildcard}
 
 
 def _type_state(data: object) -> TypeState:
     if not isinstance(data, dict):
         raise ValueError("not an object")
-    return TypeState(complete=data.get("complete") is True)
+    # (a snapshot written before "wildcard" was kept: False, and a complete
+    # type is held whole all the same)
+    return TypeState(complete=data.get("complete") is True, wildcard=data.get("wildcard") is True)
 
 
 class RedisStore:
@@ -352,8 +361,7 @@ class DirectoryStore:
             known = json.loads(meta_path.read_bytes()).get("types", {})
         except (FileNotFoundError, ValueError):
             known = {}
-        known.update({type_url: {"complete": state.complete}
-                      for type_url, state in batch.types.items()})
+        known.update({type_url: _type_fields(state) for type_url, state in batch.types.items()})
         _replace(meta_path, json.dumps({"format": FORMAT, "written_at": batch.written_at,
                                         "types": known}).encode())
 

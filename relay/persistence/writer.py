@@ -176,7 +176,8 @@ class SnapshotWriter:
             if not self.cache.is_synced(type_url):
                 continue
             batch.types[type_url] = TypeState(
-                complete=self.owns is None and self.cache.is_complete(type_url))
+                complete=self.owns is None and self.cache.is_complete(type_url),
+                wildcard=self.cache.holds_wildcard(type_url))
             upserts = batch.upserts.setdefault(type_url, {})
             deletes = batch.deletes.setdefault(type_url, [])
             for name in list(names):  # (forgotten ones leave the set meanwhile)

@@ -175,8 +175,7 @@ class SubscriptionState:
     def _answerable(self, view: ResourceView) -> bool:
         """Whether a response may be made now: there is work, the origin has
         answered for the type, and a wildcard subscription's set is held
-        (not while the origin has yet to answer a wildcard that ended and
-        began again: see :meth:`ResourceView.holds_wildcard`)."""
+        (see :meth:`ResourceView.holds_wildcard`)."""
         return self.has_work() and view.is_synced(self._type_url) and \
             (not self._wildcard or view.holds_wildcard(self._type_url))
 

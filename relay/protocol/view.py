@@ -32,9 +32,9 @@ class ResourceView(Protocol):
         """Whether the origin has answered for this type at least once."""
 
     def holds_wildcard(self, type_url: str) -> bool:
-        """Whether a wildcard subscriber of the type may be answered now (see
-        :meth:`relay.cache.ResourceCache.holds_wildcard`): not while the
-        origin has yet to answer a wildcard that ended and began again."""
+        """Whether a wildcard subscriber of the type may be answered now: the
+        origin has answered the wildcard, and it has not ended since (see
+        :meth:`relay.cache.ResourceCache.holds_wildcard`)."""
 
     def lookup(self, type_url: str, name: str, params: Params) -> CachedResource | Missing:
         """The variant of ``name`` a subscriber with ``params`` gets, or why there is none."""

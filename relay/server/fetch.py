@@ -201,17 +201,18 @@ class Unanswered:
 
 
 def unanswered(view: ResourceView, type_url: str, wanted: Mapping[str, Params],
-               wildcard: bool, complete: bool, since: int) -> Unanswered:
+               wildcard: bool, wildcard_held: bool, since: int) -> Unanswered:
     """Which of ``wanted`` (names with their parameters; ``wildcard``: every
-    resource, known when the cache is ``complete``) the cache cannot answer
+    resource, known once the cache holds the wildcard's set, ``wildcard_held``:
+    see :meth:`~relay.cache.ResourceCache.holds_wildcard`) the cache cannot answer
     for: neither present, nor said not to exist, nor reported in error. A
     do-not-cache resource that arrived by ``since`` (an arrival stamp) is
     stale. No I/O."""
-    return made(unanswered_slices(view, type_url, wanted, wildcard, complete, since))
+    return made(unanswered_slices(view, type_url, wanted, wildcard, wildcard_held, since))
 
 
 def unanswered_slices(view: ResourceView, type_url: str, wanted: Mapping[str, Params],
-                      wildcard: bool, complete: bool, since: int,
+                      wildcard: bool, wildcard_held: bool, since: int,
                       per_slice: int = NAMES_PER_SLICE
                       ) -> Generator[None, None, Unanswered]:
     """:func:`unanswered`, pausing (yielding) after each ``per_slice`` names
@@ -221,7 +222,7 @@ def unanswered_slices(view: ResourceView, type_url: str, wanted: Mapping[str, Pa
     missing: set[str] = set()
     stale: set[str] = set()
     errors = view.has_errors(type_url)
-    if wildcard and not complete:
+    if wildcard and not wildcard_held:
         missing.add("*")
     left = per_slice
     for name, params in wanted.items():
@@ -510,7 +511,7 @@ class Fetcher:
         while True:
             changed = lease.changed if lease is not None else None
             waiting = await made_in_turns(unanswered_slices(
-                view, type_url, wanted, wildcard, serving.cache.is_complete(type_url), since,
+                view, type_url, wanted, wildcard, view.holds_wildcard(type_url), since,
                 self._per_slice), self._turn)
             if waiting.stale and not refetched:
                 # Fresh copies for this fetch: worth a wait of its own.

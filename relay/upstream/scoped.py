@@ -69,9 +69,13 @@ class _KeepOthers:
 class ScopedCache:
     """``cache`` limited, for whole-type work, to the names ``owns`` accepts."""
 
-    def __init__(self, cache: ResourceCache, owns: Callable[[str], bool]) -> None:
+    def __init__(self, cache: ResourceCache, owns: Callable[[str], bool], *,
+                 takes_wildcard: bool = False) -> None:
         self.cache = cache
         self.owns = owns
+        # whether wildcards go to this origin (the default): only its wildcard
+        # ending lets the type's wildcard set go (see ResourceCache.end_wildcard)
+        self.takes_wildcard = takes_wildcard
 
     def variants(self, type_url: str, name: str) -> Variants | Missing:
         return self.cache.variants(type_url, name)
@@ -112,4 +116,5 @@ class ScopedCache:
         self.cache.forget_variants(type_url, name, keep, unanswer)
 
     def end_wildcard(self, type_url: str, keep: Container[str]) -> None:
-        self.cache.end_wildcard(type_url, _KeepOthers(keep, self.owns))
+        self.cache.end_wildcard(type_url, _KeepOthers(keep, self.owns),
+                                lets_wildcard_go=self.takes_wildcard)

@@ -253,3 +253,27 @@ def test_two_origins_config_errors_name_the_key(tmp_path: Path) -> None:
         assert error.value.field == field, error.value
     only: Any = parse_config('node: {id: a}\nauthorities: {east: {address: "x:1"}}\n')
     assert list(only.origins()) == ["east"]
+
+
+async def test_a_wildcard_is_served_from_the_snapshot_with_two_origins(
+        origins: tuple[ScriptedOrigin, ScriptedOrigin], tmp_path: Path) -> None:
+    """No type is ever complete with several origins; the snapshot says the
+    wildcard set was held (``TypeState.wildcard``), so a wildcard client of a
+    relay restarted while both origins are away is served, not kept waiting
+    for an answer that cannot come."""
+    default, east = origins
+    persistence = f'persistence: {{directory: "{tmp_path}"}}'
+    async with relay_for(default.port, east.port, persistence) as (relay, channel):
+        client = await delta_client(channel, ["*", EAST_CLUSTER])
+        held = await collect(client, 3)
+        assert relay.cache.holds_wildcard(CLUSTER) and not relay.cache.is_complete(CLUSTER)
+        client.close()
+        for writer in relay.snapshot_writers.values():
+            await eventually(lambda w=writer: w.pending() == 0)  # type: ignore[misc]
+    await default.stop()
+    await east.stop()
+    async with relay_for(default.port, east.port, persistence) as (relay, channel):
+        assert relay.cache.holds_wildcard(CLUSTER)
+        client = await delta_client(channel, ["*"])
+        assert await collect(client, 3) == held
+        client.close()

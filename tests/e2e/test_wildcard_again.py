@@ -1,12 +1,16 @@
-"""A wildcard that ended and begins again (relay/cache.py's ``holds_wildcard``).
+"""A wildcard subscriber waits for the origin's answer to the wildcard
+(relay/cache.py's ``holds_wildcard``) where the cache holds only names
+subscribed by name:
 
-Once the last wildcard subscriber of a type is gone and its linger is over
-(here at once: ``linger: 0s``), the relay ends the wildcard at its origin and
-forgets what only it held. A client that subscribes the wildcard after that
-must wait for the origin's answer to the new wildcard: the cache then holds
-only names others subscribe by name, and a response from it would be short,
-which a SotW client of a full-state type (CDS) takes as every other cluster
-deleted. Before this was fixed the newcomer got an empty first response.
+* once the last wildcard subscriber of a type is gone and its linger is over
+  (here at once: ``linger: 0s``), the relay ends the wildcard at its origin
+  and forgets what only it held;
+* a type that clients subscribe by name only (gRPC's xDS clients ask CDS
+  and LDS so) was never answered for the wildcard.
+
+A response from the cache would be short, which a SotW client of a
+full-state type (CDS) takes as every other cluster deleted. Before this was
+fixed the newcomer got an empty, or short, first response.
 """
 
 from __future__ import annotations
@@ -79,6 +83,27 @@ async def test_names_kept_for_their_subscribers_are_not_the_wildcards_answer() -
         newcomer = stack.client(delta=False)
         await newcomer.send(node=node("new"), type_url=ENDPOINT, resource_names=["*"])
         assert sorted(names_of(await newcomer.recv())) == ["a", "b"]
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+async def test_the_first_wildcard_on_a_type_held_by_name_waits_for_the_origins_answer(
+        delta: bool) -> None:
+    async with running_stack(origin_of(CLUSTER), linger="30s") as stack:
+        grpc_client = stack.client(delta=True)  # (CDS by name, as gRPC asks)
+        await grpc_client.send(node=node("grpc"), type_url=CLUSTER,
+                               resource_names_subscribe=["a"])
+        assert names_of(await grpc_client.recv()) == ["a"]
+        assert stack.relay.cache.is_synced(CLUSTER)
+        assert not stack.relay.cache.holds_wildcard(CLUSTER)
+        envoy = stack.client(delta=delta)
+        if delta:
+            await envoy.send(node=node("envoy"), type_url=CLUSTER, resource_names_subscribe=["*"])
+        else:
+            await envoy.send(node=node("envoy"), type_url=CLUSTER, resource_names=[])
+        got = await envoy.recv()
+        assert sorted(names_of(got)) == ["a", "b"]  # (not ["a"]: "b" deleted, to SotW)
+        await envoy.ack(got)
+        await envoy.expect_nothing()
 
 
 def cache_names(stack: Stack) -> list[str]:

@@ -21,6 +21,7 @@ from relay.persistence.stores import (
     SnapshotStore,
     StoreError,
     TypeState,
+    _type_state,
 )
 from relay.xds_types import CLUSTER, LISTENER
 from tests.redis_server import RedisServer
@@ -50,11 +51,13 @@ async def test_nothing_stored_loads_as_none(store: SnapshotStore) -> None:
 async def test_what_is_written_loads_back_with_the_type_states(store: SnapshotStore) -> None:
     await store.write(SnapshotBatch(
         upserts={CLUSTER: {"a": b"entry-a", "b": b"entry-b"}, LISTENER: {"l": b"entry-l"}},
-        types={CLUSTER: TypeState(complete=True), LISTENER: TypeState()}, written_at=1000.5))
+        types={CLUSTER: TypeState(complete=True, wildcard=True),
+               LISTENER: TypeState(wildcard=True)}, written_at=1000.5))
     loaded = await store.load()
     assert loaded is not None
     assert (loaded.format, loaded.written_at) == (FORMAT, 1000.5)
-    assert loaded.types == {CLUSTER: TypeState(complete=True), LISTENER: TypeState()}
+    assert loaded.types == {CLUSTER: TypeState(complete=True, wildcard=True),
+                            LISTENER: TypeState(wildcard=True)}
     assert entries_by_content(loaded.entries[CLUSTER]) == [b"entry-a", b"entry-b"]
     assert entries_by_content(loaded.entries[LISTENER]) == [b"entry-l"]
 
@@ -223,3 +226,8 @@ async def test_a_write_cancelled_midway_ends_cancelled(store: SnapshotStore, pas
                 await task
         else:
             await task
+
+
+def test_a_type_state_written_before_wildcards_were_kept_reads_as_not_held() -> None:
+    assert _type_state({"complete": True}) == TypeState(complete=True, wildcard=False)
+    assert _type_state({"complete": False, "wildcard": True}) == TypeState(wildcard=True)

@@ -39,7 +39,8 @@ class Origin:
         resource = discovery_pb2.Resource(name=name, version="1", resource=pack(msg),
                                           aliases=list(aliases))  # type: ignore[arg-type]
         cached = CachedResource(type_url, name, "1", resource)
-        self.cache.apply(type_url, Update([cached]))
+        # (as it answers the relay's wildcard too: wildcard clients here are served)
+        self.cache.apply(type_url, Update([cached], wildcard_answered=True))
         return cached
 
     def secret(self, name: str, aliases: tuple[str, ...] = ()) -> CachedResource:

@@ -36,8 +36,9 @@ class Origin:
             do_not_cache: bool = False) -> None:
         resource = discovery_pb2.Resource(name=name, version=version, resource=pack(msg))
         resource.cache_control.do_not_cache = do_not_cache
+        # (as it answers the relay's wildcard too: wildcard clients here are served)
         self.core.cache.apply(type_url, Update([CachedResource(type_url, name, version,
-                                                                resource)]))
+                                                                resource)], wildcard_answered=True))
 
     def remove(self, type_url: str, name: str) -> None:
         self.core.cache.apply(type_url, Update(removed=[name]))
@@ -238,7 +239,8 @@ def test_resource_in_sotw_follows_the_nodes_client_features() -> None:
     origin = Origin()
     resource = discovery_pb2.Resource(name="a", version="1", resource=pack(cluster("a")))
     resource.ttl.seconds = 30
-    origin.core.cache.apply(CLUSTER, Update([CachedResource(CLUSTER, "a", "1", resource)]))
+    origin.core.cache.apply(CLUSTER, Update([CachedResource(CLUSTER, "a", "1", resource)],
+                                            wildcard_answered=True))
     for features, wrapped in (([SUPPORTS_RESOURCE_IN_SOTW], frozenset({"a"})), ([], frozenset())):
         session = Session("sotw")
         session.receive(Sotw(type_url=CLUSTER, node={"id": "n", "client_features": features}))

@@ -10,6 +10,7 @@ from relay.protocol.delta import DeltaSubscription
 from relay.protocol.sotw import SotwSubscription
 from relay.protocol.view import NonceSource
 from relay.resource import CachedResource
+from relay.upstream.scoped import ScopedCache
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.protocol.fakes import FakeView
 
@@ -57,24 +58,44 @@ def plain(name: str) -> CachedResource:
     return CachedResource(ENDPOINT, name, "1", discovery_pb2.Resource(name=name, version="1"))
 
 
-def test_the_cache_lets_the_wildcard_go_when_it_ends_and_holds_it_again_once_answered() -> None:
+def test_the_cache_holds_the_wildcard_once_answered_until_it_ends() -> None:
     cache = ResourceCache()
     changes: list[CacheChange] = []
     cache.add_listener(changes.append)
-    cache.end_wildcard(ENDPOINT, keep=())  # (never synced: nothing to let go)
+    assert not cache.holds_wildcard(ENDPOINT)  # (nothing yet)
+    cache.apply(ENDPOINT, Update([plain("a")]))  # (an answer to a name: synced, not the wildcard)
+    assert cache.is_synced(ENDPOINT) and not cache.holds_wildcard(ENDPOINT)
+    changes.clear()
+    cache.apply(ENDPOINT, Update([plain("b")], complete=True, wildcard_answered=True))
     assert cache.holds_wildcard(ENDPOINT)
-    cache.apply(ENDPOINT, Update([plain("a"), plain("b")], complete=True,
-                                 wildcard_answered=True))
-    assert cache.holds_wildcard(ENDPOINT) and not changes[-1].wildcard_regained
+    assert changes == [CacheChange(ENDPOINT, frozenset({"b"}), wildcard_held=True)]
+    changes.clear()
+    cache.apply(ENDPOINT, Update([plain("c")], wildcard_answered=True))
+    assert changes == [CacheChange(ENDPOINT, frozenset({"c"}))]  # (held already)
     cache.end_wildcard(ENDPOINT, keep={"a"})
     assert not cache.holds_wildcard(ENDPOINT)
     assert cache.names(ENDPOINT) == ["a"]
-    cache.apply(ENDPOINT, Update([plain("c")]))  # (an answer to a name: not the wildcard)
+    cache.apply(ENDPOINT, Update([plain("d")]))
     assert not cache.holds_wildcard(ENDPOINT)
     changes.clear()
     cache.apply(ENDPOINT, Update(wildcard_answered=True))  # (an empty answer)
     assert cache.holds_wildcard(ENDPOINT)
-    assert changes == [CacheChange(ENDPOINT, frozenset(), wildcard_regained=True)]
+    assert changes == [CacheChange(ENDPOINT, frozenset(), wildcard_held=True)]
     cache.end_wildcard(ENDPOINT, keep=())
     cache.replace_type(ENDPOINT, [plain("a")])  # (a file source: the whole type)
     assert cache.holds_wildcard(ENDPOINT)
+
+
+def test_an_origin_wildcards_do_not_go_to_prunes_its_names_and_the_wildcard_stays_held() -> None:
+    """With several origins, one that reconnects forgets its names no client
+    wants (prune_once ends "its wildcard"): the default origin's wildcard
+    set is still held."""
+    cache = ResourceCache()
+    cache.apply(ENDPOINT, Update([plain("a"), plain("xdstp://other/x")], wildcard_answered=True))
+    other = ScopedCache(cache, lambda name: name.startswith("xdstp://other/"))
+    other.end_wildcard(ENDPOINT, keep=())
+    assert cache.names(ENDPOINT) == ["a"] and cache.holds_wildcard(ENDPOINT)
+    default = ScopedCache(cache, lambda name: not name.startswith("xdstp://"),
+                          takes_wildcard=True)
+    default.end_wildcard(ENDPOINT, keep=())
+    assert not cache.holds_wildcard(ENDPOINT)

@@ -254,7 +254,7 @@ def test_before_the_type_is_synced_everything_is_unanswered() -> None:
         {"a", "*"}
 
 
-def test_a_wildcard_is_unanswered_until_the_set_is_complete() -> None:
+def test_a_wildcard_is_unanswered_until_the_cache_holds_its_set() -> None:
     view = FakeView(CLUSTER, {"a": "1"})
     assert unanswered(view, CLUSTER, {}, True, False, 0).missing == {"*"}
     assert not unanswered(view, CLUSTER, {}, True, True, 0)

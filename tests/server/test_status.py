@@ -38,7 +38,9 @@ def put(ctx: ServingContext, msg: Any, version: str) -> None:
     type_url = pack(msg).type_url
     name = getattr(msg, "name", "") or msg.cluster_name
     resource = discovery_pb2.Resource(name=name, version=version, resource=pack(msg))
-    ctx.cache.apply(type_url, Update([CachedResource(type_url, name, version, resource)]))
+    # (as the origin answers the relay's wildcard too: wildcard clients here are served)
+    ctx.cache.apply(type_url, Update([CachedResource(type_url, name, version, resource)],
+                                     wildcard_answered=True))
 
 
 def open_stream(ctx: ServingContext, protocol: XdsProtocol = "delta",
