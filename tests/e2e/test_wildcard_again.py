@@ -48,7 +48,7 @@ async def wildcard_held_then_ended(stack: Stack, type_url: str) -> None:
 
 @pytest.mark.parametrize("type_url", [CLUSTER, ENDPOINT], ids=["cds", "eds"])
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
-async def test_a_wildcard_after_the_last_one_ended_waits_for_the_origins_answer(
+async def test_invariant_14_a_wildcard_after_the_last_one_ended_waits_for_the_origins_answer(
         type_url: str, delta: bool) -> None:
     async with running_stack(origin_of(type_url), linger="0s") as stack:
         await wildcard_held_then_ended(stack, type_url)
@@ -86,7 +86,7 @@ async def test_names_kept_for_their_subscribers_are_not_the_wildcards_answer() -
 
 
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
-async def test_the_first_wildcard_on_a_type_held_by_name_waits_for_the_origins_answer(
+async def test_invariant_14_the_first_wildcard_on_a_type_held_by_name_gets_every_resource(
         delta: bool) -> None:
     async with running_stack(origin_of(CLUSTER), linger="30s") as stack:
         grpc_client = stack.client(delta=True)  # (CDS by name, as gRPC asks)
