@@ -79,17 +79,23 @@ async def test_a_cancel_that_what_it_waits_for_swallowed_is_raised_again() -> No
     with pytest.raises(asyncio.CancelledError):
         await task
     # one that was cancelling already (cleaning up on its way out) is let through
-    async def cleaning_up() -> str:
+    assert await on_the_way_out(lambda: within(asyncio.sleep(0, "done"), 1.0)) == "done"
+
+
+async def on_the_way_out(cleanup: Callable[[], Awaitable[str]]) -> str:
+    """What ``cleanup`` gives, run by a task that was cancelled (in its
+    ``except CancelledError``, as a stop's cleanup runs)."""
+    async def cancelled_then_cleaning_up() -> str:
         current = asyncio.current_task()
         assert current is not None
         current.cancel()
         try:
             await asyncio.sleep(0)
         except asyncio.CancelledError:
-            return await within(asyncio.sleep(0, "done"), 1.0)
+            return await cleanup()
         raise AssertionError("not cancelled")
 
-    assert await asyncio.create_task(cleaning_up()) == "done"
+    return await asyncio.create_task(cancelled_then_cleaning_up())
 
 
 async def test_the_measure_sees_asyncio_wait_for_lose_a_cancel() -> None:
@@ -190,19 +196,13 @@ async def test_ended_lets_a_task_cleaning_up_on_its_way_out_wait() -> None:
     task = asyncio.create_task(asyncio.Event().wait())
     await asyncio.sleep(0)
 
-    async def cleaning_up() -> str:
-        current = asyncio.current_task()
-        assert current is not None
-        current.cancel()
-        try:
-            await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            task.cancel()
-            await ended(task)
-            return "cleaned up"
-        raise AssertionError("not cancelled")
+    async def cleanup() -> str:
+        task.cancel()
+        await ended(task)
+        return "cleaned up"
 
-    assert await asyncio.create_task(cleaning_up()) == "cleaned up"
+    assert await on_the_way_out(cleanup) == "cleaned up"
+    assert task.cancelled()
 
 
 async def test_ended_raises_errors_unless_told_to_swallow_them() -> None:

@@ -20,7 +20,15 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints
-from tests.harness import ScriptedOrigin, Stack, eventually, names_of, node, running_stack
+from tests.harness import (
+    ScriptedOrigin,
+    Stack,
+    XdsClient,
+    eventually,
+    names_of,
+    node,
+    running_stack,
+)
 
 
 def origin_of(type_url: str) -> ScriptedOrigin:
@@ -46,18 +54,25 @@ async def wildcard_held_then_ended(stack: Stack, type_url: str) -> None:
     assert not stack.relay.cache.holds_wildcard(type_url)
 
 
+async def wildcard_client(stack: Stack, type_url: str, delta: bool, legacy: bool = False
+                          ) -> XdsClient:
+    """A client subscribing the wildcard (SotW: ``*``, or no names with ``legacy``)."""
+    client = stack.client(delta=delta)
+    if delta:
+        await client.send(node=node("new"), type_url=type_url, resource_names_subscribe=["*"])
+    else:
+        await client.send(node=node("new"), type_url=type_url,
+                          resource_names=[] if legacy else ["*"])
+    return client
+
+
 @pytest.mark.parametrize("type_url", [CLUSTER, ENDPOINT], ids=["cds", "eds"])
 @pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
 async def test_invariant_14_a_wildcard_after_the_last_one_ended_waits_for_the_origins_answer(
         type_url: str, delta: bool) -> None:
     async with running_stack(origin_of(type_url), linger="0s") as stack:
         await wildcard_held_then_ended(stack, type_url)
-        newcomer = stack.client(delta=delta)
-        if delta:
-            await newcomer.send(node=node("new"), type_url=type_url,
-                                resource_names_subscribe=["*"])
-        else:
-            await newcomer.send(node=node("new"), type_url=type_url, resource_names=["*"])
+        newcomer = await wildcard_client(stack, type_url, delta)
         got = await newcomer.recv()
         assert sorted(names_of(got)) == ["a", "b"]
         if delta:
@@ -95,11 +110,7 @@ async def test_invariant_14_the_first_wildcard_on_a_type_held_by_name_gets_every
         assert names_of(await grpc_client.recv()) == ["a"]
         assert stack.relay.cache.is_synced(CLUSTER)
         assert not stack.relay.cache.holds_wildcard(CLUSTER)
-        envoy = stack.client(delta=delta)
-        if delta:
-            await envoy.send(node=node("envoy"), type_url=CLUSTER, resource_names_subscribe=["*"])
-        else:
-            await envoy.send(node=node("envoy"), type_url=CLUSTER, resource_names=[])
+        envoy = await wildcard_client(stack, CLUSTER, delta, legacy=True)
         got = await envoy.recv()
         assert sorted(names_of(got)) == ["a", "b"]  # (not ["a"]: "b" deleted, to SotW)
         await envoy.ack(got)
