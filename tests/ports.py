@@ -13,11 +13,14 @@ from pathlib import Path
 
 def free_port() -> int:
     """A port nobody listens on now, for a process the test starts to bind
-    (a relay process, redis-server). Bound and released: from this worker's
-    block (see :func:`origin_ports`), where no other process's bind to port 0
-    can be given it in between, as an ephemeral port was (a relay process's
-    admin port answered another test's listener once)."""
-    for _, port in zip(range(_BLOCK), origin_ports(), strict=False):
+    (a relay process, redis-server). Bound and released: in an xdist worker,
+    from its block (see :func:`origin_ports`), where no other process's bind
+    to port 0 can be given it in between, as an ephemeral port was (a relay
+    process's admin port answered another test's listener once). Elsewhere
+    (one test process, the benchmarks, whose processes would all walk the
+    same block) any port bind gives."""
+    ports = origin_ports() if "PYTEST_XDIST_WORKER" in os.environ else iter(())
+    for _, port in zip(range(_BLOCK), ports, strict=False):
         if port == 0:
             break  # (no room below the ephemeral range: any port)
         with socket.socket() as sock:
