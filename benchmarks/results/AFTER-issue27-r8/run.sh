@@ -15,3 +15,8 @@ done
 run turn-sections $P -m benchmarks.warm_sections --cold --runs 6 --relay-src $T --baseline-src $B
 run parse-stages $P $R/parse_stages.py $B
 run checked-shadows $P $R/checked_shadows.py
+# At the end of the round (FINAL = an export of the last commit), nothing got worse:
+F=${FINAL:-}; if [ -n "$F" ]; then cd $F; P=.venv/bin/python
+  run fanout-final-vs-f8ea78f $P -m benchmarks.fanout --streams 1000 --runs 3 --servers bare-default,relay,relay-before --before-src $B
+  run sections-final-vs-f8ea78f sh -c "$P -m benchmarks.warm_sections --runs 6 --baseline-src $B; $P -m benchmarks.warm_sections --cold --runs 6 --baseline-src $B; $P -m benchmarks.warm_sections --cold --runs 8 --baseline-src $B; cd $B && $P -m benchmarks.warm_sections --cold --runs 8 --relay-src $B --baseline-src $F"
+fi
