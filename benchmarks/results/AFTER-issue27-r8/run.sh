@@ -13,8 +13,7 @@ for round in 1 2; do
   run base-$round $P -m benchmarks.big_client --resources 10000 --size 300 --runs 5 --servers relay,forwarder --relay-src $B
 done
 run turn-sections $P -m benchmarks.warm_sections --cold --runs 6 --relay-src $T --baseline-src $B
-run parse-stages $P $R/parse_stages.py $B
-run checked-shadows $P $R/checked_shadows.py
+run parse-stages sh -c "for i in 1 2 3; do $P $R/parse_stages.py $B; done"
 # At the end of the round (FINAL = an export of the last commit), nothing got worse:
 F=${FINAL:-}; if [ -n "$F" ]; then cd $F; P=.venv/bin/python
   run fanout-final-vs-f8ea78f $P -m benchmarks.fanout --streams 1000 --runs 3 --servers bare-default,relay,relay-before --before-src $B
