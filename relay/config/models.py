@@ -545,7 +545,8 @@ class UpstreamConfig(_Section):
         default=SETTLE_GRACE,
         description="a response this soon after a subscription may have crossed it on the "
                     "wire and is not taken as its answer; clients matching no variant are "
-                    "told after this long")
+                    "told after this long; a `*` the origin leaves unanswered this long "
+                    "counts as answered with what the cache holds")
     tls: UpstreamTLSConfig | None = None
     token_file: FileField | None = Field(
         default=None,

@@ -1,10 +1,11 @@
 """The upstream's deadlines: one typed record per kind, all in one heap.
 
-Four things come due on the origin stream's side, each its own record:
+Five things come due on the origin stream's side, each its own record:
 lingering subscriptions of a type may go (:class:`LingerEnds`), a type's
 lingering wildcard may go (:class:`WildcardLingerEnds`), locators a response
-followed too soon count as answered (:class:`SettleDue`), and a type's cache
-is reconciled after a reconnect (:class:`ReconcileDue`). A record names a
+followed too soon count as answered (:class:`SettleDue`), a type's cache
+is reconciled after a reconnect (:class:`ReconcileDue`), and a wildcard the
+origin has not answered counts as answered (:class:`WildcardAnswerDue`). A record names a
 type and a moment, not a name: every entry of the type due at that moment
 shares it, so a client leaving 100,000 names sets one deadline, not 100,000.
 
@@ -53,7 +54,16 @@ class ReconcileDue:
     at: float
 
 
-Deadline = LingerEnds | WildcardLingerEnds | SettleDue | ReconcileDue
+@dataclass(frozen=True, slots=True)
+class WildcardAnswerDue:
+    """The wildcard of ``type_url``, subscribed on the stream and not answered,
+    counts as answered with what the cache holds at ``at``."""
+
+    type_url: str
+    at: float
+
+
+Deadline = LingerEnds | WildcardLingerEnds | SettleDue | ReconcileDue | WildcardAnswerDue
 
 
 class Deadlines:

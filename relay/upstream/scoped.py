@@ -34,6 +34,10 @@ class OriginCache(Protocol):
 
     def is_complete(self, type_url: str) -> bool: ...
 
+    def is_synced(self, type_url: str) -> bool: ...
+
+    def holds_wildcard(self, type_url: str) -> bool: ...
+
     def is_answered(self, type_url: str, locator: Locator) -> bool: ...
 
     def served_to_all(self, type_url: str, names: Iterable[str]) -> dict[str, CachedResource]: ...
@@ -86,6 +90,12 @@ class ScopedCache:
     def is_complete(self, type_url: str) -> bool:
         # Never set through a scoped view (see apply), so never true of one.
         return False
+
+    def is_synced(self, type_url: str) -> bool:
+        return self.cache.is_synced(type_url)
+
+    def holds_wildcard(self, type_url: str) -> bool:
+        return self.cache.holds_wildcard(type_url)
 
     def served_to_all(self, type_url: str, names: Iterable[str]) -> dict[str, CachedResource]:
         # (any origin's copy: one made from the same bytes was checked as well)

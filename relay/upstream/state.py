@@ -41,6 +41,7 @@ from relay.upstream.deadlines import (
     LingerEnds,
     ReconcileDue,
     SettleDue,
+    WildcardAnswerDue,
     WildcardLingerEnds,
 )
 from relay.upstream.requests import Request, RequestCutter, SubscriptionChange
@@ -56,6 +57,7 @@ from relay.upstream.targets import (
     in_collection,
     locators_of,
 )
+from relay.upstream.wildcards import WildcardAnswers
 from relay.xds_types import short_name
 
 __all__ = ["DEFAULT_LINGER_NAMES", "DEFAULT_MAX_REQUEST_SIZE", "SETTLE_GRACE", "Acked", "Demand",
@@ -115,6 +117,7 @@ class UpstreamState:
         self._targets = Targets(cache, linger, self._deadlines, linger_names)
         self._settling = Settling(answer_grace, self._deadlines)
         self._resync = Resync(cache, answer_grace, initial_versions, self._deadlines)
+        self._wildcards = WildcardAnswers(answer_grace, self._deadlines)
         self._requests = RequestCutter(node, max_request_size)
         self.connected = False
         # whether a usable response has arrived on any stream: the relay is synced
@@ -161,12 +164,15 @@ class UpstreamState:
         self._requests.new_stream()
         self._settling.new_stream()
         self._resync.new_stream()
+        self._wildcards.new_stream()
         requests = []
         for type_url in self._targets.new_stream(demand):
             sub = self._targets.resubscribe(type_url, demand, now)
             if sub is None:
                 continue
             self._settling.subscribed_all(type_url, sub.locators, now)
+            if sub.wildcard and not self.cache.holds_wildcard(type_url):
+                self._wildcards.asked(type_url, now)
             initial, cached = self._resync.declaration(type_url, sub.locators, sub.wildcard)
             split = self._requests.split(SubscriptionChange(
                 type_url, sub.locators, wildcard=True if sub.wildcard else None,
@@ -185,6 +191,7 @@ class UpstreamState:
     def on_disconnect(self) -> None:
         self.connected = False
         self._resync.new_stream()
+        self._wildcards.new_stream()
 
     # -- interest -----------------------------------------------------------
 
@@ -209,8 +216,12 @@ class UpstreamState:
         self._settling.unsubscribed(type_url, locators_of(change.unsubscribe))
         if self._targets.subscription(type_url) is None:
             self._resync.drop(type_url)
+        if change.wildcard is False:
+            self._wildcards.settled(type_url)
         if not self.connected or change.is_empty():
             return []
+        if change.wildcard and not self.cache.holds_wildcard(type_url):
+            self._wildcards.asked(type_url, now)
         return self._requests.split(change).requests
 
     # -- time -------------------------------------------------------------------
@@ -222,6 +233,11 @@ class UpstreamState:
             self.cache.apply(type_url, Update(answered=settled))
         for type_url, gone in self._resync.due(now).items():
             self.cache.apply(type_url, Update(removed_variants=gone))
+        for type_url in self._wildcards.due(now):
+            # (a type never answered still waits for the origin's first response)
+            sub = self._targets.subscription(type_url)
+            if sub is not None and sub.wildcard and self.cache.is_synced(type_url):
+                self.cache.apply(type_url, Update(wildcard_answered=True))
         requests = []
         for type_url, names in self._targets.lingering.due(now):
             requests.extend(self._sync_type(type_url, demand, now, names))
@@ -240,6 +256,8 @@ class UpstreamState:
                 return self._settling.stands(deadline)
             case ReconcileDue():
                 return self._resync.stands(deadline)
+            case WildcardAnswerDue():
+                return self._wildcards.stands(deadline)
             case _:
                 assert_never(deadline)
 
@@ -295,6 +313,8 @@ class UpstreamState:
         beats = [b for b in parsed.heartbeats if sub.wildcard or b[0] in locators
                  or in_collection(b[0], locators)]
         self._resync.on_response(type_url, now, wanted, beats, errors)
+        if sub.wildcard:
+            self._wildcards.settled(type_url)
         gone = self._resync.reconcile(type_url, now)
         return Update(wanted, removed, [*parsed.removed_variants, *gone], errors, beats,
                       answered=self._settling.answered_keys(type_url, now),

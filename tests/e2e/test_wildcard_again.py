@@ -21,6 +21,8 @@ from envoy.service.discovery.v3 import discovery_pb2
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints
 from tests.harness import (
+    DELTA,
+    OriginStream,
     ScriptedOrigin,
     Stack,
     XdsClient,
@@ -115,6 +117,36 @@ async def test_invariant_14_the_first_wildcard_on_a_type_held_by_name_gets_every
         assert sorted(names_of(got)) == ["a", "b"]  # (not ["a"]: "b" deleted, to SotW)
         await envoy.ack(got)
         await envoy.expect_nothing()
+
+
+class QuietOnAWildcardAdded(ScriptedOrigin):
+    """Answers names; a ``*`` added to a type it already serves on the stream
+    goes unanswered, as go-control-plane's delta server leaves it when it has
+    nothing new to send."""
+
+    def _answer(self, stream: OriginStream, request: DELTA) -> None:
+        if "*" in request.resource_names_subscribe and stream.subscribed.get(request.type_url):
+            stream.subscribed[request.type_url].add("*")
+            return
+        super()._answer(stream, request)
+
+
+async def test_invariant_1_a_wildcard_the_origin_never_answers_is_answered_after_the_grace(
+        ) -> None:
+    """The wildcard counts as answered with what the cache holds once
+    ``answer_grace`` (0.5 s here) passes with no response on the stream: an
+    Envoy waits for its first answer to start up."""
+    origin = QuietOnAWildcardAdded()
+    origin.set(cluster("a"), cluster("b"))
+    async with running_stack(origin, linger="30s") as stack:
+        named = stack.client(delta=True)
+        await named.send(node=node("grpc"), type_url=CLUSTER, resource_names_subscribe=["a"])
+        assert names_of(await named.recv()) == ["a"]
+        envoy = await wildcard_client(stack, CLUSTER, delta=True)
+        await envoy.expect_nothing(0.2)  # (the origin may still answer: 0.5 s)
+        got = await envoy.recv()
+        assert names_of(got) == ["a"] and list(got.removed_resources) == []
+        assert stack.relay.cache.holds_wildcard(CLUSTER)
 
 
 def cache_names(stack: Stack) -> list[str]:
