@@ -365,6 +365,7 @@ class UpstreamClient:
             self._outbox = outbox
             for request in self.state.on_connect(self.demand, self.clock.now()):
                 outbox.put_nowait(request)
+            self._timer_changed.set()  # (a wildcard asked again may have set a deadline)
             writer = asyncio.create_task(self._write(call, outbox))
             session = asyncio.create_task(self._read(call, outbox, dialer))
             connected = asyncio.create_task(self._mark_connected(channel, dialer.target))
