@@ -23,6 +23,15 @@ asks glibc to trim, at most once per :data:`RETURN_INTERVAL`: a burst of
 departures costs one return at its end, not one each. Measured with
 ``python -m benchmarks.memory`` (see docs/performance.md#memory).
 
+The buffers of a big exchange (an origin response of megabytes, its
+re-encoding, the bodies checked a slice at a time, a big client's pages)
+come from glibc's heaps and go back to them when freed, to be used again by
+the next (:func:`reuse_large_blocks`): a block mapped on its own for each is
+paid a page fault per 4 KiB touched, each time (about 3 us on the
+development machine; a third of what checking an origin response cost).
+What a burst of such buffers leaves free in the heaps is trimmed once the
+cache's writes settle (:meth:`MemoryReturn.churned`: a trim, no collection).
+
 :class:`ReturnPolicy` decides when, without I/O, against an injected clock;
 :class:`MemoryReturn` does it on the event loop.
 """
@@ -40,8 +49,8 @@ import time
 from collections.abc import Callable, Mapping, Sized
 
 __all__ = ["ALLOCATOR", "LARGE", "MMAP_THRESHOLD", "PATIENCE", "RETURN_INTERVAL", "SETTLE",
-           "STREAM", "MemoryReturn", "ReturnPolicy", "exec_with_allocator", "malloc_trim",
-           "map_large_blocks", "oversized"]
+           "STREAM", "TRIM_THRESHOLD", "MemoryReturn", "ReturnPolicy", "exec_with_allocator",
+           "malloc_trim", "oversized", "reuse_large_blocks"]
 
 log = logging.getLogger("relay.memory")
 
@@ -49,10 +58,17 @@ log = logging.getLogger("relay.memory")
 #: the whole heap (milliseconds per 100,000 objects), so a relay whose clients
 #: come and go all the time collects a few times a minute at most.
 RETURN_INTERVAL = 5.0
-#: Blocks this large or larger are mapped on their own (see :func:`map_large_blocks`):
-#: a response or request buffer, never the small objects of the heap.
-MMAP_THRESHOLD = 256 * 1024
-_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+#: Blocks this large or larger are mapped on their own (see
+#: :func:`reuse_large_blocks`); smaller ones, every response and request buffer
+#: of an ordinary exchange, come from the heaps and are used again (glibc's
+#: own ceiling for its moving threshold).
+MMAP_THRESHOLD = 32 * 1024 * 1024
+#: Free memory at the top of a heap that glibc keeps rather than giving back
+#: as a block is freed (see :func:`reuse_large_blocks`): the relay trims
+#: itself (:class:`MemoryReturn`).
+TRIM_THRESHOLD = 64 * 1024 * 1024
+_M_TRIM_THRESHOLD = -1  # glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
 #: How long nothing more must be let go before memory is given back, in
 #: seconds: by then the stream that held it has ended and gRPC has let go of
 #: its call.
@@ -108,6 +124,11 @@ class ReturnPolicy:
         was_due, self._due = self._due, due
         return None if was_due is not None else due - now
 
+    @property
+    def now(self) -> Callable[[], float]:
+        """The clock it reads."""
+        return self._now
+
     def due_in(self) -> float | None:
         """Seconds until memory is to be given back (0 or less: now); None if it is not."""
         return None if self._due is None else self._due - self._now()
@@ -160,14 +181,24 @@ def malloc_trim() -> Callable[[], object] | None:
     return lambda: trim(0)
 
 
-def map_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Have glibc map every block of ``threshold`` bytes or more on its own,
-    so that freeing it gives it back at once; whether it took the setting.
+def reuse_large_blocks(mmap_threshold: int = MMAP_THRESHOLD,
+                       trim_threshold: int = TRIM_THRESHOLD) -> bool:
+    """Have glibc serve blocks of up to ``mmap_threshold`` bytes from its
+    heaps and keep up to ``trim_threshold`` free at a heap's top: a big
+    exchange's buffers then reuse the pages the last one freed. Whether it
+    took both settings.
 
-    glibc does so from 128 KiB, but raises the threshold each time such a
-    block is freed, up to 32 MiB: after one large request, the next ones
-    come from its heaps, and a trim gets back only the pages they leave
-    wholly free. A fixed threshold keeps them out of the heaps.
+    By default glibc maps a block of 128 KiB or more on its own, and
+    unmaps it when freed; it raises that threshold as such blocks are freed
+    (up to 32 MiB) and trims a heap's top once more than twice that is free
+    there. Mapped afresh, a block is paid a page fault for each 4 KiB
+    written: re-encoding an 841 KB origin response took 1.3-1.7 ms, 0.24 ms
+    in pages already used (``benchmarks.cold_path``: a cold join's check of
+    the origin's bodies 27-29 ms against 36-69, the median of 9). Fixed
+    settings, unlike glibc's moving ones, keep that cost away from the
+    first exchanges and after every trim; what the heaps hold free is given
+    back by the relay's own trims (:class:`MemoryReturn`), which give back
+    every free page, not only a heap's top.
     """
     libc = _glibc()
     mallopt = getattr(libc, "mallopt", None)
@@ -175,7 +206,9 @@ def map_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+    took_trim = mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+    took_mmap = mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
+    return bool(took_trim and took_mmap)
 
 
 #: Python's object allocator in a relay process (``PYTHONMALLOC``) unless the
@@ -206,42 +239,66 @@ def exec_with_allocator(environ: Mapping[str, str] = os.environ,
 
 class MemoryReturn:
     """Gives memory back on the event loop when :class:`ReturnPolicy` says:
-    a full collection, then ``malloc_trim`` where there is one."""
+    a full collection, then ``malloc_trim`` where there is one; and trims
+    the heaps (no collection) when ``churn``, a policy of its own, says
+    (see :meth:`churned`)."""
 
     def __init__(self, policy: ReturnPolicy, trim: Callable[[], object] | None = None,
-                 collect: Callable[[], object] = gc.collect) -> None:
+                 collect: Callable[[], object] = gc.collect,
+                 churn: ReturnPolicy | None = None) -> None:
         self._policy = policy
         self._trim = trim
         self._collect = collect
+        self._churn = churn if churn is not None else ReturnPolicy(policy.now)
         self.returns = 0  # how many times memory was given back
+        self.trims = 0  # how many times the heaps alone were trimmed (see churned)
 
     @classmethod
     def for_this_process(cls) -> MemoryReturn:
         """Against the monotonic clock, with glibc's trim if the process has
-        it; large blocks are mapped on their own from now on (see
-        :func:`map_large_blocks`)."""
-        map_large_blocks()
+        it; large blocks come from the heaps from now on (see
+        :func:`reuse_large_blocks`)."""
+        reuse_large_blocks()
         return cls(ReturnPolicy(time.monotonic), malloc_trim())
 
     def let_go(self, amount: int = LARGE) -> None:
         """``amount`` names (by default: one large request) were let go."""
         if self._policy.let_go(amount) is not None:
-            self._when_due()
+            self._when_due(self._policy, self._give_back)
 
-    def _when_due(self) -> None:
-        wait = self._policy.due_in()
+    def churned(self, amount: int) -> None:
+        """``amount`` names were written to the cache: the buffers of the
+        origin responses that brought them are free again, in the heaps (see
+        :func:`reuse_large_blocks`). Once :data:`LARGE` were, the heaps are
+        trimmed when the writes settle, as :class:`ReturnPolicy` times a
+        return: no collection (an applied response leaves no cycle), at
+        most once per :data:`RETURN_INTERVAL`, however long the origin
+        keeps sending."""
+        if self._trim is not None and self._churn.let_go(amount) is not None:
+            self._when_due(self._churn, self._trim_heaps)
+
+    def _when_due(self, policy: ReturnPolicy, act: Callable[[], None]) -> None:
+        wait = policy.due_in()
         if wait is None:
             return
         if wait > 0:
             try:
-                asyncio.get_running_loop().call_later(wait, self._when_due)
+                asyncio.get_running_loop().call_later(wait, self._when_due, policy, act)
                 return
             except RuntimeError:  # no event loop: at once
                 pass
-        self._policy.give_back()
+        policy.give_back()
+        act()
+
+    def _give_back(self) -> None:
         started = time.monotonic()
         self._collect()
         if self._trim is not None:
             self._trim()
         self.returns += 1
         log.debug("gave memory back in %.3fs", time.monotonic() - started)
+
+    def _trim_heaps(self) -> None:
+        if self._trim is not None:
+            self._trim()
+        self.trims += 1

@@ -26,13 +26,15 @@ from relay.memory import (
     ReturnPolicy,
     exec_with_allocator,
     malloc_trim,
-    map_large_blocks,
     oversized,
+    reuse_large_blocks,
 )
 from relay.protocol.limits import DEFAULT_LIMITS
+from relay.resource import CachedResource
 from relay.server.serving import ServingSettings
 from relay.server.streams import DownstreamStream
 from relay.xds_types import ENDPOINT
+from tests.builders import endpoints, pack
 from tests.ports import free_port
 
 
@@ -229,11 +231,51 @@ upstream: {{address: "127.0.0.1:{free_port()}"}}
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
-def test_glibc_trims_and_maps_large_blocks_on_their_own() -> None:
+def test_glibc_trims_and_takes_the_relays_thresholds() -> None:
     trim = malloc_trim()
     assert trim is not None
     assert trim() in (0, 1)  # 1: some memory went back
-    assert map_large_blocks()
+    assert reuse_large_blocks()
+
+
+#: Faults of 20 buffers of 4 MiB, each written whole and freed, after one the
+#: same: ``sys.argv[1]`` says how the process was set up.
+_FAULTS = """
+import ctypes, resource, sys
+from relay.memory import reuse_large_blocks
+if sys.argv[1] == "reuse":
+    assert reuse_large_blocks()
+else:  # as the relay was set up before: blocks of 256 KiB mapped on their own
+    assert ctypes.CDLL("libc.so.6").mallopt(-3, 256 * 1024)
+block = b"x" * (4 << 20)
+del block
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    block = b"x" * (4 << 20)
+    del block
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+_THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+_HUGE_PAGES_ALWAYS = _THP.exists() and "[always]" in _THP.read_text()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+async def test_a_large_block_freed_is_used_again_without_page_faults() -> None:
+    async def faults(setup: str) -> int:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _FAULTS, setup, stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONMALLOC": "malloc"})
+        out, _ = await process.communicate()
+        assert process.returncode == 0
+        return int(out)
+
+    assert await faults("reuse") < 100
+    if _HUGE_PAGES_ALWAYS:
+        return  # (a block mapped afresh faults a few huge pages: no contrast to show)
+    # 20 blocks of 1,024 pages: each mapped afresh faults every page of it
+    assert await faults("mapped") >= 20 * 1_024
 
 
 # -- where the relay lets go ----------------------------------------------------------
@@ -281,6 +323,37 @@ def test_names_the_cache_forgets_count_towards_giving_memory_back() -> None:
     assert calls == []
     core.cache.forget(ENDPOINT, names[-1:])
     assert calls == ["collect"]
+
+
+def test_names_written_to_the_cache_trim_the_heaps_without_a_collection() -> None:
+    clock, calls = Clock(), []
+    returner = MemoryReturn(ReturnPolicy(clock.now), trim=lambda: calls.append("trim"),
+                            collect=lambda: calls.append("collect"),
+                            churn=ReturnPolicy(clock.now, settle=0.0))
+    core = Core.create(settings=ServingSettings(memory=returner))
+    names = [f"n{i}" for i in range(LARGE)]
+    core.cache.apply(ENDPOINT, Update(upserts=[load(name) for name in names[:-1]]))
+    assert calls == []  # not worth a trim yet
+    core.cache.apply(ENDPOINT, Update(upserts=[load(names[-1])]))  # no event loop: at once
+    assert calls == ["trim"] and returner.trims == 1 and returner.returns == 0
+    core.cache.apply(ENDPOINT, Update(upserts=[load(name, 2) for name in names[:10]]))
+    assert calls == ["trim"]  # counted afresh
+
+
+async def test_on_the_event_loop_the_heaps_are_trimmed_once_the_writes_settle() -> None:
+    trimmed = asyncio.Event()
+    returner = MemoryReturn(ReturnPolicy(asyncio.get_running_loop().time),
+                            trim=trimmed.set, collect=lambda: pytest.fail("collected"),
+                            churn=ReturnPolicy(asyncio.get_running_loop().time, settle=0.05))
+    for _ in range(LARGE // 100):
+        returner.churned(100)
+    assert not trimmed.is_set()
+    await asyncio.wait_for(trimmed.wait(), 5.0)
+    assert returner.trims == 1
+
+
+def load(name: str, port: int = 1) -> CachedResource:
+    return CachedResource.from_message(ENDPOINT, pack(endpoints(name, port)), name, f"v{port}")
 
 
 @dataclass
