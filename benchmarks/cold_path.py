@@ -16,7 +16,11 @@ each in a fresh state.
 
 Figures of one process on the CPU alone, so they hold up when other
 processes load the machine, unlike :mod:`benchmarks.big_client`'s
-end-to-end ones; ``--relay-src`` runs another tree's relay package.
+end-to-end ones; ``--relay-src`` runs another tree's relay package. The
+process allocates as that tree's relay process does (its allocator and
+malloc settings: :mod:`relay.memory`), and before each run gives memory
+back as a relay does once a client has left (a collection, a trim):
+``faults`` counts the page faults of a run, each paid in the kernel.
 
 Usage: ``python -m benchmarks.cold_path [--resources 10000] [--size 300]
 [--runs 9] [--per-response N] [--relay-src DIR]``; prints one table.
@@ -25,8 +29,10 @@ Usage: ``python -m benchmarks.cold_path [--resources 10000] [--size 300]
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import inspect
+import resource
 import statistics
 import sys
 import time
@@ -35,7 +41,7 @@ from typing import Any
 
 #: Names the upstream client syncs a turn (relay.upstream.client.MAX_NAMES_PER_TURN).
 PER_TURN = 2_000
-STEPS = ("subscribe", "parse", "on_response", "entries", "total")
+STEPS = ("subscribe", "parse", "on_response", "entries", "total", "faults")
 ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 
 
@@ -88,6 +94,7 @@ def one_run(encoded: list[bytes], resources: int) -> list[float]:
     # (handed the cache, as the upstream client hands it, where the tree's parse takes it)
     known = ({"known": cache.served_to_all}
              if "known" in inspect.signature(parse_response).parameters else {})
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     marks = [time.perf_counter()]
     # (as the upstream client takes them: the names the index tells of, a
     # turn's worth at a time)
@@ -109,8 +116,9 @@ def one_run(encoded: list[bytes], resources: int) -> list[float]:
     entries = [resource.delta_entry for resource in upserts]
     after = time.perf_counter()
     assert len(entries) == len(cache.names(ENDPOINT)) == resources
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     steps = [(marks[1] - marks[0]) * 1e3, parse * 1e3, on_response * 1e3, (after - before) * 1e3]
-    return [*steps, sum(steps)]
+    return [*steps, sum(steps), faults]
 
 
 def main() -> None:
@@ -124,17 +132,28 @@ def main() -> None:
                         help="the tree whose relay package runs (default: this checkout)")
     args = parser.parse_args()
     sys.path.insert(0, str(args.relay_src))
+    from relay.memory import MemoryReturn, exec_with_allocator, malloc_trim
     from relay.runtime import tune_gc
 
+    exec_with_allocator()  # (this command again, with the relay's allocator)
+    MemoryReturn.for_this_process()  # (and its malloc settings)
+    trim = malloc_trim()
     encoded = origin_responses(args.resources, args.size, args.per_response or args.resources)
     tune_gc()  # as a relay process does
-    runs = [one_run(encoded, args.resources) for _ in range(args.runs)]
+    runs = []
+    for _ in range(args.runs):
+        gc.collect()  # (the last run's memory given back, as once a client has left)
+        if trim is not None:
+            trim()
+        runs.append(one_run(encoded, args.resources))
     print(f"relay from {args.relay_src}: {args.resources} x {args.size} B in {len(encoded)} "
           f"response(s), {args.runs} runs, ms (min / median)")
     print("| " + " | ".join(STEPS) + " |")
     print("|" + " ---: |" * len(STEPS))
-    print("| " + " | ".join(f"{min(column):.1f} / {statistics.median(column):.1f}"
-                            for column in zip(*runs, strict=True)) + " |")
+    print("| " + " | ".join(f"{min(column):.{0 if step == 'faults' else 1}f} / "
+                            f"{statistics.median(column):.{0 if step == 'faults' else 1}f}"
+                            for step, column in zip(STEPS, zip(*runs, strict=True),
+                                                    strict=True)) + " |")
 
 
 if __name__ == "__main__":
