@@ -49,11 +49,9 @@ class Core:
         index = InterestIndex()
         cache.add_listener(index.on_cache_change)
         serving = ServingContext.create(cache, index, metrics or new_metrics(), settings)
-        memory = serving.settings.memory
-        if memory is not None:
-            cache.add_forget_listener(lambda forgotten: memory.let_go(forgotten.dropped))
-            # (what the origin's responses took is trimmed once written: see relay.memory)
-            cache.add_listener(lambda change: memory.churned(len(change.names)))
+        if serving.settings.memory is not None:
+            let_go = serving.settings.memory.let_go
+            cache.add_forget_listener(lambda forgotten: let_go(forgotten.dropped))
         return cls(cache, index, serving, clock)
 
     def follow(self, dialer: Dialer, state: UpstreamState, backoff: Backoff) -> UpstreamClient:

@@ -29,8 +29,11 @@ come from glibc's heaps and go back to them when freed, to be used again by
 the next (:func:`reuse_large_blocks`): a block mapped on its own for each is
 paid a page fault per 4 KiB touched, each time (about 3 us on the
 development machine; a third of what checking an origin response cost).
-What a burst of such buffers leaves free in the heaps is trimmed once the
-cache's writes settle (:meth:`MemoryReturn.churned`: a trim, no collection).
+What such buffers leave free in the heaps, whatever freed them and
+whenever, goes back once the resident memory has grown
+:data:`RESIDENT_GROWTH` past its low since the last trim
+(:class:`ResidentWatch`, read every :data:`WATCH_INTERVAL` by
+:meth:`MemoryReturn.watch`): a trim, no collection.
 
 :class:`ReturnPolicy` decides when, without I/O, against an injected clock;
 :class:`MemoryReturn` does it on the event loop.
@@ -48,9 +51,10 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sized
 
-__all__ = ["ALLOCATOR", "LARGE", "MMAP_THRESHOLD", "PATIENCE", "RETURN_INTERVAL", "SETTLE",
-           "STREAM", "TRIM_THRESHOLD", "MemoryReturn", "ReturnPolicy", "exec_with_allocator",
-           "malloc_trim", "oversized", "reuse_large_blocks"]
+__all__ = ["ALLOCATOR", "LARGE", "MMAP_THRESHOLD", "PATIENCE", "RESIDENT_GROWTH",
+           "RETURN_INTERVAL", "SETTLE", "STREAM", "TRIM_THRESHOLD", "WATCH_INTERVAL",
+           "MemoryReturn", "ResidentWatch", "ReturnPolicy", "exec_with_allocator",
+           "malloc_trim", "oversized", "resident_bytes", "reuse_large_blocks"]
 
 log = logging.getLogger("relay.memory")
 
@@ -68,6 +72,11 @@ MMAP_THRESHOLD = 32 * 1024 * 1024
 #: itself (:class:`MemoryReturn`).
 TRIM_THRESHOLD = 64 * 1024 * 1024
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
+#: How far the resident memory may grow past its low since the last trim
+#: before the heaps are trimmed (see :class:`ResidentWatch`).
+RESIDENT_GROWTH = 16 * 1024 * 1024
+#: How often, in seconds, :meth:`MemoryReturn.watch` reads the resident memory.
+WATCH_INTERVAL = 1.0
 _M_MMAP_THRESHOLD = -3
 #: How long nothing more must be let go before memory is given back, in
 #: seconds: by then the stream that held it has ended and gRPC has let go of
@@ -124,11 +133,6 @@ class ReturnPolicy:
         was_due, self._due = self._due, due
         return None if was_due is not None else due - now
 
-    @property
-    def now(self) -> Callable[[], float]:
-        """The clock it reads."""
-        return self._now
-
     def due_in(self) -> float | None:
         """Seconds until memory is to be given back (0 or less: now); None if it is not."""
         return None if self._due is None else self._due - self._now()
@@ -138,6 +142,43 @@ class ReturnPolicy:
         self._due = self._first = None
         self._last = self._now()
         self._let_go = 0
+
+
+class ResidentWatch:
+    """When to trim the heaps, from readings of the resident memory: once it
+    has grown ``growth`` bytes past the lowest reading since the last trim.
+
+    The heaps keep what a big exchange's buffers freed for the next one
+    (:func:`reuse_large_blocks`); a trim gives it back. Memory that grows
+    because the relay holds more (a bigger cache) costs one trim in vain
+    per ``growth``, and the trim's reading becomes the new low.
+    """
+
+    def __init__(self, growth: int = RESIDENT_GROWTH) -> None:
+        self._growth = growth
+        self._low: int | None = None
+
+    def read(self, resident: int) -> bool:
+        """The resident memory now, in bytes: whether to trim."""
+        if self._low is None or resident < self._low:
+            self._low = resident
+            return False
+        return resident - self._low >= self._growth
+
+    def trimmed(self, resident: int) -> None:
+        """The heaps were trimmed; ``resident`` is the memory after it."""
+        self._low = resident
+
+
+def resident_bytes(statm: str = "/proc/self/statm") -> int | None:
+    """This process's resident memory in bytes, or None where the system
+    does not tell (not Linux)."""
+    try:
+        with open(statm, encoding="ascii") as fields:
+            pages = int(fields.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 #: Dicts whose table takes more than this many bytes per entry are worth
@@ -239,19 +280,17 @@ def exec_with_allocator(environ: Mapping[str, str] = os.environ,
 
 class MemoryReturn:
     """Gives memory back on the event loop when :class:`ReturnPolicy` says:
-    a full collection, then ``malloc_trim`` where there is one; and trims
-    the heaps (no collection) when ``churn``, a policy of its own, says
-    (see :meth:`churned`)."""
+    a full collection, then ``malloc_trim`` where there is one; and, while
+    :meth:`watch` runs, trims the heaps alone when :class:`ResidentWatch`
+    says."""
 
     def __init__(self, policy: ReturnPolicy, trim: Callable[[], object] | None = None,
-                 collect: Callable[[], object] = gc.collect,
-                 churn: ReturnPolicy | None = None) -> None:
+                 collect: Callable[[], object] = gc.collect) -> None:
         self._policy = policy
         self._trim = trim
         self._collect = collect
-        self._churn = churn if churn is not None else ReturnPolicy(policy.now)
         self.returns = 0  # how many times memory was given back
-        self.trims = 0  # how many times the heaps alone were trimmed (see churned)
+        self.trims = 0  # how many times the heaps alone were trimmed (see watch)
 
     @classmethod
     def for_this_process(cls) -> MemoryReturn:
@@ -264,41 +303,39 @@ class MemoryReturn:
     def let_go(self, amount: int = LARGE) -> None:
         """``amount`` names (by default: one large request) were let go."""
         if self._policy.let_go(amount) is not None:
-            self._when_due(self._policy, self._give_back)
+            self._when_due()
 
-    def churned(self, amount: int) -> None:
-        """``amount`` names were written to the cache: the buffers of the
-        origin responses that brought them are free again, in the heaps (see
-        :func:`reuse_large_blocks`). Once :data:`LARGE` were, the heaps are
-        trimmed when the writes settle, as :class:`ReturnPolicy` times a
-        return: no collection (an applied response leaves no cycle), at
-        most once per :data:`RETURN_INTERVAL`, however long the origin
-        keeps sending."""
-        if self._trim is not None and self._churn.let_go(amount) is not None:
-            self._when_due(self._churn, self._trim_heaps)
+    async def watch(self, resident: Callable[[], int | None] = resident_bytes,
+                    interval: float = WATCH_INTERVAL, rules: ResidentWatch | None = None
+                    ) -> None:
+        """Read the resident memory every ``interval`` seconds and trim the
+        heaps when ``rules`` say (see :class:`ResidentWatch`), until
+        cancelled; at once done where there is no trim or no reading."""
+        rules = rules or ResidentWatch()
+        if self._trim is None or resident() is None:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            now = resident()
+            if now is not None and rules.read(now):
+                self._trim()
+                self.trims += 1
+                rules.trimmed(resident() or now)
 
-    def _when_due(self, policy: ReturnPolicy, act: Callable[[], None]) -> None:
-        wait = policy.due_in()
+    def _when_due(self) -> None:
+        wait = self._policy.due_in()
         if wait is None:
             return
         if wait > 0:
             try:
-                asyncio.get_running_loop().call_later(wait, self._when_due, policy, act)
+                asyncio.get_running_loop().call_later(wait, self._when_due)
                 return
             except RuntimeError:  # no event loop: at once
                 pass
-        policy.give_back()
-        act()
-
-    def _give_back(self) -> None:
+        self._policy.give_back()
         started = time.monotonic()
         self._collect()
         if self._trim is not None:
             self._trim()
         self.returns += 1
         log.debug("gave memory back in %.3fs", time.monotonic() - started)
-
-    def _trim_heaps(self) -> None:
-        if self._trim is not None:
-            self._trim()
-        self.trims += 1

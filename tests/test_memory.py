@@ -23,18 +23,18 @@ from relay.memory import (
     LARGE,
     STREAM,
     MemoryReturn,
+    ResidentWatch,
     ReturnPolicy,
     exec_with_allocator,
     malloc_trim,
     oversized,
+    resident_bytes,
     reuse_large_blocks,
 )
 from relay.protocol.limits import DEFAULT_LIMITS
-from relay.resource import CachedResource
 from relay.server.serving import ServingSettings
 from relay.server.streams import DownstreamStream
 from relay.xds_types import ENDPOINT
-from tests.builders import endpoints, pack
 from tests.ports import free_port
 
 
@@ -325,35 +325,55 @@ def test_names_the_cache_forgets_count_towards_giving_memory_back() -> None:
     assert calls == ["collect"]
 
 
-def test_names_written_to_the_cache_trim_the_heaps_without_a_collection() -> None:
-    clock, calls = Clock(), []
-    returner = MemoryReturn(ReturnPolicy(clock.now), trim=lambda: calls.append("trim"),
-                            collect=lambda: calls.append("collect"),
-                            churn=ReturnPolicy(clock.now, settle=0.0))
-    core = Core.create(settings=ServingSettings(memory=returner))
-    names = [f"n{i}" for i in range(LARGE)]
-    core.cache.apply(ENDPOINT, Update(upserts=[load(name) for name in names[:-1]]))
-    assert calls == []  # not worth a trim yet
-    core.cache.apply(ENDPOINT, Update(upserts=[load(names[-1])]))  # no event loop: at once
-    assert calls == ["trim"] and returner.trims == 1 and returner.returns == 0
-    core.cache.apply(ENDPOINT, Update(upserts=[load(name, 2) for name in names[:10]]))
-    assert calls == ["trim"]  # counted afresh
+def test_the_heaps_are_trimmed_once_resident_memory_grew_past_its_low() -> None:
+    rules = ResidentWatch(growth=100)
+    assert not rules.read(1_000)
+    assert not rules.read(1_099)
+    assert not rules.read(950)  # a new low: growth counts from here
+    assert not rules.read(1_049)
+    assert rules.read(1_050)
+    rules.trimmed(1_020)  # what the trim left: the low from now on
+    assert not rules.read(1_100)
+    assert rules.read(1_120)
 
 
-async def test_on_the_event_loop_the_heaps_are_trimmed_once_the_writes_settle() -> None:
-    trimmed = asyncio.Event()
-    returner = MemoryReturn(ReturnPolicy(asyncio.get_running_loop().time),
-                            trim=trimmed.set, collect=lambda: pytest.fail("collected"),
-                            churn=ReturnPolicy(asyncio.get_running_loop().time, settle=0.05))
-    for _ in range(LARGE // 100):
-        returner.churned(100)
-    assert not trimmed.is_set()
-    await asyncio.wait_for(trimmed.wait(), 5.0)
-    assert returner.trims == 1
+async def test_the_watch_trims_the_heaps_alone_when_resident_memory_grew() -> None:
+    # the reading as it starts, then each tick's (and the reading after each trim)
+    readings = iter([500, 500, 600, 520, 560, 660, 700, 710])
+    calls: list[str] = []
+    done = asyncio.Event()
+
+    def resident() -> int:
+        reading = next(readings, None)
+        if reading is None:
+            done.set()
+            return 710
+        return reading
+
+    returner = MemoryReturn(ReturnPolicy(Clock().now), trim=lambda: calls.append("trim"),
+                            collect=lambda: calls.append("collect"))
+    watching = asyncio.create_task(returner.watch(resident, interval=0.001,
+                                                  rules=ResidentWatch(growth=100)))
+    await asyncio.wait_for(done.wait(), 5.0)
+    watching.cancel()
+    # 500 the low, 600 grown 100: trimmed (520 after, the low); 660 grown 140:
+    # trimmed (700 after: memory the relay holds, the new low); 710 is not
+    assert calls == ["trim", "trim"] and returner.trims == 2 and returner.returns == 0
 
 
-def load(name: str, port: int = 1) -> CachedResource:
-    return CachedResource.from_message(ENDPOINT, pack(endpoints(name, port)), name, f"v{port}")
+async def test_without_a_trim_or_a_reading_there_is_nothing_to_watch() -> None:
+    assert await MemoryReturn(ReturnPolicy(Clock().now)).watch(lambda: 1, interval=60) is None
+    assert await MemoryReturn(ReturnPolicy(Clock().now), trim=lambda: 0).watch(
+        lambda: None, interval=60) is None
+
+
+def test_resident_memory_is_read_where_the_system_tells(tmp_path: Path) -> None:
+    if sys.platform == "linux":
+        resident = resident_bytes()
+        assert resident is not None and resident > 1 << 20
+    assert resident_bytes(str(tmp_path / "missing")) is None
+    (tmp_path / "statm").write_text("10 3 2 1 0 5 0\n")
+    assert resident_bytes(str(tmp_path / "statm")) == 3 * os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass
