@@ -28,7 +28,7 @@ re-encoding, the bodies checked a slice at a time, a big client's pages)
 come from glibc's heaps and go back to them when freed, to be used again by
 the next (:func:`reuse_large_blocks`): a block mapped on its own for each is
 paid a page fault per 4 KiB touched, each time (about 3 us on the
-development machine; a third of what checking an origin response cost).
+development machine).
 What such buffers leave free in the heaps, whatever freed them and
 whenever, goes back once the resident memory has grown
 :data:`RESIDENT_GROWTH` past its low since the last trim
@@ -63,21 +63,23 @@ log = logging.getLogger("relay.memory")
 #: come and go all the time collects a few times a minute at most.
 RETURN_INTERVAL = 5.0
 #: Blocks this large or larger are mapped on their own (see
-#: :func:`reuse_large_blocks`); smaller ones, every response and request buffer
-#: of an ordinary exchange, come from the heaps and are used again (glibc's
-#: own ceiling for its moving threshold).
-MMAP_THRESHOLD = 32 * 1024 * 1024
+#: :func:`reuse_large_blocks`): a large request (an 8 MiB Node) goes back as
+#: it is freed. Smaller ones, the buffers of an ordinary big exchange (an
+#: origin response of 2,000 resources is 0.8-2.3 MB), come from the heaps
+#: and are used again.
+MMAP_THRESHOLD = 4 * 1024 * 1024
 #: Free memory at the top of a heap that glibc keeps rather than giving back
-#: as a block is freed (see :func:`reuse_large_blocks`): the relay trims
-#: itself (:class:`MemoryReturn`).
-TRIM_THRESHOLD = 64 * 1024 * 1024
+#: as a block is freed (see :func:`reuse_large_blocks`). glibc's trim gives
+#: back what lies free inside a heap, but a thread's heap's top only this
+#: way: gRPC's threads keep this much each, at most.
+TRIM_THRESHOLD = 4 * 1024 * 1024
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
 #: How far the resident memory may grow past its low since the last trim
 #: before the heaps are trimmed (see :class:`ResidentWatch`).
 RESIDENT_GROWTH = 16 * 1024 * 1024
 #: How often, in seconds, :meth:`MemoryReturn.watch` reads the resident memory.
 WATCH_INTERVAL = 1.0
-_M_MMAP_THRESHOLD = -3
 #: How long nothing more must be let go before memory is given back, in
 #: seconds: by then the stream that held it has ended and gRPC has let go of
 #: its call.
@@ -224,22 +226,22 @@ def malloc_trim() -> Callable[[], object] | None:
 
 def reuse_large_blocks(mmap_threshold: int = MMAP_THRESHOLD,
                        trim_threshold: int = TRIM_THRESHOLD) -> bool:
-    """Have glibc serve blocks of up to ``mmap_threshold`` bytes from its
-    heaps and keep up to ``trim_threshold`` free at a heap's top: a big
-    exchange's buffers then reuse the pages the last one freed. Whether it
-    took both settings.
+    """Have glibc serve blocks under ``mmap_threshold`` bytes from its heaps
+    and keep up to ``trim_threshold`` free at a heap's top: a big exchange's
+    buffers then reuse the pages the last one freed. Whether it took both
+    settings.
 
-    By default glibc maps a block of 128 KiB or more on its own, and
-    unmaps it when freed; it raises that threshold as such blocks are freed
-    (up to 32 MiB) and trims a heap's top once more than twice that is free
-    there. Mapped afresh, a block is paid a page fault for each 4 KiB
-    written: re-encoding an 841 KB origin response took 1.3-1.7 ms, 0.24 ms
-    in pages already used (``benchmarks.cold_path``: a cold join's check of
-    the origin's bodies 27-29 ms against 36-69, the median of 9). Fixed
-    settings, unlike glibc's moving ones, keep that cost away from the
-    first exchanges and after every trim; what the heaps hold free is given
-    back by the relay's own trims (:class:`MemoryReturn`), which give back
-    every free page, not only a heap's top.
+    By default glibc maps a block of 128 KiB or more on its own and unmaps
+    it when freed; it raises that threshold as such blocks are freed (up to
+    32 MiB) and trims a heap's top once more than twice that is free there.
+    The relay fixed it at 256 KiB instead, so that memory went back at once.
+    Either way a block mapped afresh is paid a page fault for each 4 KiB
+    written, each time: about 3 us here, so that re-encoding an 841 KB origin
+    response took 1.3-1.7 ms, against 0.24 ms in pages already used, and a
+    cold join of 10,000 names faulted 5,200-6,600 times, 4,500 with these
+    settings. Settings fixed low enough that a large request still goes
+    back as it is freed (:data:`MMAP_THRESHOLD`); what the heaps hold free
+    goes back with the relay's own trims (:class:`MemoryReturn`).
     """
     libc = _glibc()
     mallopt = getattr(libc, "mallopt", None)
