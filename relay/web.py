@@ -152,12 +152,14 @@ async def _sliced(request: web.BaseRequest, response: web.Response, body: bytes
 
 
 #: The most bytes one read of a connection takes (asyncio reads 256 KiB).
-#: Each read allocates a buffer that large and shrinks it to what came; a
-#: buffer of 256 KiB is at the relay's fixed mmap threshold
-#: (:data:`relay.memory.MMAP_THRESHOLD`), so glibc mapped and unmapped one
-#: for every read: 12-15 us a read (a REST poll's ``304`` cost 1.5-1.8x the
-#: bare aiohttp server's, whose threshold had risen past it). 64 KiB comes
-#: from the heap; a poll's body is a few KiB, a 50,000-name one ten reads.
+#: Each read allocates a buffer that large and shrinks it to what came; at
+#: the relay's fixed mmap threshold of then (256 KiB, see
+#: :data:`relay.memory.MMAP_THRESHOLD`) glibc mapped and unmapped one for
+#: every read: 12-15 us a read (a REST poll's ``304`` cost 1.5-1.8x the bare
+#: aiohttp server's, whose threshold had risen past it). Below today's
+#: threshold either size comes from the heap; 64 KiB keeps what an idle
+#: connection's read takes small. A poll's body is a few KiB, a 50,000-name
+#: one ten reads.
 READ_SIZE = 64 * 1024
 
 
