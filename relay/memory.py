@@ -30,10 +30,11 @@ the next (:func:`reuse_large_blocks`): a block mapped on its own for each is
 paid a page fault per 4 KiB touched, each time (about 3 us on the
 development machine).
 What such buffers leave free in the heaps, whatever freed them and
-whenever, goes back once the resident memory has grown
-:data:`RESIDENT_GROWTH` past its low since the last trim
-(:class:`ResidentWatch`, read every :data:`WATCH_INTERVAL` by
-:meth:`MemoryReturn.watch`): a trim, no collection.
+whenever, goes back once the resident memory has grown past its low since
+the last trim, :data:`RESIDENT_GROWTH` while it grows and
+:data:`SETTLED_GROWTH` once it has stopped (:class:`ResidentWatch`, read
+every :data:`WATCH_INTERVAL` by :meth:`MemoryReturn.watch`): a trim, no
+collection.
 
 :class:`ReturnPolicy` decides when, without I/O, against an injected clock;
 :class:`MemoryReturn` does it on the event loop.
@@ -52,9 +53,10 @@ import time
 from collections.abc import Callable, Mapping, Sized
 
 __all__ = ["ALLOCATOR", "LARGE", "MMAP_THRESHOLD", "PATIENCE", "RESIDENT_GROWTH",
-           "RETURN_INTERVAL", "SETTLE", "STREAM", "TRIM_THRESHOLD", "WATCH_INTERVAL",
-           "MemoryReturn", "ResidentWatch", "ReturnPolicy", "exec_with_allocator",
-           "malloc_trim", "oversized", "resident_bytes", "reuse_large_blocks"]
+           "RETURN_INTERVAL", "SETTLE", "SETTLED_GROWTH", "STREAM", "TRIM_THRESHOLD",
+           "WATCH_INTERVAL", "MemoryReturn", "ResidentWatch", "ReturnPolicy",
+           "exec_with_allocator", "malloc_trim", "oversized", "resident_bytes",
+           "reuse_large_blocks"]
 
 log = logging.getLogger("relay.memory")
 
@@ -76,10 +78,12 @@ TRIM_THRESHOLD = 4 * 1024 * 1024
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 #: How far the resident memory may grow past its low since the last trim
-#: before the heaps are trimmed (see :class:`ResidentWatch`).
-RESIDENT_GROWTH = 16 * 1024 * 1024
+#: before the heaps are trimmed, growing or not (see :class:`ResidentWatch`).
+RESIDENT_GROWTH = 8 * 1024 * 1024
+#: How far it may stay past that low once it has stopped growing.
+SETTLED_GROWTH = 1024 * 1024
 #: How often, in seconds, :meth:`MemoryReturn.watch` reads the resident memory.
-WATCH_INTERVAL = 1.0
+WATCH_INTERVAL = 0.5
 #: How long nothing more must be let go before memory is given back, in
 #: seconds: by then the stream that held it has ended and gRPC has let go of
 #: its call.
@@ -147,29 +151,37 @@ class ReturnPolicy:
 
 
 class ResidentWatch:
-    """When to trim the heaps, from readings of the resident memory: once it
-    has grown ``growth`` bytes past the lowest reading since the last trim.
+    """When to trim the heaps, from readings of the resident memory taken
+    one interval apart: once it has grown ``growth`` bytes past the lowest
+    reading since the last trim (a burst going on), or ``settled`` bytes
+    past it and no more since the reading before (a burst over).
 
     The heaps keep what a big exchange's buffers freed for the next one
-    (:func:`reuse_large_blocks`); a trim gives it back. Memory that grows
-    because the relay holds more (a bigger cache) costs one trim in vain
-    per ``growth``, and the trim's reading becomes the new low.
+    (:func:`reuse_large_blocks`); a trim gives it back. A burst keeps its
+    pages while it goes on, at most ``growth`` more than the relay holds,
+    and gives them back an interval after it ends. Memory that grows because
+    the relay holds more (a bigger cache) costs a trim in vain, and the
+    trim's reading becomes the new low.
     """
 
-    def __init__(self, growth: int = RESIDENT_GROWTH) -> None:
+    def __init__(self, growth: int = RESIDENT_GROWTH, settled: int = SETTLED_GROWTH) -> None:
         self._growth = growth
+        self._settled = settled
         self._low: int | None = None
+        self._last = 0
 
     def read(self, resident: int) -> bool:
         """The resident memory now, in bytes: whether to trim."""
+        last, self._last = self._last, resident
         if self._low is None or resident < self._low:
             self._low = resident
             return False
-        return resident - self._low >= self._growth
+        grown = resident - self._low
+        return grown >= self._growth or (grown >= self._settled and resident <= last)
 
     def trimmed(self, resident: int) -> None:
         """The heaps were trimmed; ``resident`` is the memory after it."""
-        self._low = resident
+        self._low = self._last = resident
 
 
 def resident_bytes(statm: str = "/proc/self/statm") -> int | None:

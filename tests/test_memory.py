@@ -350,7 +350,7 @@ async def test_a_block_over_the_mmap_threshold_goes_back_as_it_is_freed() -> Non
 
 
 def test_the_heaps_are_trimmed_once_resident_memory_grew_past_its_low() -> None:
-    rules = ResidentWatch(growth=100)
+    rules = ResidentWatch(growth=100, settled=1_000)  # (never settled enough here)
     assert not rules.read(1_000)
     assert not rules.read(1_099)
     assert not rules.read(950)  # a new low: growth counts from here
@@ -359,6 +359,21 @@ def test_the_heaps_are_trimmed_once_resident_memory_grew_past_its_low() -> None:
     rules.trimmed(1_020)  # what the trim left: the low from now on
     assert not rules.read(1_100)
     assert rules.read(1_120)
+
+
+def test_the_heaps_are_trimmed_once_resident_memory_stopped_growing_past_its_low() -> None:
+    rules = ResidentWatch(growth=100, settled=10)
+    assert not rules.read(1_000)
+    assert not rules.read(1_050)  # growing: a burst going on keeps its pages
+    assert rules.read(1_050)  # no more: the burst is over
+    rules.trimmed(1_005)
+    assert not rules.read(1_010)  # (5 past the low: held, not growing)
+    assert not rules.read(1_012)
+    assert not rules.read(1_012)  # settled, 7 past the low: not worth a trim
+    assert not rules.read(1_015)  # 10 past it, growing again
+    assert rules.read(1_015)  # and over
+    rules.trimmed(1_015)
+    assert not rules.read(1_015)
 
 
 async def test_the_watch_trims_the_heaps_alone_when_resident_memory_grew() -> None:
@@ -377,7 +392,8 @@ async def test_the_watch_trims_the_heaps_alone_when_resident_memory_grew() -> No
     returner = MemoryReturn(ReturnPolicy(Clock().now), trim=lambda: calls.append("trim"),
                             collect=lambda: calls.append("collect"))
     watching = asyncio.create_task(returner.watch(resident, interval=0.001,
-                                                  rules=ResidentWatch(growth=100)))
+                                                  rules=ResidentWatch(growth=100,
+                                                                      settled=1_000)))
     await asyncio.wait_for(done.wait(), 5.0)
     watching.cancel()
     # 500 the low, 600 grown 100: trimmed (520 after, the low); 660 grown 140:
