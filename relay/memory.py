@@ -65,16 +65,17 @@ log = logging.getLogger("relay.memory")
 #: come and go all the time collects a few times a minute at most.
 RETURN_INTERVAL = 5.0
 #: Blocks this large or larger are mapped on their own (see
-#: :func:`reuse_large_blocks`): a large request (an 8 MiB Node) goes back as
-#: it is freed. Smaller ones, the buffers of an ordinary big exchange (an
-#: origin response of 2,000 resources is 0.8-2.3 MB), come from the heaps
-#: and are used again.
-MMAP_THRESHOLD = 4 * 1024 * 1024
+#: :func:`reuse_large_blocks`): a large request (a 100,000-name subscription,
+#: an 8 MiB Node) goes back as it is freed. Smaller ones, the buffers of an
+#: ordinary big exchange (an origin response of 2,000 resources of 300 B is
+#: 0.8 MB), come from the heaps and are used again. At 4 MiB a client of
+#: 100,000 names cost 56-60 MiB at its peak, against 47-51 (1 MiB: 48-50).
+MMAP_THRESHOLD = 1024 * 1024
 #: Free memory at the top of a heap that glibc keeps rather than giving back
 #: as a block is freed (see :func:`reuse_large_blocks`). glibc's trim gives
 #: back what lies free inside a heap, but a thread's heap's top only this
 #: way: gRPC's threads keep this much each, at most.
-TRIM_THRESHOLD = 4 * 1024 * 1024
+TRIM_THRESHOLD = 1024 * 1024
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 #: How far the resident memory may grow past its low since the last trim
@@ -250,10 +251,11 @@ def reuse_large_blocks(mmap_threshold: int = MMAP_THRESHOLD,
     Either way a block mapped afresh is paid a page fault for each 4 KiB
     written, each time: about 3 us here, so that re-encoding an 841 KB origin
     response took 1.3-1.7 ms, against 0.24 ms in pages already used, and a
-    cold join of 10,000 names faulted 5,200-6,600 times, 4,500 with these
-    settings. Settings fixed low enough that a large request still goes
-    back as it is freed (:data:`MMAP_THRESHOLD`); what the heaps hold free
-    goes back with the relay's own trims (:class:`MemoryReturn`).
+    cold join of 10,000 names of 300 B faulted 5,200-7,200 times, 4,900 with
+    these settings (``benchmarks.cold_path``). Settings fixed low enough
+    that a large request still goes back as it is freed
+    (:data:`MMAP_THRESHOLD`); what the heaps hold free goes back with the
+    relay's own trims (:class:`MemoryReturn`).
     """
     libc = _glibc()
     mallopt = getattr(libc, "mallopt", None)
