@@ -1042,10 +1042,6 @@ class Relay:
         self._tasks.append(asyncio.create_task(parts.core.expire_ttls(), name="ttl"))
         self._tasks.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag),
                                                name="loop-lag"))
-        memory = self.serving.settings.memory
-        if memory is not None:
-            # (what big exchanges leave free in the heaps goes back: see relay.memory)
-            self._tasks.append(asyncio.create_task(memory.watch(), name="memory-watch"))
         self._log_serving()
 
     async def _bind(self) -> grpc.aio.Server:

@@ -28,13 +28,9 @@ re-encoding, the bodies checked a slice at a time, a big client's pages)
 come from glibc's heaps and go back to them when freed, to be used again by
 the next (:func:`reuse_large_blocks`): a block mapped on its own for each is
 paid a page fault per 4 KiB touched, each time (about 3 us on the
-development machine).
-What such buffers leave free in the heaps, whatever freed them and
-whenever, goes back once the resident memory has grown past its low since
-the last trim, :data:`RESIDENT_GROWTH` while it grows and
-:data:`SETTLED_GROWTH` once it has stopped (:class:`ResidentWatch`, read
-every :data:`WATCH_INTERVAL` by :meth:`MemoryReturn.watch`): a trim, no
-collection.
+development machine). What they leave free inside the heaps goes back with
+the trims above; a large request is still mapped on its own, and goes back
+as it is freed (:data:`MMAP_THRESHOLD`).
 
 :class:`ReturnPolicy` decides when, without I/O, against an injected clock;
 :class:`MemoryReturn` does it on the event loop.
@@ -52,11 +48,9 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sized
 
-__all__ = ["ALLOCATOR", "LARGE", "MMAP_THRESHOLD", "PATIENCE", "RESIDENT_GROWTH",
-           "RETURN_INTERVAL", "SETTLE", "SETTLED_GROWTH", "STREAM", "TRIM_THRESHOLD",
-           "WATCH_INTERVAL", "MemoryReturn", "ResidentWatch", "ReturnPolicy",
-           "exec_with_allocator", "malloc_trim", "oversized", "resident_bytes",
-           "reuse_large_blocks"]
+__all__ = ["ALLOCATOR", "LARGE", "MMAP_THRESHOLD", "PATIENCE", "RETURN_INTERVAL", "SETTLE",
+           "STREAM", "TRIM_THRESHOLD", "MemoryReturn", "ReturnPolicy", "exec_with_allocator",
+           "malloc_trim", "oversized", "reuse_large_blocks"]
 
 log = logging.getLogger("relay.memory")
 
@@ -69,7 +63,7 @@ RETURN_INTERVAL = 5.0
 #: an 8 MiB Node) goes back as it is freed. Smaller ones, the buffers of an
 #: ordinary big exchange (an origin response of 2,000 resources of 300 B is
 #: 0.8 MB), come from the heaps and are used again. At 4 MiB a client of
-#: 100,000 names cost 56-60 MiB at its peak, against 47-51 (1 MiB: 48-50).
+#: 100,000 names cost 56-60 MiB at its peak, against 47-51 (1 MiB: 48-51).
 MMAP_THRESHOLD = 1024 * 1024
 #: Free memory at the top of a heap that glibc keeps rather than giving back
 #: as a block is freed (see :func:`reuse_large_blocks`). glibc's trim gives
@@ -78,13 +72,6 @@ MMAP_THRESHOLD = 1024 * 1024
 TRIM_THRESHOLD = 1024 * 1024
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
-#: How far the resident memory may grow past its low since the last trim
-#: before the heaps are trimmed, growing or not (see :class:`ResidentWatch`).
-RESIDENT_GROWTH = 8 * 1024 * 1024
-#: How far it may stay past that low once it has stopped growing.
-SETTLED_GROWTH = 1024 * 1024
-#: How often, in seconds, :meth:`MemoryReturn.watch` reads the resident memory.
-WATCH_INTERVAL = 0.5
 #: How long nothing more must be let go before memory is given back, in
 #: seconds: by then the stream that held it has ended and gRPC has let go of
 #: its call.
@@ -149,51 +136,6 @@ class ReturnPolicy:
         self._due = self._first = None
         self._last = self._now()
         self._let_go = 0
-
-
-class ResidentWatch:
-    """When to trim the heaps, from readings of the resident memory taken
-    one interval apart: once it has grown ``growth`` bytes past the lowest
-    reading since the last trim (a burst going on), or ``settled`` bytes
-    past it and no more since the reading before (a burst over).
-
-    The heaps keep what a big exchange's buffers freed for the next one
-    (:func:`reuse_large_blocks`); a trim gives it back. A burst keeps its
-    pages while it goes on, at most ``growth`` more than the relay holds,
-    and gives them back an interval after it ends. Memory that grows because
-    the relay holds more (a bigger cache) costs a trim in vain, and the
-    trim's reading becomes the new low.
-    """
-
-    def __init__(self, growth: int = RESIDENT_GROWTH, settled: int = SETTLED_GROWTH) -> None:
-        self._growth = growth
-        self._settled = settled
-        self._low: int | None = None
-        self._last = 0
-
-    def read(self, resident: int) -> bool:
-        """The resident memory now, in bytes: whether to trim."""
-        last, self._last = self._last, resident
-        if self._low is None or resident < self._low:
-            self._low = resident
-            return False
-        grown = resident - self._low
-        return grown >= self._growth or (grown >= self._settled and resident <= last)
-
-    def trimmed(self, resident: int) -> None:
-        """The heaps were trimmed; ``resident`` is the memory after it."""
-        self._low = self._last = resident
-
-
-def resident_bytes(statm: str = "/proc/self/statm") -> int | None:
-    """This process's resident memory in bytes, or None where the system
-    does not tell (not Linux)."""
-    try:
-        with open(statm, encoding="ascii") as fields:
-            pages = int(fields.read().split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 #: Dicts whose table takes more than this many bytes per entry are worth
@@ -296,9 +238,7 @@ def exec_with_allocator(environ: Mapping[str, str] = os.environ,
 
 class MemoryReturn:
     """Gives memory back on the event loop when :class:`ReturnPolicy` says:
-    a full collection, then ``malloc_trim`` where there is one; and, while
-    :meth:`watch` runs, trims the heaps alone when :class:`ResidentWatch`
-    says."""
+    a full collection, then ``malloc_trim`` where there is one."""
 
     def __init__(self, policy: ReturnPolicy, trim: Callable[[], object] | None = None,
                  collect: Callable[[], object] = gc.collect) -> None:
@@ -306,7 +246,6 @@ class MemoryReturn:
         self._trim = trim
         self._collect = collect
         self.returns = 0  # how many times memory was given back
-        self.trims = 0  # how many times the heaps alone were trimmed (see watch)
 
     @classmethod
     def for_this_process(cls) -> MemoryReturn:
@@ -320,23 +259,6 @@ class MemoryReturn:
         """``amount`` names (by default: one large request) were let go."""
         if self._policy.let_go(amount) is not None:
             self._when_due()
-
-    async def watch(self, resident: Callable[[], int | None] = resident_bytes,
-                    interval: float = WATCH_INTERVAL, rules: ResidentWatch | None = None
-                    ) -> None:
-        """Read the resident memory every ``interval`` seconds and trim the
-        heaps when ``rules`` say (see :class:`ResidentWatch`), until
-        cancelled; at once done where there is no trim or no reading."""
-        rules = rules or ResidentWatch()
-        if self._trim is None or resident() is None:
-            return
-        while True:
-            await asyncio.sleep(interval)
-            now = resident()
-            if now is not None and rules.read(now):
-                self._trim()
-                self.trims += 1
-                rules.trimmed(resident() or now)
 
     def _when_due(self) -> None:
         wait = self._policy.due_in()

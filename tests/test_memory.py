@@ -23,12 +23,10 @@ from relay.memory import (
     LARGE,
     STREAM,
     MemoryReturn,
-    ResidentWatch,
     ReturnPolicy,
     exec_with_allocator,
     malloc_trim,
     oversized,
-    resident_bytes,
     reuse_large_blocks,
 )
 from relay.protocol.limits import DEFAULT_LIMITS
@@ -328,7 +326,11 @@ def test_names_the_cache_forgets_count_towards_giving_memory_back() -> None:
 #: A block over the mmap threshold (a large request) written and freed: the
 #: resident memory it took, and what is left of it once freed.
 _LARGE_BLOCK = """
-from relay.memory import resident_bytes, reuse_large_blocks
+import os
+from relay.memory import reuse_large_blocks
+def resident_bytes():
+    with open("/proc/self/statm") as fields:
+        return int(fields.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 assert reuse_large_blocks()
 before = resident_bytes()
 block = b"x" * (16 << 20)
@@ -338,7 +340,8 @@ print(held - before, resident_bytes() - before)
 """
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or sys.platform != "linux",
+                    reason="glibc's malloc, Linux's /proc")
 async def test_a_block_over_the_mmap_threshold_goes_back_as_it_is_freed() -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _LARGE_BLOCK, stdout=asyncio.subprocess.PIPE,
@@ -347,73 +350,6 @@ async def test_a_block_over_the_mmap_threshold_goes_back_as_it_is_freed() -> Non
     assert process.returncode == 0
     held, left = map(int, out.split())
     assert held >= 15 << 20 and left < 1 << 20
-
-
-def test_the_heaps_are_trimmed_once_resident_memory_grew_past_its_low() -> None:
-    rules = ResidentWatch(growth=100, settled=1_000)  # (never settled enough here)
-    assert not rules.read(1_000)
-    assert not rules.read(1_099)
-    assert not rules.read(950)  # a new low: growth counts from here
-    assert not rules.read(1_049)
-    assert rules.read(1_050)
-    rules.trimmed(1_020)  # what the trim left: the low from now on
-    assert not rules.read(1_100)
-    assert rules.read(1_120)
-
-
-def test_the_heaps_are_trimmed_once_resident_memory_stopped_growing_past_its_low() -> None:
-    rules = ResidentWatch(growth=100, settled=10)
-    assert not rules.read(1_000)
-    assert not rules.read(1_050)  # growing: a burst going on keeps its pages
-    assert rules.read(1_050)  # no more: the burst is over
-    rules.trimmed(1_005)
-    assert not rules.read(1_010)  # (5 past the low: held, not growing)
-    assert not rules.read(1_012)
-    assert not rules.read(1_012)  # settled, 7 past the low: not worth a trim
-    assert not rules.read(1_015)  # 10 past it, growing again
-    assert rules.read(1_015)  # and over
-    rules.trimmed(1_015)
-    assert not rules.read(1_015)
-
-
-async def test_the_watch_trims_the_heaps_alone_when_resident_memory_grew() -> None:
-    # the reading as it starts, then each tick's (and the reading after each trim)
-    readings = iter([500, 500, 600, 520, 560, 660, 700, 710])
-    calls: list[str] = []
-    done = asyncio.Event()
-
-    def resident() -> int:
-        reading = next(readings, None)
-        if reading is None:
-            done.set()
-            return 710
-        return reading
-
-    returner = MemoryReturn(ReturnPolicy(Clock().now), trim=lambda: calls.append("trim"),
-                            collect=lambda: calls.append("collect"))
-    watching = asyncio.create_task(returner.watch(resident, interval=0.001,
-                                                  rules=ResidentWatch(growth=100,
-                                                                      settled=1_000)))
-    await asyncio.wait_for(done.wait(), 5.0)
-    watching.cancel()
-    # 500 the low, 600 grown 100: trimmed (520 after, the low); 660 grown 140:
-    # trimmed (700 after: memory the relay holds, the new low); 710 is not
-    assert calls == ["trim", "trim"] and returner.trims == 2 and returner.returns == 0
-
-
-async def test_without_a_trim_or_a_reading_there_is_nothing_to_watch() -> None:
-    assert await MemoryReturn(ReturnPolicy(Clock().now)).watch(lambda: 1, interval=60) is None
-    assert await MemoryReturn(ReturnPolicy(Clock().now), trim=lambda: 0).watch(
-        lambda: None, interval=60) is None
-
-
-def test_resident_memory_is_read_where_the_system_tells(tmp_path: Path) -> None:
-    if sys.platform == "linux":
-        resident = resident_bytes()
-        assert resident is not None and resident > 1 << 20
-    assert resident_bytes(str(tmp_path / "missing")) is None
-    (tmp_path / "statm").write_text("10 3 2 1 0 5 0\n")
-    assert resident_bytes(str(tmp_path / "statm")) == 3 * os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass
