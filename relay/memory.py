@@ -250,7 +250,8 @@ class MemoryReturn:
     @classmethod
     def for_this_process(cls) -> MemoryReturn:
         """Against the monotonic clock, with glibc's trim if the process has
-        it; large blocks come from the heaps from now on (see
+        it; from now on blocks under :data:`MMAP_THRESHOLD` come from the
+        heaps, larger ones are mapped on their own (see
         :func:`reuse_large_blocks`)."""
         reuse_large_blocks()
         return cls(ReturnPolicy(time.monotonic), malloc_trim())
