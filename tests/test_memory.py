@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -259,21 +260,21 @@ _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _HUGE_PAGES_ALWAYS = _THP.exists() and "[always]" in _THP.read_text()
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
-async def test_a_large_block_freed_is_used_again_without_page_faults() -> None:
-    async def faults(setup: str) -> int:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _FAULTS, setup, stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONMALLOC": "malloc"})
-        out, _ = await process.communicate()
-        assert process.returncode == 0
-        return int(out)
+def _printed_with_glibcs_malloc(script: str, *args: str) -> str:
+    """What ``script`` prints, run with ``args`` in a process of its own with
+    glibc's malloc, as the relay's process allocates (it fails unless it exits 0)."""
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
+                          text=True, check=True, timeout=60,
+                          env={**os.environ, "PYTHONMALLOC": "malloc"}).stdout
 
-    assert await faults("reuse") < 50
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_a_large_block_freed_is_used_again_without_page_faults() -> None:
+    assert int(_printed_with_glibcs_malloc(_FAULTS, "reuse")) < 50
     if _HUGE_PAGES_ALWAYS:
         return  # (a block mapped afresh faults a few huge pages: no contrast to show)
     # 20 blocks of 128 pages: each mapped afresh faults every page of it
-    assert await faults("mapped") >= 20 * 128
+    assert int(_printed_with_glibcs_malloc(_FAULTS, "mapped")) >= 20 * 128
 
 
 # -- where the relay lets go ----------------------------------------------------------
@@ -342,13 +343,8 @@ print(held - before, resident_bytes() - before)
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or sys.platform != "linux",
                     reason="glibc's malloc, Linux's /proc")
-async def test_a_block_over_the_mmap_threshold_goes_back_as_it_is_freed() -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _LARGE_BLOCK, stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONMALLOC": "malloc"})
-    out, _ = await process.communicate()
-    assert process.returncode == 0
-    held, left = map(int, out.split())
+def test_a_block_over_the_mmap_threshold_goes_back_as_it_is_freed() -> None:
+    held, left = map(int, _printed_with_glibcs_malloc(_LARGE_BLOCK).split())
     assert held >= 15 << 20 and left < 1 << 20
 
 
