@@ -2,9 +2,10 @@
 
 :mod:`benchmarks.big_client` times a client subscribing to K names the
 relay holds (``warm``) from outside; this runs the relay in this process
-(``build_relay``, the collector tuned as ``xds-relay run`` tunes it) and
-times, in the event loop's thread (``time.thread_time``: another process's
-load moves it least), the steps the join goes through:
+(``build_relay``, the collector tuned and memory allocated as ``xds-relay
+run`` does: :mod:`relay.memory`) and times, in the event loop's thread
+(``time.thread_time``: another process's load moves it least), the steps
+the join goes through:
 
 * ``check``: the request checked whole before it is applied in pieces
   (``Session.check``);
@@ -24,7 +25,10 @@ first client subscribes to K names of ``--size`` bytes (cold); then, per
 run, a new client subscribes to the same (warm) and leaves. Each tree runs
 in its own process (``--relay-src``, and ``--baseline-src`` for before and
 after in one invocation, the trees in turn); figures are per run, min and
-median. A step a tree lacks is left out of its figures.
+median. A step a tree lacks is left out of its figures. Beside the steps,
+``received`` (from the client's request to its last response, as the
+client saw it), ``main_thread`` (the thread's CPU over that time) and its
+``page faults`` (each paid in the kernel: memory the join touched afresh).
 
 With ``--cold`` each run's client is the only one, and the relay lets
 names go as soon as nobody holds them (``linger: 0s``): every join is
@@ -56,6 +60,7 @@ import contextlib
 import functools
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -160,11 +165,12 @@ async def _join(target: str, resources: int, variant: str) -> dict[str, float]:
     async with workers(client_main, 1, 1, target, resources, variant) as client:
         await asyncio.sleep(0.3)
         SPENT.clear()
-        cpu = time.thread_time()
+        cpu, faults = time.thread_time(), _thread_faults()
         client.pipes[0].send("join")
         reply = await wait_for_worker(client.pipes[0], client.processes[0])
         run = {step: spent * 1e3 for step, spent in SPENT.items()}
         run["main_thread"] = (time.thread_time() - cpu) * 1e3
+        run["faults"] = _thread_faults() - faults
         run["received"] = (reply["done"] - reply["sent"]) * 1e3
         _RETURNED.clear()
         client.pipes[0].send("leave")
@@ -176,6 +182,11 @@ async def _join(target: str, resources: int, variant: str) -> dict[str, float]:
             await asyncio.wait_for(_RETURNED.wait(), 10.0)
         await asyncio.sleep(0.2)
     return run
+
+
+def _thread_faults() -> int:
+    """The page faults this thread has taken (each paid in the kernel)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 #: set when the relay gives memory back (see _tell_memory_returns)
@@ -238,6 +249,9 @@ async def _runs(resources: int, size: int, variant: str, runs: int,
 
 
 def child(resources: int, size: int, variant: str, runs: int, cold: bool) -> None:
+    from relay.memory import exec_with_allocator
+
+    exec_with_allocator()  # (started again as the tree's relay process is: its allocator, heaps)
     _time_steps(cold)
     _tell_memory_returns()
     print(json.dumps(asyncio.run(_runs(resources, size, variant, runs, cold))))
@@ -245,7 +259,7 @@ def child(resources: int, size: int, variant: str, runs: int, cold: bool) -> Non
 
 def measure(src: Path, args: argparse.Namespace) -> list[dict[str, float]]:
     """One run of the relay in ``src``, in a process of its own."""
-    env = {**os.environ, "PYTHONPATH": str(src), "PYTHONMALLOC": "malloc"}  # (as ``run`` has it)
+    env = {**os.environ, "PYTHONPATH": str(src)}
     done = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", str(args.resources),
          str(args.size), args.variant, "1", "cold" if args.cold else "warm"],
@@ -277,10 +291,11 @@ def main() -> None:
         ours += measure(args.relay_src, args)
         if args.baseline_src is not None:
             theirs += measure(args.baseline_src, args)
-    steps = ["received", "main_thread", *STEPS,
+    steps = ["received", "main_thread", "faults", *STEPS,
              *(["parse", *COLD_STEPS] if args.cold else ["write"])]
     rows = tree_rows(ours, theirs if args.baseline_src else None,
-                     ((f"{step} (ms)", step) for step in steps if any(step in run for run in ours)))
+                     ((f"{step} (ms)" if step != "faults" else "page faults", step)
+                      for step in steps if any(step in run for run in ours)))
     kind = "cold" if args.cold else "warm"
     print(f"{kind} {args.variant} join of {args.resources} x {args.size} B, {args.runs} runs; "
           f"{trees(args.relay_src, args.baseline_src)}; load {os.getloadavg()[0]:.1f}")

@@ -26,11 +26,13 @@ departures costs one return at its end, not one each. Measured with
 The buffers of a big exchange (an origin response of megabytes, its
 re-encoding, the bodies checked a slice at a time, a big client's pages)
 come from glibc's heaps and go back to them when freed, to be used again by
-the next (:func:`reuse_large_blocks`): a block mapped on its own for each is
-paid a page fault per 4 KiB touched, each time (about 3 us on the
-development machine). What they leave free inside the heaps goes back with
-the trims above; a large request is still mapped on its own, and goes back
-as it is freed (:data:`MMAP_THRESHOLD`).
+the next (:func:`reuse_large_blocks`): a block mapped on its own for each,
+or a heap's top given back as each is freed, is paid a page fault per 4 KiB
+touched, each time (about 3 us on the development machine). What they
+leave free goes back with the trims above; a large request is still mapped
+on its own, and goes back as it is freed (:data:`MMAP_THRESHOLD`). One heap
+serves every thread (:data:`ARENAS`), gRPC's included, so that those trims
+reach all of it.
 
 :class:`ReturnPolicy` decides when, without I/O, against an injected clock;
 :class:`MemoryReturn` does it on the event loop.
@@ -48,9 +50,9 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sized
 
-__all__ = ["ALLOCATOR", "LARGE", "MMAP_THRESHOLD", "PATIENCE", "RETURN_INTERVAL", "SETTLE",
-           "STREAM", "TRIM_THRESHOLD", "MemoryReturn", "ReturnPolicy", "exec_with_allocator",
-           "malloc_trim", "oversized", "reuse_large_blocks"]
+__all__ = ["ALLOCATOR", "ALLOCATOR_ENVIRONMENT", "ARENAS", "LARGE", "MMAP_THRESHOLD", "PATIENCE",
+           "RETURN_INTERVAL", "SETTLE", "STREAM", "TRIM_THRESHOLD", "MemoryReturn", "ReturnPolicy",
+           "exec_with_allocator", "malloc_trim", "oversized", "reuse_large_blocks"]
 
 log = logging.getLogger("relay.memory")
 
@@ -66,10 +68,12 @@ RETURN_INTERVAL = 5.0
 #: 100,000 names cost 56-60 MiB at its peak, against 47-51 (1 MiB: 48-51).
 MMAP_THRESHOLD = 1024 * 1024
 #: Free memory at the top of a heap that glibc keeps rather than giving back
-#: as a block is freed (see :func:`reuse_large_blocks`). glibc's trim gives
-#: back what lies free inside a heap, but a thread's heap's top only this
-#: way: gRPC's threads keep this much each, at most.
-TRIM_THRESHOLD = 1024 * 1024
+#: as a block is freed (see :func:`reuse_large_blocks`): checking each of a
+#: cold join's origin responses frees 4-8 MiB there that the next one uses
+#: again (at 1 MiB, 4 MiB or less, the relay's main thread faulted 9,800-10,500
+#: times a cold join of 10,000 names of 300 B; at 8 MiB, 4,800-6,000). The
+#: relay's trims give it back once clients have left (:class:`MemoryReturn`).
+TRIM_THRESHOLD = 8 * 1024 * 1024
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 #: How long nothing more must be let go before memory is given back, in
@@ -193,8 +197,9 @@ def reuse_large_blocks(mmap_threshold: int = MMAP_THRESHOLD,
     Either way a block mapped afresh is paid a page fault for each 4 KiB
     written, each time: about 3 us here, so that re-encoding an 841 KB origin
     response took 1.3-1.7 ms, against 0.24 ms in pages already used, and a
-    cold join of 10,000 names of 300 B faulted 5,200-7,200 times, 4,900 with
-    these settings (``benchmarks.cold_path``). Settings fixed low enough
+    cold join of 10,000 names of 300 B faulted 5,200-7,200 times, 4,500 with
+    these settings (``benchmarks.cold_path``, its upstream side alone; see
+    :data:`TRIM_THRESHOLD` for the whole join). Settings fixed low enough
     that a large request still goes back as it is freed
     (:data:`MMAP_THRESHOLD`); what the heaps hold free goes back with the
     relay's own trims (:class:`MemoryReturn`).
@@ -217,23 +222,40 @@ def reuse_large_blocks(mmap_threshold: int = MMAP_THRESHOLD,
 #: (``pymalloc``); held per name and server CPU per update
 #: (``benchmarks.fanout``) the same within the noise, idle streams 3 % larger.
 ALLOCATOR = "malloc"
+#: glibc's heaps (arenas) in a relay process unless the environment says
+#: (``MALLOC_ARENA_MAX``): one, shared by every thread. By default glibc gives
+#: each thread that allocates a heap of its own (up to 8 a core), and its
+#: trim never gives back a thread heap's free top, only what is freed above
+#: :data:`TRIM_THRESHOLD` does: gRPC's threads would keep up to that much
+#: each for good (ten refused 8 MiB Nodes left 21.7 MiB with a threshold of
+#: 16 MiB, against 0.4 with one heap). One heap also lets the main thread use
+#: what gRPC's threads freed: a cold join faulted a third less.
+ARENAS = 1
+#: What :func:`exec_with_allocator` adds to a relay process's environment
+#: where it says nothing of them: glibc reads ``MALLOC_ARENA_MAX`` as it
+#: starts (``mallopt`` would be too late for a thread that has its heap).
+ALLOCATOR_ENVIRONMENT = {"PYTHONMALLOC": ALLOCATOR, "MALLOC_ARENA_MAX": str(ARENAS)}
 
 
 def exec_with_allocator(environ: Mapping[str, str] = os.environ,
                         execve: Callable[[str, list[str], dict[str, str]], object] = os.execve
                         ) -> None:
-    """Start this command again, as the same process, with :data:`ALLOCATOR`
-    as Python's object allocator; return (doing nothing) where ``PYTHONMALLOC``
-    is set already (whatever it says: the operator's choice, or this done
-    once) or the C library is not glibc (no trim to make it worth it).
+    """Start this command again, as the same process, with
+    :data:`ALLOCATOR_ENVIRONMENT`: :data:`ALLOCATOR` as Python's object
+    allocator, :data:`ARENAS` heaps. A variable set already is kept (whatever
+    it says: the operator's choice, or this done once); return (doing
+    nothing) where both are set, or the C library is not glibc (no trim to
+    make it worth it).
 
-    The allocator is chosen as the interpreter starts, hence the new start:
-    the process keeps its id, its descriptors and its command line
-    (``sys.orig_argv``, interpreter options included).
+    Both are read as the process starts, hence the new start: the process
+    keeps its id, its descriptors and its command line (``sys.orig_argv``,
+    interpreter options included).
     """
-    if "PYTHONMALLOC" in environ or _glibc() is None or not sys.executable:
+    missing = {name: value for name, value in ALLOCATOR_ENVIRONMENT.items()
+               if name not in environ}
+    if not missing or _glibc() is None or not sys.executable:
         return
-    execve(sys.executable, list(sys.orig_argv), {**environ, "PYTHONMALLOC": ALLOCATOR})
+    execve(sys.executable, list(sys.orig_argv), {**environ, **missing})
 
 
 class MemoryReturn:

@@ -21,8 +21,12 @@ from relay.cache import Update
 from relay.core import Core
 from relay.memory import (
     ALLOCATOR,
+    ALLOCATOR_ENVIRONMENT,
+    ARENAS,
     LARGE,
+    MMAP_THRESHOLD,
     STREAM,
+    TRIM_THRESHOLD,
     MemoryReturn,
     ReturnPolicy,
     exec_with_allocator,
@@ -148,20 +152,30 @@ def test_a_table_a_fifth_of_what_it_was_is_oversized() -> None:
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
-def test_a_relay_command_starts_again_with_glibcs_malloc_unless_an_allocator_is_set(
+def test_a_relay_command_starts_again_with_glibcs_malloc_and_one_heap_unless_they_are_set(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sys, "orig_argv", ["python3", "-X", "dev", "-m", "relay", "run"])
+    argv = ["python3", "-X", "dev", "-m", "relay", "run"]
+    monkeypatch.setattr(sys, "orig_argv", argv)
     started: list[tuple[str, list[str], dict[str, str]]] = []
 
     def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
         started.append((path, argv, env))
 
     exec_with_allocator({"HOME": "/home/relay"}, execve)
-    assert started == [(sys.executable, ["python3", "-X", "dev", "-m", "relay", "run"],
-                         {"HOME": "/home/relay", "PYTHONMALLOC": ALLOCATOR})]
+    assert started == [(sys.executable, argv, {"HOME": "/home/relay", "PYTHONMALLOC": ALLOCATOR,
+                                               "MALLOC_ARENA_MAX": str(ARENAS)})]
+    assert ARENAS == 1
     started.clear()
-    exec_with_allocator({"PYTHONMALLOC": "pymalloc"}, execve)  # the operator's choice
-    exec_with_allocator({"PYTHONMALLOC": ALLOCATOR}, execve)  # started again already
+    # the operator's choice, kept: only what it leaves out is added
+    exec_with_allocator({"PYTHONMALLOC": "pymalloc"}, execve)
+    exec_with_allocator({"MALLOC_ARENA_MAX": "4"}, execve)
+    assert started == [(sys.executable, argv, {"PYTHONMALLOC": "pymalloc",
+                                               "MALLOC_ARENA_MAX": str(ARENAS)}),
+                       (sys.executable, argv, {"MALLOC_ARENA_MAX": "4",
+                                               "PYTHONMALLOC": ALLOCATOR})]
+    started.clear()
+    exec_with_allocator(dict(ALLOCATOR_ENVIRONMENT), execve)  # started again already
+    exec_with_allocator({"PYTHONMALLOC": "pymalloc", "MALLOC_ARENA_MAX": "2"}, execve)
     assert started == []
 
 
@@ -204,7 +218,7 @@ async def healthy(admin_port: int, timeout: float = 30.0) -> None:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 @pytest.mark.parametrize(("environment", "allocator"),
                          [({}, "malloc"), ({"PYTHONMALLOC": "pymalloc"}, "pymalloc")])
-async def test_xds_relay_run_allocates_with_glibcs_malloc(
+async def test_xds_relay_run_allocates_with_glibcs_malloc_from_one_heap(
         tmp_path: Path, environment: dict[str, str], allocator: str) -> None:
     admin = free_port()
     config = tmp_path / "relay.yaml"
@@ -214,14 +228,16 @@ server: {{address: "127.0.0.1:{free_port()}"}}
 admin: {{address: "127.0.0.1:{admin}"}}
 upstream: {{address: "127.0.0.1:{free_port()}"}}
 """)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"} | environment
+    env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENVIRONMENT} | environment
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "relay", "run", "--config", str(config), cwd=REPO, env=env,
         stderr=asyncio.subprocess.DEVNULL)
     try:
         await healthy(admin)
         # the same process, started again: its environment and command line as execve left them
-        assert f"PYTHONMALLOC={allocator}".encode() in proc_file(process.pid, "environ")
+        environ = proc_file(process.pid, "environ")
+        assert f"PYTHONMALLOC={allocator}".encode() in environ
+        assert b"MALLOC_ARENA_MAX=1" in environ
         assert proc_file(process.pid, "cmdline")[:3] == [sys.executable.encode(), b"-m",
                                                          b"relay"]
     finally:
@@ -237,44 +253,95 @@ def test_glibc_trims_and_takes_the_relays_thresholds() -> None:
     assert reuse_large_blocks()
 
 
-#: Faults of 20 buffers of 512 KiB, each written whole and freed, after one the
-#: same: ``sys.argv[1]`` says how the process was set up.
+#: Page faults of 5 rounds of ``sys.argv[3]`` buffers of 512 KiB, written
+#: whole, held at once and freed, after a first such round, with glibc's
+#: thresholds set to ``sys.argv[1:3]`` (mmap, trim).
 _FAULTS = """
-import ctypes, resource, sys
+import resource, sys
 from relay.memory import reuse_large_blocks
-if sys.argv[1] == "reuse":
-    assert reuse_large_blocks()
-else:  # as the relay was set up before: blocks of 256 KiB mapped on their own
-    assert ctypes.CDLL("libc.so.6").mallopt(-3, 256 * 1024)
-block = b"x" * (512 << 10)
-del block
+mmap_threshold, trim_threshold, held = map(int, sys.argv[1:])
+assert reuse_large_blocks(mmap_threshold, trim_threshold)
+def one_round():
+    blocks = [b"x" * (512 << 10) for _ in range(held)]
+    del blocks
+one_round()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(20):
-    block = b"x" * (512 << 10)
-    del block
+for _ in range(5):
+    one_round()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _HUGE_PAGES_ALWAYS = _THP.exists() and "[always]" in _THP.read_text()
+_PAGES = 128  # (a buffer of 512 KiB)
 
 
-def _printed_with_glibcs_malloc(script: str, *args: str) -> str:
-    """What ``script`` prints, run with ``args`` in a process of its own with
-    glibc's malloc, as the relay's process allocates (it fails unless it exits 0)."""
+def _printed_with_glibcs_malloc(script: str, *args: str, heap_per_thread: bool = False) -> str:
+    """What ``script`` prints, run with ``args`` in a process of its own that
+    allocates as the relay's does (:data:`ALLOCATOR_ENVIRONMENT`), or with
+    glibc's heap per thread; it fails unless the script exits 0."""
+    env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENVIRONMENT}
+    env |= ALLOCATOR_ENVIRONMENT
+    if heap_per_thread:
+        del env["MALLOC_ARENA_MAX"]
     return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
-                          text=True, check=True, timeout=60,
-                          env={**os.environ, "PYTHONMALLOC": "malloc"}).stdout
+                          text=True, check=True, timeout=60, env=env).stdout
+
+
+def _faults(mmap_threshold: int, trim_threshold: int, held: int) -> int:
+    return int(_printed_with_glibcs_malloc(_FAULTS, str(mmap_threshold), str(trim_threshold),
+                                           str(held)))
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 def test_a_large_block_freed_is_used_again_without_page_faults() -> None:
-    assert int(_printed_with_glibcs_malloc(_FAULTS, "reuse")) < 50
+    assert _faults(MMAP_THRESHOLD, TRIM_THRESHOLD, 1) < 50
     if _HUGE_PAGES_ALWAYS:
         return  # (a block mapped afresh faults a few huge pages: no contrast to show)
-    # 20 blocks of 128 pages: each mapped afresh faults every page of it
-    assert int(_printed_with_glibcs_malloc(_FAULTS, "mapped")) >= 20 * 128
+    # the relay's setting before the ninth round: each block mapped afresh faults every page
+    assert _faults(256 << 10, 1 << 20, 1) >= 5 * _PAGES
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_megabytes_freed_at_once_are_used_again_without_page_faults() -> None:
+    held = 12  # 6 MiB, as a cold join's origin response frees at once (4-8 MiB)
+    assert held * (512 << 10) < TRIM_THRESHOLD
+    assert _faults(MMAP_THRESHOLD, TRIM_THRESHOLD, held) < 50
+    if _HUGE_PAGES_ALWAYS:
+        return
+    # a heap's top given back once 1 MiB is free there (the ninth round's
+    # setting): each round faults again all but that MiB of it
+    assert _faults(MMAP_THRESHOLD, 1 << 20, held) >= 5 * (held - 2) * _PAGES
+
+
+#: What a thread freed, once the relay trims: the resident bytes left.
+_THREAD_FREES = """
+import os, threading
+from relay.memory import TRIM_THRESHOLD, malloc_trim, reuse_large_blocks
+def resident_bytes():
+    with open("/proc/self/statm") as fields:
+        return int(fields.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def allocate_and_free():  # 6 MiB in blocks under both thresholds, as gRPC's threads allocate
+    blocks = [b"x" * (256 << 10) for _ in range(24)]
+    assert 24 * (256 << 10) < TRIM_THRESHOLD
+    del blocks
+assert reuse_large_blocks()
+before = resident_bytes()
+thread = threading.Thread(target=allocate_and_free)
+thread.start()
+thread.join()
+malloc_trim()()
+print(resident_bytes() - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or sys.platform != "linux",
+                    reason="glibc's malloc, Linux's /proc")
+def test_what_another_thread_freed_goes_back_with_the_trim() -> None:
+    assert int(_printed_with_glibcs_malloc(_THREAD_FREES)) < 1 << 20
+    # with a heap of its own, a thread keeps its heap's free top: the trim cannot reach it
+    assert int(_printed_with_glibcs_malloc(_THREAD_FREES, heap_per_thread=True)) >= 4 << 20
 
 
 # -- where the relay lets go ----------------------------------------------------------
