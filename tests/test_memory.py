@@ -415,6 +415,72 @@ def test_a_block_over_the_mmap_threshold_goes_back_as_it_is_freed() -> None:
     assert held >= 15 << 20 and left < 1 << 20
 
 
+def test_a_return_without_an_event_loop_trims_once() -> None:
+    calls: list[str] = []
+    returner = MemoryReturn(ReturnPolicy(Clock().now, settle=0.0),
+                            trim=lambda: calls.append("trim"),
+                            collect=lambda: calls.append("collect"))
+    returner.let_go()
+    assert calls == ["collect", "trim"]
+
+
+async def test_a_return_trims_once_more_a_moment_later() -> None:
+    loop = asyncio.get_running_loop()
+    calls: list[str] = []
+    trimmed_again = asyncio.Event()
+
+    def trim() -> None:
+        calls.append("trim")
+        if calls.count("trim") == 2:
+            trimmed_again.set()
+
+    returner = MemoryReturn(ReturnPolicy(loop.time, settle=0.0), trim=trim,
+                            collect=lambda: calls.append("collect"), trim_again=0.01)
+    returner.let_go()  # due at once: given back now
+    assert calls == ["collect", "trim"]
+    await asyncio.wait_for(trimmed_again.wait(), 5.0)
+    assert calls == ["collect", "trim", "trim"]
+    assert returner.returns == 1
+
+
+#: Buffers freed just after a return (as gRPC frees a refused request's): the
+#: resident bytes that went back as they were freed, and with the trim once more.
+_FREED_AFTER_A_RETURN = """
+import asyncio, os
+from relay.memory import MemoryReturn, ReturnPolicy, TRIM_THRESHOLD, malloc_trim, reuse_large_blocks
+def resident_bytes():
+    with open("/proc/self/statm") as fields:
+        return int(fields.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+async def main():
+    loop = asyncio.get_running_loop()
+    trim, trims, trimmed_again = malloc_trim(), [], asyncio.Event()
+    def counted_trim():
+        trim()
+        trims.append(1)
+        if len(trims) == 2:
+            trimmed_again.set()
+    returner = MemoryReturn(ReturnPolicy(loop.time, settle=0.0), counted_trim, trim_again=0.01)
+    blocks = [b"x" * (256 << 10) for _ in range(24)]  # 6 MiB, under the trim threshold
+    assert 24 * (256 << 10) < TRIM_THRESHOLD
+    held = resident_bytes()
+    returner.let_go()  # given back while the blocks are still held
+    blocks.clear()
+    freed = resident_bytes()
+    await trimmed_again.wait()
+    print(held - freed, freed - resident_bytes())
+assert reuse_large_blocks()
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or sys.platform != "linux",
+                    reason="glibc's malloc, Linux's /proc")
+def test_what_is_freed_just_after_a_return_goes_back_with_the_trim_once_more() -> None:
+    as_freed, trimmed_again = map(int, _printed_with_glibcs_malloc(_FREED_AFTER_A_RETURN).split())
+    assert as_freed < 1 << 20  # freed after the first trim: kept at the heap's top
+    assert trimmed_again >= 5 << 20  # until the second
+
+
 @dataclass
 class Context:
     """What DownstreamStream.serve uses of a gRPC servicer context."""
