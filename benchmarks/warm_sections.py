@@ -176,11 +176,12 @@ async def _join(target: str, resources: int, variant: str) -> dict[str, float]:
         client.pipes[0].send("leave")
         await wait_for_worker(client.pipes[0], client.processes[0])
         # The memory the leave let go is given back (a full collection, then
-        # a trim) a second or more after it: waited for here, where it would
-        # otherwise fall inside the next run's join.
+        # a trim, and the trim once more a moment later) a second or more
+        # after it: waited for here, where it would otherwise fall inside the
+        # next run's join.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(_RETURNED.wait(), 10.0)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(_TRIM_AGAIN + 0.2)
     return run
 
 
@@ -191,11 +192,17 @@ def _thread_faults() -> int:
 
 #: set when the relay gives memory back (see _tell_memory_returns)
 _RETURNED = asyncio.Event()
+#: how long after that the relay trims once more (a tree's relay.memory.TRIM_AGAIN; none before it)
+_TRIM_AGAIN = 0.0
 
 
 def _tell_memory_returns() -> None:
     """Each MemoryReturn made from now on sets :data:`_RETURNED` as it gives memory back."""
+    global _TRIM_AGAIN
+    import relay.memory
     from relay.memory import MemoryReturn
+
+    _TRIM_AGAIN = getattr(relay.memory, "TRIM_AGAIN", 0.0)
 
     made = MemoryReturn.__init__
 

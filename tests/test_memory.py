@@ -323,6 +323,10 @@ def resident_bytes():
     with open("/proc/self/statm") as fields:
         return int(fields.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 def allocate_and_free():  # 6 MiB in blocks under both thresholds, as gRPC's threads allocate
+    # (small blocks freed first, so that the loop's own come from them, not
+    # from between the large ones: those then lie together at the heap's top)
+    small = [str(n) for n in range(10_000)]
+    del small
     blocks = [b"x" * (256 << 10) for _ in range(24)]
     assert 24 * (256 << 10) < TRIM_THRESHOLD
     del blocks
