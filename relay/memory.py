@@ -74,7 +74,7 @@ MMAP_THRESHOLD = 1024 * 1024
 #: Free memory at the top of a heap that glibc keeps rather than giving back
 #: as a block is freed (see :func:`reuse_large_blocks`): checking each of a
 #: cold join's origin responses frees 4-8 MiB there that the next one uses
-#: again (at 1 MiB, 4 MiB or less, the relay's main thread faulted 9,800-10,500
+#: again (at 1 MiB, 4 MiB or less, the relay's main thread faulted 8,600-10,500
 #: times a cold join of 10,000 names of 300 B; at 8 MiB, 4,800-6,000). The
 #: relay's trims give it back once clients have left (:class:`MemoryReturn`).
 TRIM_THRESHOLD = 8 * 1024 * 1024
@@ -90,7 +90,7 @@ PATIENCE = 10.0
 #: frees a refused request's buffers a moment after the relay let it go (80
 #: MiB for ten 8 MiB Nodes, within half a second), and up to
 #: :data:`TRIM_THRESHOLD` of what it frees would otherwise stay at a heap's
-#: top (8.2-16.3 MiB left after ten refused Nodes, against 0.3 with the trim
+#: top (8.2-16.3 MiB left after ten refused Nodes, against 0.2 with the trim
 #: once more).
 TRIM_AGAIN = 1.0
 #: How much must have been let go since the last return for another: names
@@ -239,8 +239,8 @@ ALLOCATOR = "malloc"
 #: trim never gives back a thread heap's free top, only what is freed above
 #: :data:`TRIM_THRESHOLD` does: gRPC's threads would keep up to that much
 #: each for good (ten refused 8 MiB Nodes left 21.7 MiB with a threshold of
-#: 16 MiB, against 0.4 with one heap). One heap also lets the main thread use
-#: what gRPC's threads freed: a cold join faulted a third less.
+#: 16 MiB, against 0.2 with one heap). One heap also lets the main thread use
+#: what gRPC's threads freed (a cold join faulted about a tenth less).
 ARENAS = 1
 #: What :func:`exec_with_allocator` adds to a relay process's environment
 #: where it says nothing of them: glibc reads ``MALLOC_ARENA_MAX`` as it
