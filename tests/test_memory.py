@@ -317,11 +317,9 @@ def test_megabytes_freed_at_once_are_used_again_without_page_faults() -> None:
 
 #: What a thread freed, once the relay trims: the resident bytes left.
 _THREAD_FREES = """
-import os, threading
+import threading
+from relay.console.history import process_rss as resident_bytes
 from relay.memory import TRIM_THRESHOLD, malloc_trim, reuse_large_blocks
-def resident_bytes():
-    with open("/proc/self/statm") as fields:
-        return int(fields.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 def allocate_and_free():  # 6 MiB in blocks under both thresholds, as gRPC's threads allocate
     # (small blocks freed first, so that the loop's own come from them, not
     # from between the large ones: those then lie together at the heap's top)
@@ -398,11 +396,8 @@ def test_names_the_cache_forgets_count_towards_giving_memory_back() -> None:
 #: A block over the mmap threshold (a large request) written and freed: the
 #: resident memory it took, and what is left of it once freed.
 _LARGE_BLOCK = """
-import os
+from relay.console.history import process_rss as resident_bytes
 from relay.memory import reuse_large_blocks
-def resident_bytes():
-    with open("/proc/self/statm") as fields:
-        return int(fields.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 assert reuse_large_blocks()
 before = resident_bytes()
 block = b"x" * (16 << 20)
@@ -450,11 +445,9 @@ async def test_a_return_trims_once_more_a_moment_later() -> None:
 #: Buffers freed just after a return (as gRPC frees a refused request's): the
 #: resident bytes that went back as they were freed, and with the trim once more.
 _FREED_AFTER_A_RETURN = """
-import asyncio, os
+import asyncio
+from relay.console.history import process_rss as resident_bytes
 from relay.memory import MemoryReturn, ReturnPolicy, TRIM_THRESHOLD, malloc_trim, reuse_large_blocks
-def resident_bytes():
-    with open("/proc/self/statm") as fields:
-        return int(fields.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 async def main():
     loop = asyncio.get_running_loop()
     trim, trims, trimmed_again = malloc_trim(), [], asyncio.Event()
