@@ -193,6 +193,8 @@ class Counts:
     def __init__(self, patch: pytest.MonkeyPatch) -> None:
         self.made_one_by_one = self.decoded_one_by_one = self.bulk_decodes = 0
         self.messages_parsed = 0
+        # the size of what each bulk decode took
+        self.bulk_decoded: list[int] = []
         from_origin = CachedResource.from_origin
         message_class = responses.message_class
         shadows = bulk.shadows
@@ -222,6 +224,7 @@ class Counts:
                 @staticmethod
                 def FromString(value: bytes) -> Any:
                     counts.bulk_decodes += 1
+                    counts.bulk_decoded.append(len(value))
                     return checked.FromString(value)
             found = bulk.Shadows({"Entries": found.entries, "Checked": Checked,
                                   "Listed": found.listed})
@@ -256,6 +259,29 @@ def test_a_plain_response_is_decoded_in_slices_and_no_resource_is_parsed(
     # one decode per slice of 1,000; nothing made, decoded or parsed one by one
     assert (counts.bulk_decodes, counts.made_one_by_one, counts.decoded_one_by_one,
             counts.messages_parsed) == (3, 0, 0, 0)
+
+
+@pytest.mark.parametrize("ports", [60, 200])
+def test_large_resources_are_decoded_in_slices_of_about_slice_bytes(
+        counts: Counts, ports: int) -> None:
+    # 2,000 resources of ~1 KB (60 endpoints) or ~3.4 KB: 1,000 of them decoded
+    # at once took 7.9 MiB (1 KB) of protobuf's arena, more than glibc keeps
+    # free at the heap's top, and the next slice faulted its pages in again
+    body = endpoints("", *range(ports)).SerializeToString()
+    message = response([discovery_pb2.Resource(
+        name=f"r{i}", version="v1", resource=any_pb2.Any(type_url=ENDPOINT, value=body))
+        for i in range(2_000)])
+    checked = parse_response(message)
+    assert isinstance(checked, ParsedResponse) and len(checked.upserts) == 2_000
+    size = message.ByteSize()
+    per_slice = bulk.SLICE_BYTES * 2_000 // size
+    assert per_slice < bulk.SLICE // 2
+    assert counts.bulk_decodes == -(-2_000 // per_slice)
+    # each slice about SLICE_BYTES: its resources' entries, no more
+    assert max(counts.bulk_decoded) <= bulk.SLICE_BYTES
+    assert sum(counts.bulk_decoded) < size
+    assert [r.delta_entry for r in checked.upserts] == \
+        [r.delta_entry for r in one_by_one(message).upserts]  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("change,one_by_one_made", [(_ttl, 2_500), (_heartbeat, 2_499),
