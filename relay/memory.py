@@ -73,11 +73,16 @@ RETURN_INTERVAL = 5.0
 MMAP_THRESHOLD = 1024 * 1024
 #: Free memory at the top of a heap that glibc keeps rather than giving back
 #: as a block is freed (see :func:`reuse_large_blocks`): checking each of a
-#: cold join's origin responses frees 4-8 MiB there that the next one uses
-#: again (at 1 MiB, 4 MiB or less, the relay's main thread faulted 8,600-10,500
-#: times a cold join of 10,000 names of 300 B; at 8 MiB, 4,800-6,000). The
-#: relay's trims give it back once clients have left (:class:`MemoryReturn`).
-TRIM_THRESHOLD = 8 * 1024 * 1024
+#: cold join's origin responses frees 4-8 MiB there (the bodies decoded, a
+#: slice of about 1 MB at a time: relay.upstream.bulk.SLICE_BYTES) that the
+#: next one uses again, and so do a warm join's responses. At 1 MiB, 4 MiB or
+#: less, the relay's main thread faulted 8,600-10,500 times a cold join of
+#: 10,000 names of 300 B; at 8 MiB, 4,800-6,000. At 8 MiB a slice of 1 KB
+#: bodies (7.9 MiB decoded) with what else lay free there went over, and the
+#: next slice faulted it in again: 21,400-22,900 faults a cold join of 10,000
+#: names of 1 KB, against 14,300-14,700 at 16 MiB. The relay's trims give it
+#: back once clients have left (:class:`MemoryReturn`).
+TRIM_THRESHOLD = 16 * 1024 * 1024
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
 #: How long nothing more must be let go before memory is given back, in

@@ -54,13 +54,11 @@ from relay.xds_types import message_class
 SLICE = 1_000
 # About how many bytes of resources one bulk decode takes (at least one
 # resource). Decoded, a slice takes several times its encoded size in
-# protobuf's arena (1,000 ClusterLoadAssignments of 1 KB: 7.9 MiB), freed once
-# it is checked: kept under what glibc keeps free at the heap's top
-# (relay.memory.TRIM_THRESHOLD), the next slice decodes into the same pages.
-# At 1,000 resources of 1 KB a slice, the arena went back at each slice and
-# was faulted in afresh by the next: 4,000 page faults and 16.6 ms per 2,000
-# resources, against 68 and 7.8 ms at 256 KiB a slice.
-SLICE_BYTES = 256 * 1024
+# protobuf's arena, freed once it is checked: 1,000 ClusterLoadAssignments of
+# 1.3 KB took 7.9 MiB and 9 ms, which the heap keeps for the next slice
+# (relay.memory.TRIM_THRESHOLD); 1,000 of 13 KB took 141 MiB, and held the
+# event loop 120 ms in one call.
+SLICE_BYTES = 1024 * 1024
 # Fewer resources than this are checked one by one: the shadow types' fixed
 # cost (encoding the response, three parses) is not worth it.
 BULK_FROM = 32
