@@ -190,9 +190,7 @@ def plain_resources(response: discovery_pb2.DeltaDiscoveryResponse, type_url: st
     if step:
         yield
     payloads = found.entries.FromString(encoded).resources
-    # (sliced by the resources' average size: their own sizes would be read
-    # by copying each out of the message, once more)
-    per_slice = max(1, min(SLICE, SLICE_BYTES * count // len(encoded)))
+    per_slice = _per_slice(count, len(encoded))
     del encoded
     made: list[CachedResource] = []
     for start in range(0, count, per_slice):
@@ -218,6 +216,13 @@ def plain_resources(response: discovery_pb2.DeltaDiscoveryResponse, type_url: st
                               else [resource.version for resource in checked.resources]),
             entries, received)
     return made
+
+
+def _per_slice(count: int, size: int) -> int:
+    """How many of ``count`` resources, ``size`` bytes in all, make a slice
+    (:data:`SLICE`, :data:`SLICE_BYTES`): by their average size, where their
+    own sizes would be read by copying each out of the message once more."""
+    return max(1, min(SLICE, SLICE_BYTES * count // max(1, size)))
 
 
 @lru_cache(maxsize=1_024)
