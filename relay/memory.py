@@ -80,7 +80,7 @@ MMAP_THRESHOLD = 1024 * 1024
 #: 10,000 names of 300 B; at 8 MiB, 4,800-6,000. At 8 MiB a slice of 1 KB
 #: bodies (7.9 MiB decoded) with what else lay free there went over, and the
 #: next slice faulted it in again: 21,400-22,900 faults a cold join of 10,000
-#: names of 1 KB, against 14,300-14,700 at 16 MiB. The relay's trims give it
+#: names of 1 KB, against 12,300-13,200 at 16 MiB. The relay's trims give it
 #: back once clients have left (:class:`MemoryReturn`).
 TRIM_THRESHOLD = 16 * 1024 * 1024
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
