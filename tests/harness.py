@@ -73,7 +73,7 @@ class OriginServer:
         server = grpc.aio.server(options=[*self.server_options(), ("grpc.so_reuseport", 0)])
         handler = grpc.stream_stream_rpc_method_handler(
             self._serve, request_deserializer=DELTA.FromString,
-            response_serializer=discovery_pb2.DeltaDiscoveryResponse.SerializeToString)
+            response_serializer=_encoded)
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
             "envoy.service.discovery.v3.AggregatedDiscoveryService",
             {"DeltaAggregatedResources": handler}), *self.more_handlers()])
@@ -113,6 +113,12 @@ class OriginServer:
         raise NotImplementedError
 
 
+def _encoded(response: discovery_pb2.DeltaDiscoveryResponse | bytes) -> bytes:
+    """A response's encoding: bytes in an outbox are sent as they are (an
+    origin's own encoding, or what is not a response at all)."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
 async def pump(outbox: asyncio.Queue[Any], reader: Coroutine[Any, Any, None]
                ) -> AsyncIterator[Any]:
     """Yield what ``outbox`` holds until a ``None``, while ``reader`` reads requests."""
@@ -130,7 +136,7 @@ class OriginStream:
 
     requests: asyncio.Queue[discovery_pb2.DeltaDiscoveryRequest] = field(
         default_factory=asyncio.Queue)
-    outbox: asyncio.Queue[discovery_pb2.DeltaDiscoveryResponse | None] = field(
+    outbox: asyncio.Queue[discovery_pb2.DeltaDiscoveryResponse | bytes | None] = field(
         default_factory=asyncio.Queue)
     log: list[discovery_pb2.DeltaDiscoveryRequest] = field(default_factory=list)
     subscribed: dict[str, set[str]] = field(default_factory=dict)

@@ -6,13 +6,19 @@ NACKed) and cached. Done resource by resource, that is a Python object, a
 decode call and a re-encoding per resource. Most responses hold only
 *plain* resources: a name, a version (or none) and a body of the
 response's type, nothing else of ``Resource``'s. For those,
-:func:`plain_resources` takes the encoded response apart with protobuf
-messages made for it at run time (*shadow* types): bytes and an embedded
-message share the wire format, so a field can be read as either.
+:func:`plain_resources` takes the response apart, as received, with
+protobuf messages made for it at run time (*shadow* types): bytes and an
+embedded message share the wire format, so a field can be read as either.
 
-* ``Entries`` reads each ``resources`` entry as bytes: the resource's
-  encoding, reused as it is (no re-encoding).
-* ``Listed`` reads the ``resources`` entries as one message: occurrences
+* ``Undecoded`` (:func:`undecoded`) is the response with each
+  ``resources`` entry read as bytes: the rest of it is parsed at once, its
+  resources a slice at a time. A slice is encoded again, the one
+  encoding that digests and resends are compared on (the general check's):
+  where the origin's is the same (most often), its bytes are reused as
+  they are; where not (its own field order, a field twice), ``Entries``
+  reads the new encoding's entries. No call takes the whole response: gRPC's
+  parse of 64 MiB held the event loop 39-52 ms, encoding it again 190-200 ms.
+* ``Listed`` reads a slice's entries as one message: occurrences
   of a message field merge, and its repeated fields concatenate, so one
   parse lists every name, every version, every body's type URL, and any
   field beyond them (which a plain resource has not) in a list of its own.
@@ -105,6 +111,39 @@ def prepare(type_urls: Iterable[str]) -> None:
             shadows(type_url)
 
 
+def undecoded(raw: bytes) -> Any:
+    """An origin response as received, parsed but for its resources: their
+    entries are left as the origin encoded them (bytes), for
+    :func:`plain_resources` to check a slice at a time. A
+    ``DeltaDiscoveryResponse`` in all its other fields. Raises
+    :class:`~google.protobuf.message.DecodeError` where ``raw`` is not one.
+
+    gRPC's own parse of a 64 MiB response (50,000 resources) held the event
+    loop 39-52 ms, and encoding it again, once, 190-200 ms: this one copies
+    the entries, 9-33 ms (``/tmp`` script, ``AFTER-issue27-r12/stall.log``)."""
+    return _undecoded_type().FromString(raw)
+
+
+@cache
+def _undecoded_type() -> Any:
+    """``DeltaDiscoveryResponse``, its ``resources`` read as bytes (made once)."""
+    response = discovery_pb2.DeltaDiscoveryResponse.DESCRIPTOR
+    file = descriptor_pb2.FileDescriptorProto(
+        name=f"{_PACKAGE.replace('.', '/')}/undecoded.proto", package=_PACKAGE,
+        syntax="proto3")  # (as the response's: its strings are checked as UTF-8)
+    file.dependency.extend([response.file.name, *(d.name for d in response.file.dependencies)])
+    made = file.message_type.add()
+    response.CopyToProto(made)
+    made.name = "Undecoded"
+    for field in made.field:
+        if field.name == "resources":
+            field.type = _F.TYPE_BYTES
+            field.ClearField("type_name")
+    pool = descriptor_pool.Default()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.Undecoded"))
+
+
 @cache
 def _shadows(body: Descriptor | None) -> Shadows:
     """Made once per message type (a file of the default descriptor pool can
@@ -156,66 +195,92 @@ Bulk = Generator[None, None, list[CachedResource] | None]
 Known = Callable[[str, list[str]], Mapping[str, CachedResource]]
 
 
-def plain_resources(response: discovery_pb2.DeltaDiscoveryResponse, type_url: str,
-                    received: float, step: bool = True, known: Known | None = None) -> Bulk:
+def plain_resources(payloads: Sequence[bytes], size: int, type_url: str, received: float,
+                    step: bool = True, known: Known | None = None) -> Bulk:
     """The response's resources, checked and made in bulk, when every one is
     plain and decodes; None when any is not (or there are too few to be
-    worth it): the general check then finds which and why. A generator that
-    pauses (yields) when ``step``: after encoding the response, after
-    checking its fields, and after each slice (:data:`SLICE` resources, or
-    fewer: about :data:`SLICE_BYTES`).
+    worth it): the general check then finds which and why. ``payloads``:
+    the ``resources`` entries as the origin encoded them (:func:`undecoded`),
+    ``size`` bytes in all. A generator that pauses (yields) when ``step``,
+    after each slice (:data:`SLICE` resources, or fewer: about
+    :data:`SLICE_BYTES`).
 
     With ``known``, an entry that the cached copy of its name was made from
     is not decoded again (see the module's docstring); a cold response pays
     a lookup a name, in C (no call each), and no more."""
-    count = len(response.resources)
+    count = len(payloads)
     if count < BULK_FROM:
         return None
     try:
         found = shadows(type_url)
     except TypeError:  # (the pool refused the types: checked one by one, as before)
         return None
-    encoded = response.SerializeToString()
-    if step:
-        yield
-    listed = _plain_listed(found, encoded, type_url, count)
-    if listed is None:
-        return None
-    names, versions = listed
-    if len(set(names)) != count:
-        return None
-    # (only where all or none have a version: some with one read theirs from
-    # Checked, which then decodes all)
-    cached = known(type_url, names) if known is not None and versions is not None else None
-    if step:
-        yield
-    payloads = found.entries.FromString(encoded).resources
-    per_slice = _per_slice(count, len(encoded))
-    del encoded
+    per_slice = _per_slice(count, size)
+    seen: set[str] = set()
     made: list[CachedResource] = []
     for start in range(0, count, per_slice):
         if step and start:
             yield
-        end = start + per_slice
-        some, chunk = payloads[start:end], names[start:end]
-        resent = None
-        if cached and versions is not None:
-            # (a resend: the copies made, and the entries to decode, framed)
-            resent, entries = CachedResource.from_resent_many(
-                type_url, chunk, versions[start:end], some, received, cached,
-                _entry_prefix)
-        else:
-            entries = [_entry_prefix(len(payload)) + payload for payload in some]
-        try:
-            # (decoded to be checked: the names, and most often the versions, are listed)
-            checked = found.checked.FromString(b"".join(entries))
-        except message.DecodeError:
+        some = _plain_slice(found, payloads[start:start + per_slice], type_url, received, known)
+        if some is None:
             return None
-        made += resent if resent is not None else CachedResource.from_encoded_many(
-            type_url, chunk, (versions[start:end] if versions is not None
-                              else [resource.version for resource in checked.resources]),
-            entries, received)
+        names, resources = some
+        seen.update(names)
+        if len(seen) != start + len(names):  # (a name twice)
+            return None
+        made += resources
     return made
+
+
+def _plain_slice(found: Shadows, payloads: Sequence[bytes], type_url: str, received: float,
+                 known: Known | None) -> tuple[list[str], list[CachedResource]] | None:
+    """One slice of :func:`plain_resources`: its names and resources, or None."""
+    entries = [_entry_prefix(len(payload)) + payload for payload in payloads]
+    joined = b"".join(entries)
+    encoded = _canonical(joined)
+    if encoded is None:
+        return None
+    if encoded != joined:
+        # (the origin's own encoding: the canonical one is what the general
+        # check makes, and what digests and resends are compared on)
+        payloads = found.entries.FromString(encoded).resources[:]
+        entries = [_entry_prefix(len(payload)) + payload for payload in payloads]
+    del joined
+    listed = _plain_listed(found, encoded, type_url, len(payloads))
+    if listed is None:
+        return None
+    names, versions = listed
+    # (only where all or none have a version: some with one read theirs from
+    # Checked, which then decodes all)
+    cached = known(type_url, names) if known is not None and versions is not None else None
+    resent = None
+    if cached and versions is not None:
+        # (a resend: the copies made, and the entries to decode, framed)
+        resent, fresh = CachedResource.from_resent_many(
+            type_url, names, versions, payloads, received, cached, _entry_prefix)
+        encoded = b"".join(fresh)
+    try:
+        # (decoded to be checked: the names, and most often the versions, are listed)
+        checked = found.checked.FromString(encoded)
+    except message.DecodeError:
+        return None
+    return names, resent if resent is not None else CachedResource.from_encoded_many(
+        type_url, names, (versions if versions is not None
+                          else [resource.version for resource in checked.resources]),
+        entries, received)
+
+
+def _canonical(entries: bytes) -> bytes | None:
+    """The encoding protobuf makes of ``entries`` (a response of ``resources``
+    entries only), or None if they do not decode: an origin's encoder may
+    order a resource's fields as declared (name first), or repeat one, where
+    the relay's (and the general check's) writes each once, by number."""
+    try:
+        parsed = discovery_pb2.DeltaDiscoveryResponse.FromString(entries)
+        encoded: bytes = parsed.SerializeToString()
+    except message.DecodeError:
+        return None
+    return encoded
 
 
 def _per_slice(count: int, size: int) -> int:

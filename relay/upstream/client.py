@@ -49,7 +49,12 @@ from relay.upstream.bulk import prepare
 from relay.upstream.dial import Dialer, DialError
 from relay.upstream.fallback import Failover, probe_requests, watches_uncached
 from relay.upstream.requests import Request
-from relay.upstream.responses import Checked, ParsedResponse, parse_steps
+from relay.upstream.responses import (
+    Checked,
+    ParsedResponse,
+    UndecodableResponse,
+    parse_steps,
+)
 from relay.upstream.state import (
     DEFAULT_MAX_REQUEST_SIZE,
     Acked,
@@ -113,11 +118,13 @@ class UpstreamStatus:
 def delta_ads_call(channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]
                    ) -> grpc.aio.StreamStreamCall:
     """A Delta-ADS call on ``channel`` that fails at once when the server cannot
-    be reached (rather than waiting for it to be)."""
+    be reached (rather than waiting for it to be). Its responses are read as
+    received, bytes: :func:`~relay.upstream.responses.parse_steps` parses
+    them in steps (gRPC would, in one call)."""
     return channel.stream_stream(
         DELTA_ADS_METHOD,
         request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
-        response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
+        response_deserializer=None,
     )(metadata=metadata, wait_for_ready=False)
 
 
@@ -407,22 +414,25 @@ class UpstreamClient:
                 if response is grpc.aio.EOF:
                     log.info("origin %s ended the stream", dialer.target)
                     return responded
+                checked = await self._parse(response)
                 if not responded:
                     # Only a response proves the origin serves us: reset backoff now.
                     responded = True
                     self.backoff.reset()
-                self._last_response[response.type_url] = self._wall()
-                checked = await self._parse(response)
+                self._last_response[checked.type_url] = self._wall()
                 if isinstance(checked, ParsedResponse):
                     outcome: ResponseOutcome = self.state.on_response(
                         checked, self.demand, self.clock.now())
                 else:
                     outcome = self.state.on_unusable(checked)
-                self._apply(response.type_url, outcome, outbox)
+                self._apply(checked.type_url, outcome, outbox)
                 # Nothing here keeps a response once it is applied: awaiting the
                 # next one with these bound would keep this one (megabytes, and
                 # objects here and there in the heap that a trim cannot return).
                 del response, checked, outcome
+        except UndecodableResponse as error:
+            log.error("origin %s: %s; ending the stream", dialer.target, error)
+            return responded
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 self._refused(error.details() or "")
@@ -465,7 +475,7 @@ class UpstreamClient:
                     "answered yet and refused them to their %d subscribers", self.target,
                     shown(details, 200), sum(map(len, suspects.values())), refused)
 
-    async def _parse(self, response: discovery_pb2.DeltaDiscoveryResponse) -> Checked:
+    async def _parse(self, response: bytes) -> Checked:
         """Parse a response in steps, letting the event loop run between them:
         a response of 10,000 resources holds up no client for long. What the
         cache holds is handed to it: a resend of cached bodies is not decoded

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import message
@@ -24,7 +25,7 @@ from relay.constraints import (
 from relay.errors import RelayError
 from relay.resource import CachedResource
 from relay.turns import made
-from relay.upstream.bulk import Known, plain_resources
+from relay.upstream.bulk import Known, plain_resources, undecoded
 from relay.xds_types import message_class
 
 
@@ -76,14 +77,22 @@ RESOURCES_PER_STEP = 1_000
 Parsing = Generator[None, None, Checked]
 
 
-def parse_response(response: discovery_pb2.DeltaDiscoveryResponse,
-                   known: Known | None = None) -> Checked:
+class UndecodableResponse(RelayError):
+    """What the origin sent is not a ``DeltaDiscoveryResponse`` (no type URL
+    or nonce can be read from it to NACK): the stream is at fault."""
+
+
+#: An origin response: as received (its encoding), or a message.
+Response: TypeAlias = "discovery_pb2.DeltaDiscoveryResponse | bytes"
+
+
+def parse_response(response: Response, known: Known | None = None) -> Checked:
     """What a response carries, or why it is unusable (see :func:`parse_steps`)."""
     return made(parse_steps(response, step=0, known=known))  # (with no step, it never pauses)
 
 
-def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
-                step: int = RESOURCES_PER_STEP, known: Known | None = None) -> Parsing:
+def parse_steps(response: Response, step: int = RESOURCES_PER_STEP,
+                known: Known | None = None) -> Parsing:
     """:func:`parse_response` in steps: a generator that pauses (yields) after
     every ``step`` resources (and between the bulk check's stages, see
     :func:`~relay.upstream.bulk.plain_resources`; never with 0) and returns
@@ -96,28 +105,58 @@ def parse_steps(response: discovery_pb2.DeltaDiscoveryResponse,
     ``known`` (the cache's copies of names, see :data:`~relay.upstream.bulk.Known`)
     spares the bulk check the bodies resent byte for byte as cached: the
     result is the same with it or without.
+
+    The response is best given as received (bytes): it is parsed here in
+    steps too, its resources a slice at a time (see
+    :func:`~relay.upstream.bulk.undecoded`). Raises
+    :class:`UndecodableResponse` where the bytes are not a response.
     """
+    raw = response if isinstance(response, bytes) else response.SerializeToString()
     try:
-        return (yield from _parse(response, step, known))
+        head = undecoded(raw)
+    except message.DecodeError as error:
+        raise UndecodableResponse(f"the origin sent what is not a DeltaDiscoveryResponse "
+                                  f"({len(raw)} bytes): {_why_not(raw, error)}") from None
+    try:
+        return (yield from _parse(head, raw, step, known))
     except UnusableResponse as error:
-        return Unusable(response.type_url, response.nonce, str(error))
+        return Unusable(head.type_url, head.nonce, str(error))
 
 
-def _parse(response: discovery_pb2.DeltaDiscoveryResponse, step: int,
+def _why_not(raw: bytes, error: message.DecodeError) -> str:
+    """Why ``raw`` does not parse, as the response type says it (the error
+    ``undecoded`` raised names its own type)."""
+    try:
+        discovery_pb2.DeltaDiscoveryResponse.FromString(raw)
+    except message.DecodeError as stricter:
+        return str(stricter)
+    return str(error)
+
+
+def _parse(head: Any, raw: bytes, step: int,
            known: Known | None) -> Generator[None, None, ParsedResponse]:
-    type_url = _checked_type_url(response)
+    """``head``: the response but for its resources (bytes, as the origin
+    encoded them), ``raw`` all of it."""
+    type_url = _checked_type_url(head)
+    if step:
+        yield
     # Plain resources are checked in bulk (relay.upstream.bulk); any other
     # response, or one the bulk check finds fault with, one by one here.
-    bulk = yield from plain_resources(response, type_url, time.monotonic(), step > 0, known)
+    bulk = yield from plain_resources(head.resources, len(raw), type_url, time.monotonic(),
+                                      step > 0, known)
     heartbeats: list[tuple[str, str, str]] = []
     if bulk is not None:
         upserts = bulk
     else:
+        try:
+            response = discovery_pb2.DeltaDiscoveryResponse.FromString(raw)
+        except message.DecodeError as error:
+            raise UnusableResponse(f"the response cannot be decoded: {error}") from None
         upserts, heartbeats = yield from _one_by_one(response, type_url, step)
-    removed_variants = _removed_variants(response)
-    _check_resource_errors(response)
-    return ParsedResponse(type_url, response.nonce, upserts, list(response.removed_resources),
-                          removed_variants, heartbeats, list(response.resource_errors),
+    removed_variants = _removed_variants(head)
+    _check_resource_errors(head)
+    return ParsedResponse(type_url, head.nonce, upserts, list(head.removed_resources),
+                          removed_variants, heartbeats, list(head.resource_errors),
                           plain=bulk is not None)
 
 

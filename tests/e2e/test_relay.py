@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
@@ -216,6 +218,49 @@ async def test_invariant_26_unusable_origin_response_nacked_and_kept_from_client
         assert ack.response_nonce == good.nonce and not ack.HasField("error_detail")
         response = await client.recv()
         assert names_of(response) == ["a"] and response.resources[0].version == "2"
+
+
+async def test_invariant_26_bytes_that_do_not_decode_are_nacked_or_end_only_the_stream(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The relay reads the origin's bytes itself (relay.upstream.bulk.undecoded):
+    a resource that does not decode is NACKed with the response's nonce; what
+    is not a response at all (no nonce to NACK) ends the stream, and the
+    relay subscribes again on the next, its clients served from cache."""
+    origin = ScriptedOrigin(auto=False)
+    async with running_stack(origin) as stack:
+        client = stack.client()
+        await client.send(node=node(), type_url=CLUSTER, resource_names_subscribe=["a"])
+        await origin.next_request()
+        good = discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER)
+        good.resources.add(name="a", version="1").resource.CopyFrom(pack(cluster("a")))
+        origin.send_raw(good)
+        assert (await origin.next_request()).response_nonce == good.nonce
+        assert names_of(await client.recv()) == ["a"]
+        bad_name = discovery_pb2.Resource(name="b", version="1", resource=pack(cluster("b")))
+        entry = b"\x1a\x02\xff\xfe" + bad_name.SerializeToString()  # a name not UTF-8 first
+        origin.stream.outbox.put_nowait(
+            discovery_pb2.DeltaDiscoveryResponse(type_url=CLUSTER, nonce="n9").SerializeToString()
+            + b"\x12" + bytes([len(entry)]) + entry)
+        nack = await origin.next_request()
+        assert nack.response_nonce == "n9" and nack.error_detail.code == 3
+        assert nack.error_detail.message.startswith("the response cannot be decoded: ")
+        opened = stack.relay.upstream.streams_opened if stack.relay.upstream else 0
+        origin.stream.outbox.put_nowait(b"\x22\x02\xff\xfe")  # a type URL not UTF-8
+        await eventually(lambda: len(origin.streams) == 2)  # a new stream
+        again = await origin.next_request()
+        assert stack.relay.upstream is not None
+        assert stack.relay.upstream.streams_opened == opened + 1
+        assert list(again.resource_names_subscribe) == ["a"]
+        assert dict(again.initial_resource_versions) == {"a": "1"}
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+            f"origin 127.0.0.1:{origin.port}: the origin sent what is not a "
+            "DeltaDiscoveryResponse (4 bytes): Error parsing message with type "
+            "'envoy.service.discovery.v3.DeltaDiscoveryResponse': String field had bad UTF-8; "
+            "ending the stream"]
+        await client.expect_nothing()
+        newcomer = stack.client()
+        await newcomer.send(node=node("n2"), type_url=CLUSTER, resource_names_subscribe=["a"])
+        assert names_of(await newcomer.recv()) == ["a"]
 
 
 async def test_invariant_10_downstream_nack_is_not_forwarded_and_causes_no_resend() -> None:

@@ -18,9 +18,10 @@ from tests.upstream.test_client_batching import make
 
 
 class ScriptedCall:
-    """Hands out ``responses``, then waits for the stream's end until ``end`` is set."""
+    """Hands out ``responses`` (their bytes, as gRPC does), then waits for the
+    stream's end until ``end`` is set."""
 
-    def __init__(self, *responses: discovery_pb2.DeltaDiscoveryResponse) -> None:
+    def __init__(self, *responses: bytes) -> None:
         self.responses = list(responses)
         self.waiting = asyncio.Event()
         self.end = asyncio.Event()
@@ -36,7 +37,8 @@ class ScriptedCall:
 async def test_a_response_applied_is_not_kept_while_the_next_is_awaited() -> None:
     client, _, _, _ = make()
     response = discovery_pb2.DeltaDiscoveryResponse(
-        type_url=ENDPOINT, nonce="n1", removed_resources=[f"e{i}" for i in range(1000)])
+        type_url=ENDPOINT, nonce="n1", removed_resources=[f"e{i}" for i in range(1000)]
+    ).SerializeToString()
     call = ScriptedCall(response)
     outbox: asyncio.Queue[Request] = asyncio.Queue()
     stream: grpc.aio.StreamStreamCall = call  # type: ignore[assignment]

@@ -29,9 +29,9 @@ def test_a_response_is_checked_in_steps_and_gives_what_parsing_at_once_gives() -
         except StopIteration as done:
             parsed = done.value
             break
-    # after the response is encoded, after the bulk check of its fields, and
-    # after each slice of 1,000 but the last
-    assert pauses == 4
+    # after the response is parsed (but for its resources), and after each
+    # slice of 1,000 but the last
+    assert pauses == 3
     at_once = parse_response(message)
     assert isinstance(parsed, ParsedResponse) and isinstance(at_once, ParsedResponse)
     assert [(r.name, r.version) for r in parsed.upserts] == \
@@ -49,10 +49,10 @@ def test_a_bad_resource_after_a_pause_still_makes_the_whole_response_unusable() 
         except StopIteration as done:
             unusable = done.value
             break
-    # The bulk check (two pauses before its slices) stops at the slice that
+    # The bulk check (a pause before its slices) stops at the slice that
     # does not decode; the check one by one, which says why, starts over
     # and stops at the bad resource.
-    assert pauses == 4
+    assert pauses == 3
     assert isinstance(unusable, Unusable)
     assert (unusable.type_url, unusable.nonce) == (ENDPOINT, "1")
     assert unusable.reason.startswith(f"resource 'r1200' cannot be decoded as {ENDPOINT}: ")
