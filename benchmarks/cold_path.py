@@ -12,7 +12,14 @@ upstream client hands it, where the tree's takes it), applied
 (:meth:`UpstreamState.on_response`, which writes the cache) and each
 resource's delta entry read, as a first response to a client reads it.
 Timed in steps (the sum over responses), min and median over ``--runs``,
-each in a fresh state.
+each in a fresh state. ``parse`` starts from the response's bytes, as gRPC
+hands them over: a tree whose parse takes bytes is given them; for one that
+takes a message, the message's parse (gRPC's, in the event loop's thread)
+is counted in. ``hold`` is the longest the event loop is held in one go:
+the parse's longest step (it pauses every ``RESOURCES_PER_STEP`` resources
+and between its stages, as the upstream client runs it; gRPC's parse is a
+step of its own), or ``on_response``, one call. ``--no-versions`` sends
+resources without versions, as istiod does (the relay derives them).
 
 Figures of one process on the CPU alone, so they hold up when other
 processes load the machine, unlike :mod:`benchmarks.big_client`'s
@@ -23,7 +30,7 @@ back as a relay does once a client has left (a collection, a trim):
 ``faults`` counts the page faults of a run, each paid in the kernel.
 
 Usage: ``python -m benchmarks.cold_path [--resources 10000] [--size 300]
-[--runs 9] [--per-response N] [--relay-src DIR]``; prints one table.
+[--runs 9] [--per-response N] [--no-versions] [--relay-src DIR]``; prints one table.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from typing import Any
 
 #: Names the upstream client syncs a turn (relay.upstream.client.MAX_NAMES_PER_TURN).
 PER_TURN = 2_000
-STEPS = ("subscribe", "parse", "on_response", "entries", "total", "faults")
+STEPS = ("subscribe", "parse", "on_response", "entries", "total", "hold", "faults")
 ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 
 
@@ -50,8 +57,10 @@ def origin_response(resources: int, size: int) -> bytes:
     return origin_responses(resources, size, resources)[0]
 
 
-def origin_responses(resources: int, size: int, per_response: int) -> list[bytes]:
-    """The origin's answers to all of them, ``per_response`` names each, encoded."""
+def origin_responses(resources: int, size: int, per_response: int,
+                     versions: bool = True) -> list[bytes]:
+    """The origin's answers to all of them, ``per_response`` names each, encoded
+    (each resource with a version, or, as istiod's, with none)."""
     from envoy.service.discovery.v3 import discovery_pb2
     from google.protobuf import any_pb2
 
@@ -63,8 +72,9 @@ def origin_responses(resources: int, size: int, per_response: int) -> list[bytes
         response = discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT,
                                                         nonce=str(len(responses) + 1))
         for name, body in made[start:start + per_response]:
-            response.resources.add(name=name, version=hashlib.sha256(body).hexdigest()[:12],
-                                   resource=any_pb2.Any(type_url=ENDPOINT, value=body))
+            response.resources.add(
+                name=name, version=hashlib.sha256(body).hexdigest()[:12] if versions else "",
+                resource=any_pb2.Any(type_url=ENDPOINT, value=body))
         responses.append(response.SerializeToString())
     return responses
 
@@ -82,6 +92,7 @@ def one_run(encoded: list[bytes], resources: int) -> list[float]:
     from benchmarks.bare import big_names
     from relay.cache import ResourceCache
     from relay.interest import Interest, InterestIndex
+    from relay.upstream import responses as responses_module
     from relay.upstream.responses import ParsedResponse, parse_response
     from relay.upstream.state import UpstreamState
 
@@ -90,10 +101,11 @@ def one_run(encoded: list[bytes], resources: int) -> list[float]:
     state.on_connect(index, 0.0)
     names = big_names(resources)
     index.update(_Subscriber(), ENDPOINT, Interest(frozenset(names)))
-    responses = [discovery_pb2.DeltaDiscoveryResponse.FromString(one) for one in encoded]
     # (handed the cache, as the upstream client hands it, where the tree's parse takes it)
     known = ({"known": cache.served_to_all}
              if "known" in inspect.signature(parse_response).parameters else {})
+    # (the bytes, where the tree's parse takes them; else the message, parsed in the loop)
+    takes_bytes = hasattr(responses_module, "UndecodableResponse")
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     marks = [time.perf_counter()]
     # (as the upstream client takes them: the names the index tells of, a
@@ -101,16 +113,21 @@ def one_run(encoded: list[bytes], resources: int) -> list[float]:
     for start in range(0, len(names), PER_TURN):
         state.on_interest_changed(ENDPOINT, index, 0.0, names[start:start + PER_TURN])
     marks.append(time.perf_counter())
-    parse = on_response = 0.0
+    parse = on_response = hold = 0.0
     upserts = []
-    for response in responses:
+    for response in encoded:
         started = time.perf_counter()
-        parsed = parse_response(response, **known)
+        if not takes_bytes:
+            response = discovery_pb2.DeltaDiscoveryResponse.FromString(response)
+        grpc_parse = time.perf_counter() - started
+        parsed, longest = _parsed(response, known)
         parsed_at = time.perf_counter()
+        longest = max(longest, grpc_parse)
         assert isinstance(parsed, ParsedResponse)
         state.on_response(parsed, index, 0.01)  # (answered only after the grace: as served)
         parse += parsed_at - started
         on_response += time.perf_counter() - parsed_at
+        hold = max(hold, longest, time.perf_counter() - parsed_at)
         upserts += parsed.upserts
     before = time.perf_counter()
     entries = [resource.delta_entry for resource in upserts]
@@ -118,7 +135,23 @@ def one_run(encoded: list[bytes], resources: int) -> list[float]:
     assert len(entries) == len(cache.names(ENDPOINT)) == resources
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     steps = [(marks[1] - marks[0]) * 1e3, parse * 1e3, on_response * 1e3, (after - before) * 1e3]
-    return [*steps, sum(steps), faults]
+    return [*steps, sum(steps), hold * 1e3, faults]
+
+
+def _parsed(response: Any, known: dict[str, Any]) -> tuple[Any, float]:
+    """The tree's parse of ``response``, run in steps as the upstream client
+    runs it; and its longest step, in seconds."""
+    from relay.upstream.responses import parse_steps
+
+    steps = parse_steps(response, **known)
+    longest = 0.0
+    while True:
+        started = time.perf_counter()
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, max(longest, time.perf_counter() - started)
+        longest = max(longest, time.perf_counter() - started)
 
 
 def main() -> None:
@@ -128,6 +161,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--per-response", type=int, default=None,
                         help="names the origin answers in one response (default: all)")
+    parser.add_argument("--no-versions", action="store_true",
+                        help="resources without versions, as istiod sends them")
     parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
                         help="the tree whose relay package runs (default: this checkout)")
     args = parser.parse_args()
@@ -138,7 +173,8 @@ def main() -> None:
     exec_with_allocator()  # (this command again, with the relay's allocator)
     MemoryReturn.for_this_process()  # (and its malloc settings)
     trim = malloc_trim()
-    encoded = origin_responses(args.resources, args.size, args.per_response or args.resources)
+    encoded = origin_responses(args.resources, args.size, args.per_response or args.resources,
+                               not args.no_versions)
     tune_gc()  # as a relay process does
     runs = []
     for _ in range(args.runs):
