@@ -16,8 +16,9 @@ embedded message share the wire format, so a field can be read as either.
   encoding that digests and resends are compared on (the general check's):
   where the origin's is the same (most often), its bytes are reused as
   they are; where not (its own field order, a field twice), ``Entries``
-  reads the new encoding's entries. No call takes the whole response: gRPC's
-  parse of 64 MiB held the event loop 39-52 ms, encoding it again 190-200 ms.
+  reads the new encoding's entries. No call but that first parse (a copy of
+  the entries) takes the whole response: gRPC's parse of 64 MiB held the
+  event loop 39-60 ms, encoding it again 190-260 ms.
 * ``Listed`` reads a slice's entries as one message: occurrences
   of a message field merge, and its repeated fields concatenate, so one
   parse lists every name, every version, every body's type URL, and any
@@ -119,8 +120,8 @@ def undecoded(raw: bytes) -> Any:
     :class:`~google.protobuf.message.DecodeError` where ``raw`` is not one.
 
     gRPC's own parse of a 64 MiB response (50,000 resources) held the event
-    loop 39-52 ms, and encoding it again, once, 190-200 ms: this one copies
-    the entries, 9-33 ms (``/tmp`` script, ``AFTER-issue27-r12/stall.log``)."""
+    loop 39-60 ms, and encoding it again, once, 190-260 ms: this one copies
+    the entries, 9-33 ms (``benchmarks/results/AFTER-issue27-r12/micro.log``)."""
     return _undecoded_type().FromString(raw)
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
-from relay.upstream.responses import ParsedResponse, Unusable, parse_response, parse_steps
+from relay.upstream.responses import (
+    Checked,
+    ParsedResponse,
+    Parsing,
+    Unusable,
+    parse_response,
+    parse_steps,
+)
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints
 
@@ -18,17 +25,20 @@ def response(count: int, broken: int | None = None) -> discovery_pb2.DeltaDiscov
         for i in range(count)])
 
 
-def test_a_response_is_checked_in_steps_and_gives_what_parsing_at_once_gives() -> None:
-    message = response(2500)
-    steps = parse_steps(message, step=1000)
+def stepped(steps: Parsing) -> tuple[Checked, int]:
+    """What ``steps`` returns, and how many times it paused on the way."""
     pauses = 0
     while True:
         try:
             next(steps)
-            pauses += 1
         except StopIteration as done:
-            parsed = done.value
-            break
+            return done.value, pauses
+        pauses += 1
+
+
+def test_a_response_is_checked_in_steps_and_gives_what_parsing_at_once_gives() -> None:
+    message = response(2500)
+    parsed, pauses = stepped(parse_steps(message, step=1000))
     # after the response is parsed (but for its resources), and after each
     # slice of 1,000 but the last
     assert pauses == 3
@@ -39,16 +49,7 @@ def test_a_response_is_checked_in_steps_and_gives_what_parsing_at_once_gives() -
 
 
 def test_a_bad_resource_after_a_pause_still_makes_the_whole_response_unusable() -> None:
-    steps = parse_steps(response(1500, broken=1200), step=1000)
-    next(steps)  # the first thousand are fine
-    pauses = 1
-    while True:
-        try:
-            next(steps)
-            pauses += 1
-        except StopIteration as done:
-            unusable = done.value
-            break
+    unusable, pauses = stepped(parse_steps(response(1500, broken=1200), step=1000))
     # The bulk check (a pause before its slices) stops at the slice that
     # does not decode; the check one by one, which says why, starts over
     # and stops at the bad resource.
