@@ -9,7 +9,7 @@ with the reason it is NACKed for; nothing of it reaches the cache.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -25,7 +25,12 @@ from relay.constraints import (
 from relay.errors import RelayError
 from relay.resource import CachedResource
 from relay.turns import made
-from relay.upstream.bulk import Known, plain_resources, undecoded
+from relay.upstream.bulk import (
+    Known,
+    plain_resources,
+    sliced_resources,
+    undecoded,
+)
 from relay.xds_types import message_class
 
 
@@ -148,11 +153,7 @@ def _parse(head: Any, raw: bytes, step: int,
     if bulk is not None:
         upserts = bulk
     else:
-        try:
-            response = discovery_pb2.DeltaDiscoveryResponse.FromString(raw)
-        except message.DecodeError as error:
-            raise UnusableResponse(f"the response cannot be decoded: {error}") from None
-        upserts, heartbeats = yield from _one_by_one(response, type_url, step)
+        upserts, heartbeats = yield from _one_by_one(_resources(head, raw), type_url, step)
     removed_variants = _removed_variants(head)
     _check_resource_errors(head)
     return ParsedResponse(type_url, head.nonce, upserts, list(head.removed_resources),
@@ -160,10 +161,19 @@ def _parse(head: Any, raw: bytes, step: int,
                           plain=bulk is not None)
 
 
-def _one_by_one(response: discovery_pb2.DeltaDiscoveryResponse, type_url: str, step: int
+def _resources(head: Any, raw: bytes) -> Iterator[discovery_pb2.Resource]:
+    """The response's resources for the general check, parsed a slice at a
+    time as they are checked (see :func:`~relay.upstream.bulk.sliced_resources`)."""
+    try:
+        yield from sliced_resources(head.resources, len(raw))
+    except message.DecodeError as error:
+        raise UnusableResponse(f"the response cannot be decoded: {error}") from None
+
+
+def _one_by_one(resources: Iterable[discovery_pb2.Resource], type_url: str, step: int
                 ) -> Generator[None, None, tuple[list[CachedResource],
                                                  list[tuple[str, str, str]]]]:
-    """The response's resources, checked one at a time: (upserts, heartbeats)."""
+    """The resources, checked one at a time: (upserts, heartbeats)."""
     body_class = message_class(type_url)
     decode = body_class.FromString if body_class is not None else None
     from_origin = CachedResource.from_origin
@@ -172,7 +182,7 @@ def _one_by_one(response: discovery_pb2.DeltaDiscoveryResponse, type_url: str, s
     heartbeats: list[tuple[str, str, str]] = []
     # (one pass, no call per resource but the body's decoding and the cached
     # copy's making)
-    for number, resource in enumerate(response.resources, 1):
+    for number, resource in enumerate(resources, 1):
         if step and number % step == 0:
             yield
         if resource.HasField("resource_name"):

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2, duration_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -188,3 +189,33 @@ def test_a_message_and_its_bytes_give_the_same() -> None:
     assert isinstance(ours, ParsedResponse) and isinstance(theirs, ParsedResponse)
     assert (ours.removed, theirs.removed) == (["gone"], ["gone"])
     assert_same(ours.upserts[0], theirs.upserts[0])
+
+
+def test_a_large_response_that_is_not_plain_is_parsed_a_slice_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes: list[int] = []
+    parsed_entries = bulk._parsed_entries
+
+    def recording(entries: bytes) -> discovery_pb2.DeltaDiscoveryResponse:
+        sizes.append(len(entries))
+        return parsed_entries(entries)
+
+    monkeypatch.setattr(bulk, "_parsed_entries", recording)
+    body = endpoints("", *range(200)).SerializeToString()  # ~4.3 KB
+    message = discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT, nonce="4", resources=[
+        discovery_pb2.Resource(name=f"r{i}", version="v1", ttl=duration_pb2.Duration(seconds=30),
+                               resource=any_pb2.Any(type_url=ENDPOINT, value=body))
+        for i in range(1_000)])  # (a TTL each: not plain, checked one by one)
+    raw = message.SerializeToString()
+    sliced, pauses = stepped(parse_steps(raw, step=100))
+    assert isinstance(sliced, ParsedResponse) and not sliced.plain
+    per_slice = bulk.SLICE_BYTES * 1_000 // len(raw)
+    assert len(sizes) == -(-1_000 // per_slice) > 1 and max(sizes) <= bulk.SLICE_BYTES
+    assert pauses == 1 + 1_000 // 100  # (the first parse, then before every 100th checked)
+    # what the same check makes of the response parsed whole, in one slice
+    monkeypatch.setattr(bulk, "SLICE_BYTES", 10**12)
+    whole = parse_response(raw)
+    assert isinstance(whole, ParsedResponse) and sizes[-1] > 4_000_000
+    assert [r.ttl_seconds for r in sliced.upserts] == [30] * 1_000
+    for ours, theirs in zip(sliced.upserts, whole.upserts, strict=True):
+        assert_same(ours, theirs)
