@@ -238,7 +238,7 @@ def plain_resources(payloads: Sequence[bytes], size: int, type_url: str, receive
 def _plain_slice(found: Shadows, payloads: Sequence[bytes], type_url: str, received: float,
                  known: Known | None) -> tuple[list[str], list[CachedResource]] | None:
     """One slice of :func:`plain_resources`: its names and resources, or None."""
-    entries = [_entry_prefix(len(payload)) + payload for payload in payloads]
+    entries = _framed(payloads)
     joined = b"".join(entries)
     encoded = _canonical(joined)
     if encoded is None:
@@ -247,7 +247,7 @@ def _plain_slice(found: Shadows, payloads: Sequence[bytes], type_url: str, recei
         # (the origin's own encoding: the canonical one is what the general
         # check makes, and what digests and resends are compared on)
         payloads = found.entries.FromString(encoded).resources[:]
-        entries = [_entry_prefix(len(payload)) + payload for payload in payloads]
+        entries = _framed(payloads)
     del joined
     listed = _plain_listed(found, encoded, type_url, len(payloads))
     if listed is None:
@@ -295,9 +295,7 @@ def sliced_resources(payloads: Sequence[bytes], size: int) -> Iterator[discovery
     decode."""
     per_slice = _per_slice(len(payloads), size)
     for start in range(0, len(payloads), per_slice):
-        entries = [_entry_prefix(len(payload)) + payload
-                   for payload in payloads[start:start + per_slice]]
-        yield from _parsed_entries(b"".join(entries)).resources
+        yield from _parsed_entries(b"".join(_framed(payloads[start:start + per_slice]))).resources
 
 
 def _parsed_entries(entries: bytes) -> discovery_pb2.DeltaDiscoveryResponse:
@@ -310,6 +308,11 @@ def _per_slice(count: int, size: int) -> int:
     (:data:`SLICE`, :data:`SLICE_BYTES`): by their average size, where their
     own sizes would be read by copying each out of the message once more."""
     return max(1, min(SLICE, SLICE_BYTES * count // max(1, size)))
+
+
+def _framed(payloads: Iterable[bytes]) -> list[bytes]:
+    """Each resource's encoding framed as a ``resources`` entry (tag, length)."""
+    return [_entry_prefix(len(payload)) + payload for payload in payloads]
 
 
 @lru_cache(maxsize=1_024)
