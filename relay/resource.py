@@ -299,13 +299,15 @@ class CachedResource:
 
         A copy made from an entry is a plain one (:meth:`from_encoded`),
         made once its body decoded: the same bytes decode again, to the same
-        version and digest, which the new copy takes with the entry (the very
-        bytes object: no second copy of it, no hashing where the relay
-        derives the version). That entry is the origin's message framed,
-        where the origin sent a version; with the derived version first, where
-        the relay derived one: the same message if the entry ends with it and
-        is as long as such an entry of it. The others are made by
-        :meth:`from_encoded`, as :meth:`from_encoded_many` makes them.
+        version and digest. So a resent entry gives that very copy (not
+        decoded, not hashed, nothing made: the cache keeps the copy it holds
+        of a content resent, and tells it apart by identity, see
+        :meth:`~relay.cache.ResourceCache.apply`). That entry is the origin's
+        message framed, where the origin sent a version; with the derived
+        version first, where the relay derived one: the same message if the
+        entry ends with it and is as long as such an entry of it. The others
+        are made by :meth:`from_encoded`, as :meth:`from_encoded_many` makes
+        them.
         """
         derived = not versions
         extra = _DERIVED_FIELD if derived else 0
@@ -320,11 +322,7 @@ class CachedResource:
             if old is not None and old.plain and old.derived_version is derived:
                 held = old.delta_entry
                 if len(held) == _entry_size(len(payload) + extra) and held.endswith(payload):
-                    plain = _Plain(type_url, name, old.version, received)
-                    plain.derived_version = derived
-                    plain.digest = old.digest
-                    plain.delta_entry = held
-                    append(plain)
+                    append(old)
                     continue
             entry = prefix(len(payload)) + payload
             fresh.append(entry)

@@ -70,6 +70,9 @@ WRITE = st.one_of(
               st.booleans(), st.sampled_from([None, True, False])),
     st.tuples(st.just("respond_plain"), st.lists(st.sampled_from([*NAMES, GLOB]), max_size=5),
               st.sampled_from(["1", "2"]), st.booleans()),
+    # istiod's resend: the copies held, some names with a new plain one
+    st.tuples(st.just("resend_held"), st.lists(st.sampled_from([*NAMES, GLOB]), max_size=5),
+              st.lists(st.sampled_from([*NAMES, GLOB]), max_size=2)),
     st.tuples(st.just("remove"), st.lists(st.sampled_from([*NAMES, GLOB]), max_size=3)),
     st.tuples(st.just("remove_variant"), st.sampled_from(NAMES), st.sampled_from(KEYS)),
     st.tuples(st.just("error"), st.sampled_from(NAMES), st.sampled_from([None, "canary"])),
@@ -100,6 +103,12 @@ def write(caches: list[ResourceCache], clock: FakeClock, what: str, *args: Any) 
         upserts = [made(name, "encoded", version, [], False) for name in names]
         return [c.apply(CLUSTER, Update(upserts, answered=names if answer else ()))
                 for c in caches]
+    if what == "resend_held":  # (the copies the first cache holds: each cache holds the same)
+        names, changed = args
+        held = [caches[0].served_one(CLUSTER, name) for name in names]
+        upserts = [made(name, "encoded", "3", [], False) if name in changed or found is None
+                   else found for name, found in zip(names, held, strict=True)]
+        return [c.apply(CLUSTER, Update(upserts)) for c in caches]
     if what == "replace_type":
         resources = [made(*spec) for spec in args[0]]
         return [c.replace_type(CLUSTER, resources) for c in caches]
@@ -135,6 +144,9 @@ def write(caches: list[ResourceCache], clock: FakeClock, what: str, *args: Any) 
 # (rare draws, kept: a glob's answer, a heartbeat of a plain resource)
 @example(writes=[("respond_plain", ["a", GLOB], "1", True)])
 @example(writes=[("respond_plain", ["a", "b"], "1", False), ("heartbeat", "b", "", "1")])
+# (a copy held, resent to a name in error: the error goes, as with any upsert)
+@example(writes=[("respond_plain", ["a", "b"], "1", True), ("error", "a", None),
+                 ("resend_held", ["b", "a"], [])])
 def test_plain_records_and_bulk_writes_read_as_the_general_path(
         writes: list[tuple[Any, ...]]) -> None:
     clock = FakeClock()
