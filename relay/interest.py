@@ -770,9 +770,11 @@ class InterestIndex:
 
     def wanted_locators(self, type_url: str) -> dict[str, frozenset[Params]]:
         """Per name, the distinct parameter sets subscribers use for it (a new
-        dict, oldest name first)."""
-        return {name: self._params_of(type_url, name, found)
-                for name, found in self._holders.get(type_url, {}).items()}
+        dict, oldest name first): looked up as :meth:`wanted_among` looks
+        them up, all at once where one holder holds them all (a big client's
+        50,000 names on a new origin stream: a call per name was ~1 us)."""
+        names = list(self._holders.get(type_url, {}))
+        return dict(zip(names, self.wanted_among(type_url, names), strict=True))
 
     def wanted_params(self, type_url: str, name: str) -> frozenset[Params]:
         """The distinct parameter sets subscribers use for one name (empty: none wants it)."""

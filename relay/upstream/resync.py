@@ -17,8 +17,9 @@ shows that it ignores them. See "resync", "reconcile" and "declared" in
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter, countOf
 from typing import Literal
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -30,6 +31,10 @@ from relay.upstream.targets import subscribes
 from relay.xds_types import short_name
 
 log = logging.getLogger("relay.upstream")
+
+_NAME = attrgetter("name")
+_VERSION = attrgetter("version")
+_VARIANT_KEY = attrgetter("variant_key")
 
 # What the origin does with initial_resource_versions (see the module docstring).
 InitialVersions = Literal["auto", "honoured", "ignored"]
@@ -99,23 +104,42 @@ class Resync:
         one variant, with a wildcard of every cached name; and what is cached
         that it covers, the origin's to confirm (names a restored snapshot
         holds that nobody wants are not)."""
-        initial: dict[str, str] = {}
-        for name in () if self.declare_nothing else subscribed:
-            found = self.cache.variants(type_url, name)
-            if isinstance(found, Mapping) and len(found) == 1:
-                initial[name] = next(iter(found.values())).version
-        cached = [r for r in self.cache.resources(type_url)
-                  if wildcard or subscribes(self.cache, type_url, r.name, subscribed)]
+        initial = {} if self.declare_nothing else self._versions(type_url, subscribed)
+        cached = self.cache.resources(type_url)
+        if not wildcard and countOf(map(subscribed.__contains__, map(_NAME, cached)),
+                                    True) < len(cached):
+            # (some not subscribed by their own name: each looked at; where
+            # all are, a big client's 50,000, no step each)
+            cached = [r for r in cached if subscribes(self.cache, type_url, r.name, subscribed)]
         if wildcard and not self.declare_nothing:
             initial.update({r.name: r.version for r in cached
                             if r.name not in initial and r.name not in subscribed})
         return initial, cached
 
-    def begin(self, type_url: str, cached: Iterable[CachedResource], declared: dict[str, str],
+    def _versions(self, type_url: str, subscribed: Collection[str]) -> dict[str, str]:
+        """The versions of the ``subscribed`` names that hold one variant, in
+        their order. Where each is served to all (one variant, unconstrained:
+        a big client's), looked up in C (no step each); else one by one."""
+        names = list(subscribed)
+        served = self.cache.served_to_all(type_url, names)
+        if len(served) == len(names):
+            return dict(zip(served, map(_VERSION, served.values()), strict=True))
+        initial: dict[str, str] = {}
+        for name in names:
+            found = served.get(name)
+            if found is not None:
+                initial[name] = found.version
+                continue
+            variants = self.cache.variants(type_url, name)
+            if isinstance(variants, Mapping) and len(variants) == 1:
+                initial[name] = next(iter(variants.values())).version
+        return initial
+
+    def begin(self, type_url: str, cached: Collection[CachedResource], declared: dict[str, str],
               explicit: frozenset[str]) -> None:
         """The stream subscribed the type declaring ``declared``: ``cached`` awaits
         confirmation."""
-        awaiting = {(r.name, r.variant_key) for r in cached}
+        awaiting = set(_variants(cached))
         if awaiting:
             self._types[type_url] = TypeResync(awaiting, declared, explicit)
 
@@ -134,7 +158,7 @@ class Resync:
         if resync.first_response_at is None:
             resync.first_response_at = now
             self._deadlines.add(ReconcileDue(type_url, now + self.grace))
-        resync.confirmed.update((r.name, r.variant_key) for r in upserts)
+        resync.confirmed.update(_variants(upserts))
         resync.confirmed.update((name, key) for name, key, _ in heartbeats)
         resync.erred.update(e.resource_name.name for e in errors)
 
@@ -192,3 +216,9 @@ class Resync:
             log.info("origin ignores initial_resource_versions for %s (%s): after a reconnect, "
                      "what it does not resend is taken as removed", short_name(type_url), why)
             return
+
+
+def _variants(resources: Collection[CachedResource]) -> Iterator[tuple[str, str]]:
+    """(name, variant key) of each of ``resources``, made in C (a big
+    client's 50,000: no step each)."""
+    return zip(map(_NAME, resources), map(_VARIANT_KEY, resources), strict=True)

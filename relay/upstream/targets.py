@@ -484,8 +484,11 @@ class Targets:
         target, wildcard = self.target(type_url, demand, now, None)
         if not target and not wildcard:
             return None
-        sub = self._subscribed[type_url] = TypeSubscription(
-            {n: _PLAIN if ps == _PLAIN else frozenset(ps) for n, ps in target.items()}, wildcard)
+        # (each frozen already, a big client's: the dict copied, no step per name)
+        locators = cast(dict[str, frozenset[Params]], dict(target)) \
+            if countOf(map(type, target.values()), frozenset) == len(target) else \
+            {n: _PLAIN if ps == _PLAIN else frozenset(ps) for n, ps in target.items()}
+        sub = self._subscribed[type_url] = TypeSubscription(locators, wildcard)
         return sub
 
     def prune_once(self) -> None:
@@ -502,6 +505,9 @@ class Targets:
             if sub.wildcard:
                 continue
             names = self.cache.names(type_url)
+            if countOf(map(sub.locators.__contains__, names), True) == len(names) and \
+                    not self.cache.is_complete(type_url):
+                continue  # each subscribed by its own name (a big client's: no step each)
             keep = {name for name in names
                     if subscribes(self.cache, type_url, name, sub.locators)}
             if len(keep) < len(names) or self.cache.is_complete(type_url):
@@ -631,6 +637,15 @@ class Targets:
                     held = held - ending.params(name)
                 if held:
                     needed[name] = wanted | held if wanted else held
+        return self._chosen(type_url, needed, current), wildcard
+
+    def _chosen(self, type_url: str, needed: Mapping[str, Set[Params]],
+                current: Mapping[str, Set[Params]]) -> Locators:
+        """:meth:`target`'s locators of ``needed`` (``current``: what is subscribed)."""
+        if not current and countOf(needed.values(), _PLAIN) == len(needed):
+            # (a new stream's plain names, each new: subscribed as they are,
+            # with no step per name; the loop below takes these so one by one)
+            return dict(needed)
         target: Locators = {}
         for name, params_set in needed.items():
             subscribed = current.get(name)
@@ -645,7 +660,7 @@ class Targets:
                 if not self._served_from_cache(type_url, name, params, chosen):
                     chosen.add(params)
             target[name] = chosen
-        return target, wildcard
+        return target
 
     def _served_from_cache(self, type_url: str, name: str, params: Params,
                            chosen: set[Params]) -> bool:

@@ -1,6 +1,7 @@
 """split_requests: a change of plain names goes in together (sizes summed at
-once, each request taking the run that fits it); the requests are the bytes
-the name-by-name path makes, and no size is computed per name (counted)."""
+once, each request taking the run that fits it), and so do the initial
+versions; the requests are the bytes the name-by-name path makes, and no
+size is computed per name (counted)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ def both(change: SubscriptionChange, limit: int, node: base_pb2.Node | None
          ) -> tuple[list[bytes], list[bytes]]:
     """The requests' bytes, with the whole-set path and without it."""
     together = split_requests(change, limit, node)
-    original = requests_module._Builder.add_names
-    requests_module._Builder.add_names = lambda *args: False  # type: ignore[method-assign]
+    builder = requests_module._Builder
+    original = builder.add_names, builder.add_versions
+    builder.add_names = lambda *args: False  # type: ignore[method-assign]
+    builder.add_versions = builder._add_versions_one_by_one  # type: ignore[method-assign]
     try:
         alone = split_requests(change, limit, node)
     finally:
-        requests_module._Builder.add_names = original  # type: ignore[method-assign]
+        builder.add_names, builder.add_versions = original  # type: ignore[method-assign]
     assert together.declared == alone.declared
     return ([r.SerializeToString() for r in together.requests],
             [r.SerializeToString() for r in alone.requests])
@@ -43,7 +46,8 @@ NAME = st.one_of(st.text(alphabet="abcxyz-0123456789", max_size=12),
 
 @settings(max_examples=150, deadline=None)
 @given(subscribe=st.lists(NAME, max_size=40), unsubscribe=st.lists(NAME, max_size=10),
-       versions=st.dictionaries(NAME, st.text(max_size=4), max_size=3),
+       versions=st.dictionaries(NAME, st.one_of(st.text(alphabet="v0123", max_size=6),
+                                                st.text(max_size=4)), max_size=12),
        with_params=st.sets(NAME, max_size=2), wildcard=st.sampled_from([None, True, False]),
        limit=st.sampled_from([40, 90, 200, 400, 1 << 20]), node=st.booleans())
 def test_names_together_make_the_requests_names_one_by_one_make(
@@ -82,6 +86,34 @@ def test_a_big_clients_names_are_sized_together(monkeypatch: pytest.MonkeyPatch)
     several = split_requests(change, 40_000, NODE).requests
     assert len(several) == 3 and sized == [] and len(cuts) == 1
     assert [n for r in several for n in r.resource_names_subscribe] == sorted(names)
+
+
+def test_a_big_clients_versions_are_sized_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    sized: list[str] = []
+    original = requests_module.pair_size
+
+    def counting(name: str, version: str) -> Any:
+        sized.append(name)
+        return original(name, version)
+
+    monkeypatch.setattr(requests_module, "pair_size", counting)
+    versions = {f"big-{i}": f"{i:016x}" for i in range(50_000)}
+    change = SubscriptionChange(ENDPOINT, dict.fromkeys(versions, PLAIN),
+                                initial_versions=versions)
+    for limit in (1 << 20, 4 << 20):  # (the relay's default cuts them; a larger one does not)
+        split = split_requests(change, limit, NODE)
+        assert sized == []
+        assert 0 < len(split.declared) <= len(versions)
+        assert list(split.declared) == list(versions)[:len(split.declared)]
+        assert dict(split.requests[0].initial_resource_versions) == split.declared
+        assert all(r.ByteSize() <= limit for r in split.requests)
+    assert len(split.declared) == len(versions)
+    # one larger than the room left, and smaller ones after it: taken if they fit
+    short = {"a" * 60: "1", "b" * 90: "2", "c": "3", "d" * 30: "4", "e" * 40: "5"}
+    split = split_requests(SubscriptionChange(ENDPOINT, initial_versions=short), 200)
+    assert sized == [] and list(split.declared) == ["a" * 60, "c", "d" * 30]
+    together, alone = both(SubscriptionChange(ENDPOINT, initial_versions=short), 200, None)
+    assert together == alone and sized != []  # (the reference sizes each)
 
 
 @pytest.mark.parametrize("node", [None, NODE])

@@ -1,0 +1,141 @@
+"""istiod's reconnect at a big client's size: the new stream's subscription,
+the resend applied and the reconcile take as many Python-level steps of the
+relay's own code for 4,000 names as for 40 (counted, not timed: each name
+is looked up, declared, compared and confirmed in C). protobuf fills the
+request's ``initial_resource_versions`` map an entry at a time in Python
+(``MutableMapping.update``, ~0.4 us an entry): those steps are not the
+relay's, and not counted. What each step gives is checked too: the
+requests, the cache, and what subscribers are told."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+import relay
+from relay.cache import CacheChange
+from relay.interest import Interest
+from relay.upstream.bulk import BULK_FROM
+from relay.upstream.responses import ParsedResponse, parse_response
+from relay.xds_types import ENDPOINT
+from tests.builders import endpoints, pack
+from tests.upstream.test_upstream_state import Sub, make
+
+SMALL, BIG = 40, 4_000
+RELAY = str(Path(relay.__file__).parent)
+assert SMALL >= BULK_FROM  # (both checked in bulk, as istiod's responses are)
+
+
+def steps_of(call: Callable[[], object]) -> int:
+    """How many Python-level steps (calls, lines, returns) of the relay's
+    own code ``call`` takes (see tests.test_cache_served.steps_of: the
+    collector is kept off meanwhile)."""
+    count = 0
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal count
+        if frame.f_code.co_filename.startswith(RELAY):
+            count += 1
+            return tracer
+        return None
+
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    sys.settrace(tracer)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+        if collecting:
+            gc.enable()
+    return count
+
+
+def push(nonce: str, names: list[str], changed: frozenset[str] = frozenset()
+         ) -> discovery_pb2.DeltaDiscoveryResponse:
+    """istiod's: every name, no versions; those ``changed`` with a new body."""
+    out = discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT, nonce=nonce)
+    for name in names:
+        out.resources.add(name=name, resource=pack(endpoints(name, 81 if name in changed else 80)))
+    return out
+
+
+class Reconnect:
+    """A relay state whose client holds ``count`` names, all cached and
+    answered, and whose stream to the origin just ended."""
+
+    def __init__(self, count: int) -> None:
+        self.names = [f"big-{i}" for i in range(count)]
+        self.state, self.index, self.cache = make()
+        self.changes: list[CacheChange] = []
+        self.cache.add_listener(self.changes.append)
+        self.index.update(Sub(), ENDPOINT, Interest(frozenset(self.names)))
+        self.state.on_connect(self.index, 0.0)
+        self.apply(push("1", self.names), 0.1)
+        self.grace = self.state.answer_grace
+        self.state.on_tick(self.index, 1.0 + self.grace)  # (answered)
+        self.state.on_disconnect()
+        self.changes.clear()
+
+    def apply(self, message: discovery_pb2.DeltaDiscoveryResponse, now: float) -> None:
+        parsed = parse_response(message.SerializeToString(), known=self.cache.served_to_all)
+        assert isinstance(parsed, ParsedResponse) and parsed.plain
+        self.state.on_response(parsed, self.index, now)
+
+    def steps(self, resent: list[str], changed: frozenset[str]) -> list[int]:
+        """Python-level steps of: the new stream's subscription, the resend
+        applied (checked beforehand, not counted), the reconcile."""
+        now = 10.0 + self.grace
+        connect = steps_of(lambda: self.state.on_connect(self.index, now))
+        parsed = parse_response(push("2", resent, changed).SerializeToString(),
+                                known=self.cache.served_to_all)
+        assert isinstance(parsed, ParsedResponse)
+        applied = steps_of(lambda: self.state.on_response(parsed, self.index, now + 0.1))
+        reconcile = steps_of(lambda: self.state.on_tick(self.index, now + 1.0 + self.grace))
+        return [connect, applied, reconcile]
+
+
+def test_a_reconnect_takes_the_same_steps_for_4000_names_as_for_40() -> None:
+    small, big = Reconnect(SMALL), Reconnect(BIG)
+    assert small.steps(small.names, frozenset()) == big.steps(big.names, frozenset())
+    # every name resent as cached: nobody is told of anything
+    assert big.changes == [] and sorted(big.cache.names(ENDPOINT)) == sorted(big.names)
+
+
+def test_a_resend_with_changes_takes_the_same_steps_and_tells_only_those() -> None:
+    small, big = Reconnect(SMALL), Reconnect(BIG)
+    # a tenth changed, while the stream was down
+    assert small.steps(small.names, frozenset(small.names[::10])) == \
+        big.steps(big.names, frozenset(big.names[::10]))
+    assert [change.names for change in big.changes] == [frozenset(big.names[::10])]
+    held = big.cache.served_to_all(ENDPOINT, big.names)
+    assert [held[name].resource.resource.value for name in big.names[:11]] == \
+        [pack(endpoints(name, 81 if i % 10 == 0 else 80)).value
+         for i, name in enumerate(big.names[:11])]
+
+
+def test_a_name_not_resent_is_reconciled_away() -> None:
+    big = Reconnect(BIG)
+    gone = big.names[7]
+    big.steps([name for name in big.names if name != gone], frozenset())
+    assert [change.names for change in big.changes] == [frozenset({gone})]
+    assert gone not in big.cache.names(ENDPOINT)
+    assert len(big.cache.names(ENDPOINT)) == BIG - 1
+
+
+def test_the_new_streams_subscription_declares_every_cached_version() -> None:
+    big = Reconnect(BIG)
+    requests = big.state.on_connect(big.index, 20.0)
+    held = big.cache.served_to_all(ENDPOINT, big.names)
+    first = requests[0]
+    assert dict(first.initial_resource_versions) == \
+        {name: held[name].version for name in big.names}
+    assert [n for r in requests for n in r.resource_names_subscribe] == sorted(big.names)
+
