@@ -1,0 +1,148 @@
+"""istiod's reconnect at a big client's size, in one process, step by step: no gRPC,
+no clients (:mod:`benchmarks.reconnect` runs it end to end).
+
+istiod ends every stream after about 30 minutes, ignores
+``initial_resource_versions`` and resends all it has on the new stream. A
+relay whose client holds K names (``big-0`` ...) then goes through four
+steps, each run by the upstream client in one go on the event loop (or, for
+the parse, in steps): the new stream's subscription
+(:meth:`UpstreamState.on_connect`: what is wanted, the versions declared,
+the requests cut), the resend's check (:func:`relay.upstream.responses.parse_steps`,
+its longest step), the resend applied (:meth:`UpstreamState.on_response`:
+the resync's bookkeeping, the cache's write), and the reconcile once its
+grace is over (:meth:`UpstreamState.on_tick`).
+
+The resend is one DeltaDiscoveryResponse of K ClusterLoadAssignments of
+about ``--size`` bytes without versions, as istiod sends them: each
+resource as cached (``--changed 0``), or each with new content
+(``--changed 1``, a push that changed every endpoint while the stream was
+down); ``--changed F`` changes that share of them. Timed per step, min and
+median over ``--runs``, each run from a fresh state that took the cold
+response first. Issue 27's item 5 allows 50 ms for any one step.
+
+Like :mod:`benchmarks.cold_path`, the figures are of one process on the CPU
+alone, allocating as a relay process does (its allocator, malloc settings
+and collector thresholds); ``--relay-src`` runs another tree's relay
+package, so two trees compare in one session.
+
+Usage: ``python -m benchmarks.reconnect_steps [--resources 50000] [--size 1260]
+[--changed 0] [--runs 5] [--relay-src DIR]``; prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cold_path import ENDPOINT, PER_TURN, _parsed, _Subscriber
+
+STEPS = ("on_connect", "parse", "parse hold", "on_response", "reconcile", "longest")
+
+
+def responses(resources: int, size: int, changed: float) -> tuple[bytes, bytes]:
+    """The cold response and the resend (``changed`` of its bodies new),
+    without versions, encoded."""
+    from envoy.service.discovery.v3 import discovery_pb2
+    from google.protobuf import any_pb2
+
+    from benchmarks.bare import big_names, padded_endpoints
+
+    made = list(padded_endpoints(big_names(resources), size))
+    every = round(1 / changed) if changed else 0
+    encoded = []
+    for nonce, change in (("1", False), ("2", True)):
+        response = discovery_pb2.DeltaDiscoveryResponse(type_url=ENDPOINT, nonce=nonce)
+        for i, (name, body) in enumerate(made):
+            if change and every and i % every == 0:
+                body += b"\x10\x01"  # (the load assignment's policy: a field more)
+            response.resources.add(name=name,
+                                   resource=any_pb2.Any(type_url=ENDPOINT, value=body))
+        encoded.append(response.SerializeToString())
+    return encoded[0], encoded[1]
+
+
+def one_run(cold: bytes, resend: bytes, resources: int) -> list[float]:
+    """Milliseconds of each step (see STEPS) of one reconnect."""
+    from envoy.config.core.v3 import base_pb2
+
+    from benchmarks.bare import big_names
+    from relay.cache import ResourceCache
+    from relay.interest import Interest, InterestIndex
+    from relay.upstream.responses import ParsedResponse, parse_response
+    from relay.upstream.state import UpstreamState
+
+    cache, index = ResourceCache(), InterestIndex()
+    state = UpstreamState(base_pb2.Node(id="relay"), cache, 0.0)
+    state.on_connect(index, 0.0)
+    names = big_names(resources)
+    index.update(_Subscriber(), ENDPOINT, Interest(frozenset(names)))
+    for start in range(0, len(names), PER_TURN):
+        state.on_interest_changed(ENDPOINT, index, 0.0, names[start:start + PER_TURN])
+    first = parse_response(cold, known=cache.served_to_all)
+    assert isinstance(first, ParsedResponse)
+    state.on_response(first, index, 0.01)
+    grace = state.answer_grace
+    state.on_tick(index, 1.0 + grace)  # (the cold names answered)
+    del first
+    state.on_disconnect()
+    gc.collect()
+    now = 10.0 + grace
+    connect = _timed(lambda: state.on_connect(index, now))
+    started = time.perf_counter()
+    parsed, longest = _parsed(resend, {"known": cache.served_to_all})
+    parse = (time.perf_counter() - started) * 1e3
+    assert isinstance(parsed, ParsedResponse) and len(parsed.upserts) == resources
+    applied = _timed(lambda: state.on_response(parsed, index, now + 0.01))
+    reconcile = _timed(lambda: state.on_tick(index, now + 1.0 + grace))
+    assert len(cache.names(ENDPOINT)) == resources
+    steps = [connect, parse, longest * 1e3, applied, reconcile]
+    return [*steps, max(connect, longest * 1e3, applied, reconcile)]
+
+
+def _timed(call: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    call()
+    return (time.perf_counter() - started) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--resources", type=int, default=50_000)
+    parser.add_argument("--size", type=int, default=1260, help="bytes of each resource's body")
+    parser.add_argument("--changed", type=float, default=0.0,
+                        help="the share of the resent resources with new content (0 to 1)")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
+                        help="the tree whose relay package runs (default: this checkout)")
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.relay_src))
+    from relay.memory import MemoryReturn, exec_with_allocator, malloc_trim
+    from relay.runtime import tune_gc
+
+    exec_with_allocator()  # (this command again, with the relay's allocator)
+    MemoryReturn.for_this_process()  # (and its malloc settings)
+    trim = malloc_trim()
+    cold, resend = responses(args.resources, args.size, args.changed)
+    tune_gc()  # as a relay process does
+    runs = []
+    for _ in range(args.runs):
+        gc.collect()
+        if trim is not None:
+            trim()
+        runs.append(one_run(cold, resend, args.resources))
+    print(f"relay from {args.relay_src}: a reconnect at {args.resources} x {args.size} B, "
+          f"{args.changed:.0%} resent changed, {args.runs} runs, ms (min / median)")
+    print("| " + " | ".join(STEPS) + " |")
+    print("|" + " ---: |" * len(STEPS))
+    print("| " + " | ".join(f"{min(column):.1f} / {statistics.median(column):.1f}"
+                            for column in zip(*runs, strict=True)) + " |")
+
+
+if __name__ == "__main__":
+    main()
