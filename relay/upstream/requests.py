@@ -22,7 +22,7 @@ import bisect
 import itertools
 import logging
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import countOf
 from typing import Any, TypeAlias
@@ -33,6 +33,7 @@ from google.rpc import code_pb2, status_pb2
 
 from relay.constraints import EMPTY_PARAMS, Params
 from relay.encoding import locator_size, pair_size, text_size
+from relay.turns import made
 from relay.xds_types import WILDCARD, short_name
 
 log = logging.getLogger("relay.upstream")
@@ -107,10 +108,14 @@ class RequestCutter:
 
     def split(self, change: SubscriptionChange) -> Split:
         """``change`` as requests the origin can read (see :func:`split_requests`)."""
-        split = split_requests(change, self.max_request_size,
-                               None if self._node_sent else self.node)
+        return made(self.split_steps(change))
+
+    def split_steps(self, change: SubscriptionChange, step: int = 0
+                    ) -> Generator[None, None, Split]:
+        """:meth:`split` in steps (see :func:`split_steps`)."""
+        node = None if self._node_sent else self.node
         self._node_sent = True
-        return split
+        return (yield from split_steps(change, self.max_request_size, node, step))
 
     def _reply(self, type_url: str, nonce: str) -> Request:
         request = discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=nonce)
@@ -136,17 +141,39 @@ def split_requests(change: SubscriptionChange, limit: int,
     any request is left out and logged (the relay refuses such names from
     its clients, so this only guards the stream).
     """
+    return made(split_steps(change, limit, node))
+
+
+def split_steps(change: SubscriptionChange, limit: int, node: base_pb2.Node | None = None,
+                step: int = 0) -> Generator[None, None, Split]:
+    """:func:`split_requests` in steps: a generator that pauses (yields)
+    after every ``step`` versions or names (never with 0), and returns the
+    same requests: a new stream's subscription of a big client's 50,000
+    names, declaring as many versions, is cut a slice at a time."""
     builder = _Builder(change.type_url, limit, node)
     if change.wildcard is True:
         builder.add_name("resource_names_subscribe", WILDCARD)
-    declared = builder.add_versions(change.initial_versions)
+    names, versions = list(change.initial_versions), list(change.initial_versions.values())
+    for start in _starts(len(names), step):
+        if start:
+            yield
+        builder.add_versions(names[start:start + step or None],
+                             versions[start:start + step or None])
     for names_field, locators_field, locators in (
             ("resource_names_subscribe", "resource_locators_subscribe", change.subscribe),
             ("resource_names_unsubscribe", "resource_locators_unsubscribe", change.unsubscribe)):
         ordered = sorted(locators)
-        if countOf(locators.values(), _PLAIN) == len(ordered) and \
-                builder.add_names(names_field, ordered):
-            continue  # all plain names: a big client's
+        if step and ordered:
+            yield
+        if countOf(locators.values(), _PLAIN) == len(ordered):  # all plain names: a big client's
+            for start in _starts(len(ordered), step):
+                if start:
+                    yield
+                some = ordered[start:start + step or None]
+                if not builder.add_names(names_field, some):
+                    for name in some:
+                        builder.add_name(names_field, name)
+            continue
         for name in ordered:
             params_set = locators[name]
             if params_set == _PLAIN:
@@ -159,7 +186,14 @@ def split_requests(change: SubscriptionChange, limit: int,
                     builder.add_name(names_field, name)
     if change.wildcard is False:
         builder.add_name("resource_names_unsubscribe", WILDCARD)
-    return Split(builder.finish(), declared)
+    if step:
+        yield
+    return Split(builder.finish(), builder.initial_versions)
+
+
+def _starts(count: int, step: int) -> range:
+    """Where each slice of ``count`` items starts, ``step`` a slice (all in one with 0)."""
+    return range(0, count, step or max(count, 1))
 
 
 class _Builder:
@@ -186,44 +220,42 @@ class _Builder:
     def fits(self, size: int) -> bool:
         return self.used + size <= self.limit
 
-    def add_versions(self, versions: Mapping[str, str]) -> dict[str, str]:
-        """The first request's ``initial_resource_versions``: each of
-        ``versions`` that fits, in order (one that does not is left out, and
-        the next may fit). Where every name and version is ASCII and each
-        entry under 128 bytes (nearly always), an entry's size is the two
-        lengths plus six, and the run of entries that fits is found in C
-        (summed, cut by bisection): no step per name where the rest are no
-        smaller than the room left (a big client's 50,000 took ~0.3 s)."""
-        names, values = list(versions), list(versions.values())
-        if not names or not "".join(names).isascii() or not "".join(values).isascii() or \
-                max(map(len, names)) + max(map(len, values)) + 4 >= 0x80:
-            return self._add_versions_one_by_one(versions)
-        sizes = list(map((6).__add__, map(operator.add, map(len, names), map(len, values))))
+    def add_versions(self, names: list[str], versions: list[str]) -> None:
+        """Add to the first request's ``initial_resource_versions`` each of
+        ``names`` (with its version, in ``versions``) that fits, in order
+        (one that does not is left out, and the next may fit). Where every
+        name and version is ASCII and each entry under 128 bytes (nearly
+        always), an entry's size is the two lengths plus six, and the run of
+        entries that fits is found in C (summed, cut by bisection): no step
+        per name where the rest are no smaller than the room left (a big
+        client's 50,000 took ~0.3 s)."""
+        if not names or not "".join(names).isascii() or not "".join(versions).isascii() or \
+                max(map(len, names)) + max(map(len, versions)) + 4 >= 0x80:
+            self._add_versions_one_by_one(names, versions)
+            return
+        sizes = list(map((6).__add__, map(operator.add, map(len, names), map(len, versions))))
         ends = list(itertools.accumulate(sizes))
         room = self.limit - self.used
         cut = bisect.bisect_right(ends, room)
-        declared = dict(zip(names[:cut], values[:cut], strict=True))
+        declared = self.initial_versions
+        declared.update(zip(names[:cut], versions[:cut], strict=True))
         used = ends[cut - 1] if cut else 0
         rest = sizes[cut + 1:]  # (the one at the cut does not fit)
         if rest and room - used >= min(rest):
-            for name, value, size in zip(names[cut + 1:], values[cut + 1:], rest, strict=True):
+            for name, value, size in zip(names[cut + 1:], versions[cut + 1:], rest, strict=True):
                 if used + size <= room:
                     declared[name] = value
                     used += size
         self.used += used
-        self.initial_versions = declared
-        return declared
 
-    def _add_versions_one_by_one(self, versions: Mapping[str, str]) -> dict[str, str]:
+    def _add_versions_one_by_one(self, names: list[str], versions: list[str]) -> None:
         """:meth:`add_versions`, each entry sized by :func:`pair_size`."""
-        declared: dict[str, str] = {}
-        for name, version in versions.items():
+        declared = self.initial_versions
+        for name, version in zip(names, versions, strict=True):
             size = pair_size(name, version)
             if self.fits(size):
                 declared[name] = version
                 self.used += size
-        self.initial_versions = declared
-        return declared
 
     def add_name(self, field_name: str, name: str) -> None:
         if self._make_room(name, text_size(name)):

@@ -17,7 +17,7 @@ shows that it ignores them. See "resync", "reconcile" and "declared" in
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter, countOf
 from typing import Literal
@@ -97,14 +97,24 @@ class Resync:
         """A stream opened or closed: what the last one was to confirm is moot."""
         self._types = {}
 
-    def declaration(self, type_url: str, subscribed: Collection[str], wildcard: bool
-                    ) -> tuple[dict[str, str], list[CachedResource]]:
+    def declaration_steps(self, type_url: str, subscribed: Collection[str], wildcard: bool,
+                          step: int = 0
+                          ) -> Generator[None, None, tuple[dict[str, str], list[CachedResource]]]:
         """What a new stream subscribing ``subscribed`` (and the wildcard, if
         ``wildcard``) declares of the cache: the versions of the names with
         one variant, with a wildcard of every cached name; and what is cached
         that it covers, the origin's to confirm (names a restored snapshot
-        holds that nobody wants are not)."""
-        initial = {} if self.declare_nothing else self._versions(type_url, subscribed)
+        holds that nobody wants are not). A generator that pauses (yields)
+        after every ``step`` names looked up (never with 0)."""
+        initial: dict[str, str] = {}
+        if not self.declare_nothing:
+            names = list(subscribed)
+            for start in range(0, len(names), step or max(len(names), 1)):
+                if start:
+                    yield
+                initial.update(self._versions(type_url, names[start:start + step or None]))
+            if step and names:
+                yield
         cached = self.cache.resources(type_url)
         if not wildcard and countOf(map(subscribed.__contains__, map(_NAME, cached)),
                                     True) < len(cached):
@@ -116,11 +126,10 @@ class Resync:
                             if r.name not in initial and r.name not in subscribed})
         return initial, cached
 
-    def _versions(self, type_url: str, subscribed: Collection[str]) -> dict[str, str]:
-        """The versions of the ``subscribed`` names that hold one variant, in
+    def _versions(self, type_url: str, names: list[str]) -> dict[str, str]:
+        """The versions of those of ``names`` that hold one variant, in
         their order. Where each is served to all (one variant, unconstrained:
         a big client's), looked up in C (no step each); else one by one."""
-        names = list(subscribed)
         served = self.cache.served_to_all(type_url, names)
         if len(served) == len(names):
             return dict(zip(served, map(_VERSION, served.values()), strict=True))

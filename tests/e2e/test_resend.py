@@ -14,7 +14,9 @@ import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
+from relay.interest import Interest
 from relay.upstream import bulk
+from relay.upstream import state as state_module
 from relay.upstream.responses import Unusable, parse_response
 from relay.xds_types import ENDPOINT
 from tests.harness import QUIET, endpoints, eventually, node, running_stack
@@ -99,3 +101,58 @@ async def test_a_resend_decodes_nothing_again_and_a_broken_one_is_nacked_as_ever
         await delta.expect_nothing(QUIET)
         await sotw.expect_nothing(0)
         assert stack.relay.cache.served_one(ENDPOINT, BROKEN) is held[BROKEN]
+
+
+
+class Latecomer:
+    """A subscriber the index holds (what a downstream stream would be)."""
+
+    def resources_changed(self, *args: Any) -> None:
+        pass
+
+
+async def test_the_new_streams_subscription_is_made_in_turns_and_interest_meanwhile_follows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # (a step of 16 names: the 48 are looked up, declared and cut in three)
+    monkeypatch.setattr(state_module, "NAMES_PER_STEP", 16)
+    origin = IstiodOrigin()
+    origin.set(*(endpoints(name, 1000 + i) for i, name in enumerate([*NAMES, "late"])))
+    # (no batch window: a change is acted on in the loop's next pass, a pause's)
+    async with running_stack(origin, server="batch_window: 0s") as stack:
+        delta = stack.client()
+        await delta.send(node=node("d"), type_url=ENDPOINT, resource_names_subscribe=NAMES)
+        await delta.ack(await delta.recv())
+        client = stack.relay.origins.default
+        assert client is not None
+        state, seen = client.state, {"pauses": 0, "told": 0, "told while made": 0}
+        connect_steps, on_interest_changed = state.connect_steps, state.on_interest_changed
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            steps = connect_steps(*args, **kwargs)
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value
+                seen["pauses"] += 1
+                if seen["pauses"] == 1:  # a client asks for more while it is made
+                    stack.relay.index.update(Latecomer(), ENDPOINT, Interest(frozenset({"late"})))
+                yield
+
+        def told(*args: Any, **kwargs: Any) -> Any:
+            seen["told"] += 1
+            seen["told while made"] += not client._subscribed.is_set()
+            return on_interest_changed(*args, **kwargs)
+
+        monkeypatch.setattr(state, "connect_steps", counted)
+        monkeypatch.setattr(state, "on_interest_changed", told)
+        origin.end_streams()
+        await eventually(lambda: len(origin.streams) == 2 and len(origin.stream.sent) == 2
+                         and origin.stream.all_answered())
+        assert seen["pauses"] >= 6 and (seen["told"], seen["told while made"]) == (1, 0)
+        # the subscription's requests first (all 48, their versions declared), then the latecomer's
+        subscribing = [r for r in origin.stream.log if r.resource_names_subscribe]
+        assert [list(r.resource_names_subscribe) for r in subscribing] == [sorted(NAMES), ["late"]]
+        assert subscribing[0].HasField("node")
+        assert sorted(subscribing[0].initial_resource_versions) == sorted(NAMES)
+        await delta.expect_nothing(QUIET)

@@ -139,3 +139,26 @@ def test_the_new_streams_subscription_declares_every_cached_version() -> None:
         {name: held[name].version for name in big.names}
     assert [n for r in requests for n in r.resource_names_subscribe] == sorted(big.names)
 
+
+
+def test_the_subscription_made_in_steps_is_the_one_made_at_once() -> None:
+    stepped, whole = Reconnect(BIG), Reconnect(BIG)
+    pauses = 0
+    steps = stepped.state.connect_steps(stepped.index, 20.0, step=BIG // 8)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            requests = done.value
+            break
+        pauses += 1
+    # (the versions looked up, declared, and the names cut, an eighth at a time each)
+    assert pauses >= 3 * 7
+    assert [r.SerializeToString() for r in requests] == \
+        [r.SerializeToString() for r in whole.state.on_connect(whole.index, 20.0)]
+    # what the resend confirms and the reconcile removes is the same too
+    for reconnect in (stepped, whole):
+        reconnect.apply(push("2", reconnect.names[1:]), 20.1)
+        reconnect.state.on_tick(reconnect.index, 21.0 + reconnect.grace)
+    assert [c.names for c in stepped.changes] == [c.names for c in whole.changes] == \
+        [frozenset({stepped.names[0]})]
