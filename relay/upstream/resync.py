@@ -17,7 +17,7 @@ shows that it ignores them. See "resync", "reconcile" and "declared" in
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Generator, Iterable, Iterator, Mapping
+from collections.abc import Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter, countOf
 from typing import Literal
@@ -33,6 +33,9 @@ from relay.xds_types import short_name
 log = logging.getLogger("relay.upstream")
 
 _NAME = attrgetter("name")
+#: A cached variant a resync awaits: its name where unconstrained (variant
+#: key ""), else (name, variant key). A big client's names need no tuple each.
+_Variant = str | tuple[str, str]
 _VERSION = attrgetter("version")
 _VARIANT_KEY = attrgetter("variant_key")
 
@@ -44,13 +47,13 @@ InitialVersions = Literal["auto", "honoured", "ignored"]
 class TypeResync:
     """A type's cache as it stood when a new stream opened, until the origin confirms it."""
 
-    # (name, variant key) of every variant cached when the stream opened
-    cached: set[tuple[str, str]]
+    # every variant cached when the stream opened (see _Variant)
+    cached: set[_Variant]
     # initial_resource_versions sent, by name
     declared: dict[str, str]
     # names subscribed by name: an origin resends these whatever it was told
     explicit: frozenset[str]
-    confirmed: set[tuple[str, str]] = field(default_factory=set)
+    confirmed: set[_Variant] = field(default_factory=set)
     # names the origin reported errors for: what is cached of them stays
     erred: set[str] = field(default_factory=set)
     # when the origin's first response of the type arrived on the stream
@@ -168,7 +171,7 @@ class Resync:
             resync.first_response_at = now
             self._deadlines.add(ReconcileDue(type_url, now + self.grace))
         resync.confirmed.update(_variants(upserts))
-        resync.confirmed.update((name, key) for name, key, _ in heartbeats)
+        resync.confirmed.update(name if not key else (name, key) for name, key, _ in heartbeats)
         resync.erred.update(e.resource_name.name for e in errors)
 
     def reconcile(self, type_url: str, now: float) -> list[tuple[str, str]]:
@@ -183,7 +186,8 @@ class Resync:
         del self._types[type_url]
         trusted = self.trusts_declarations(type_url)
         gone = []
-        for name, key in resync.cached - resync.confirmed:
+        for variant in resync.cached - resync.confirmed:
+            name, key = (variant, "") if isinstance(variant, str) else variant
             if name in resync.erred or (trusted and name in resync.declared):
                 continue
             found = self.cache.variants(type_url, name)
@@ -227,7 +231,10 @@ class Resync:
             return
 
 
-def _variants(resources: Collection[CachedResource]) -> Iterator[tuple[str, str]]:
-    """(name, variant key) of each of ``resources``, made in C (a big
-    client's 50,000: no step each)."""
-    return zip(map(_NAME, resources), map(_VARIANT_KEY, resources), strict=True)
+def _variants(resources: Collection[CachedResource]) -> Iterable[_Variant]:
+    """Each of ``resources`` as a :data:`_Variant`: where each is unconstrained
+    (a big client's 50,000), its name, taken in C (no step, and no tuple,
+    each)."""
+    if countOf(map(_VARIANT_KEY, resources), "") == len(resources):
+        return map(_NAME, resources)
+    return [r.name if not r.variant_key else (r.name, r.variant_key) for r in resources]
