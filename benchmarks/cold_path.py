@@ -43,6 +43,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,13 +167,9 @@ def main() -> None:
     parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
                         help="the tree whose relay package runs (default: this checkout)")
     args = parser.parse_args()
-    sys.path.insert(0, str(args.relay_src))
-    from relay.memory import MemoryReturn, exec_with_allocator, malloc_trim
+    trim = like_a_relay_process(args.relay_src)
     from relay.runtime import tune_gc
 
-    exec_with_allocator()  # (this command again, with the relay's allocator)
-    MemoryReturn.for_this_process()  # (and its malloc settings)
-    trim = malloc_trim()
     encoded = origin_responses(args.resources, args.size, args.per_response or args.resources,
                                not args.no_versions)
     tune_gc()  # as a relay process does
@@ -189,6 +186,19 @@ def main() -> None:
     print("| " + " | ".join(_cell(step, column)
                             for step, column in zip(STEPS, zip(*runs, strict=True),
                                                     strict=True)) + " |")
+
+
+def like_a_relay_process(relay_src: Path) -> Callable[[], object] | None:
+    """Run ``relay_src``'s relay package from now on, allocating as its
+    relay process does (this command again, with its allocator; its malloc
+    settings); the trim it calls once a client has left (None without
+    glibc). The collector is the caller's to tune, once its input is made."""
+    sys.path.insert(0, str(relay_src))
+    from relay.memory import MemoryReturn, exec_with_allocator, malloc_trim
+
+    exec_with_allocator()
+    MemoryReturn.for_this_process()
+    return malloc_trim()
 
 
 def _cell(step: str, column: tuple[float, ...]) -> str:

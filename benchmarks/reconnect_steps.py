@@ -37,13 +37,12 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cold_path import ENDPOINT, PER_TURN, _parsed, _Subscriber
+from benchmarks.cold_path import ENDPOINT, PER_TURN, _parsed, _Subscriber, like_a_relay_process
 
 STEPS = ("on_connect", "connect hold", "parse", "parse hold", "on_response", "reconcile",
          "longest")
@@ -145,13 +144,9 @@ def main() -> None:
     parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
                         help="the tree whose relay package runs (default: this checkout)")
     args = parser.parse_args()
-    sys.path.insert(0, str(args.relay_src))
-    from relay.memory import MemoryReturn, exec_with_allocator, malloc_trim
+    trim = like_a_relay_process(args.relay_src)
     from relay.runtime import tune_gc
 
-    exec_with_allocator()  # (this command again, with the relay's allocator)
-    MemoryReturn.for_this_process()  # (and its malloc settings)
-    trim = malloc_trim()
     cold, resend = responses(args.resources, args.size, args.changed)
     tune_gc()  # as a relay process does
     runs = []
