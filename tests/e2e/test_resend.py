@@ -111,7 +111,7 @@ class Latecomer:
         pass
 
 
-async def test_the_new_streams_subscription_is_made_in_turns_and_interest_meanwhile_follows(
+async def test_invariant_27_a_subscription_made_in_turns_declares_all_and_what_comes_after(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # (a step of 16 names: the 48 are looked up, declared and cut in three)
     monkeypatch.setattr(state_module, "NAMES_PER_STEP", 16)
