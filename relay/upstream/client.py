@@ -414,7 +414,7 @@ class UpstreamClient:
     async def _subscribe(self) -> list[Request]:
         """A new stream's subscription (:meth:`UpstreamState.connect_steps`),
         made in turns of the event loop before the stream opens: a big
-        client's 50,000 names held it 300-350 ms in one go. Meanwhile
+        client's 50,000 names held it 350-440 ms in one go. Meanwhile
         interest changes and deadlines wait (the state is handed nothing
         else); they go on once it is made, after its requests."""
         self._subscribed.clear()

@@ -172,7 +172,7 @@ class UpstreamState:
         """:meth:`on_connect` in steps: a generator that pauses (yields)
         between types, and every ``step`` names of one (never with 0;
         :data:`NAMES_PER_STEP` unless given). A big client's 50,000 names
-        took the event loop 300-350 ms in one go (benchmarks/reconnect_steps.py).
+        took the event loop 350-440 ms in one go (benchmarks/reconnect_steps.py).
         Until it returns the state must be handed nothing else (the upstream
         client holds interest changes and deadlines meanwhile)."""
         step = NAMES_PER_STEP if step is None else step

@@ -1,7 +1,8 @@
 """split_requests: a change of plain names goes in together (sizes summed at
 once, each request taking the run that fits it), and so do the initial
-versions; the requests are the bytes the name-by-name path makes, and no
-size is computed per name (counted)."""
+versions; the requests are the bytes the name-by-name path makes (and the
+same made a few names at a time), and no size is computed per name
+(counted)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relay.constraints import EMPTY_PARAMS, params_of
+from relay.turns import made
 from relay.upstream import requests as requests_module
-from relay.upstream.requests import SubscriptionChange, split_requests
+from relay.upstream.requests import SubscriptionChange, split_requests, split_steps
 from relay.xds_types import ENDPOINT
 
 NODE = base_pb2.Node(id="relay", cluster="xds-relay")
@@ -58,6 +60,12 @@ def test_names_together_make_the_requests_names_one_by_one_make(
         dict.fromkeys(unsubscribe, PLAIN), wildcard=wildcard, initial_versions=versions)
     together, alone = both(change, limit, NODE if node else None)
     assert together == alone
+    # made in steps of a few names (a new stream's, see UpstreamState.connect_steps): the same
+    split = split_requests(change, limit, NODE if node else None)
+    for step in (1, 3):
+        stepped = made(split_steps(change, limit, NODE if node else None, step))
+        assert [r.SerializeToString() for r in stepped.requests] == together
+        assert stepped.declared == split.declared
 
 
 def test_a_big_clients_names_are_sized_together(monkeypatch: pytest.MonkeyPatch) -> None:
