@@ -10,10 +10,11 @@ the parse, in steps): the new stream's subscription
 the requests cut), the resend's check (:func:`relay.upstream.responses.parse_steps`,
 its longest step), the resend applied (:meth:`UpstreamState.on_response`:
 the resync's bookkeeping, the cache's write), and the reconcile once its
-grace is over (:meth:`UpstreamState.on_tick`). A tree whose subscription is
-made in steps (``connect_steps``) is timed so: ``connect hold`` is its
-longest step (else the whole of ``on_connect``); ``longest`` is the longest
-the event loop is held in one go, of all four.
+grace is over (:meth:`UpstreamState.on_tick`). A tree whose subscription,
+or response applied, is made in steps (``connect_steps``,
+``response_steps``) is timed so: ``connect hold`` and ``response hold`` are
+their longest steps (else the whole call); ``longest`` is the longest the
+event loop is held in one go, of all four.
 
 The resend is one DeltaDiscoveryResponse of K ClusterLoadAssignments of
 about ``--size`` bytes without versions, as istiod sends them: each
@@ -44,8 +45,8 @@ from typing import Any
 
 from benchmarks.cold_path import ENDPOINT, PER_TURN, _parsed, _Subscriber, like_a_relay_process
 
-STEPS = ("on_connect", "connect hold", "parse", "parse hold", "on_response", "reconcile",
-         "longest")
+STEPS = ("on_connect", "connect hold", "parse", "parse hold", "on_response",
+         "response hold", "reconcile", "longest")
 
 
 def responses(resources: int, size: int, changed: float) -> tuple[bytes, bytes]:
@@ -96,26 +97,27 @@ def one_run(cold: bytes, resend: bytes, resources: int) -> list[float]:
     state.on_disconnect()
     gc.collect()
     now = 10.0 + grace
-    connect, connect_hold = _connected(state, index, now)
+    connect, connect_hold = _in_steps(state, "connect_steps", "on_connect", index, now)
     started = time.perf_counter()
     parsed, longest = _parsed(resend, {"known": cache.served_to_all})
     parse = (time.perf_counter() - started) * 1e3
     assert isinstance(parsed, ParsedResponse) and len(parsed.upserts) == resources
-    applied = _timed(lambda: state.on_response(parsed, index, now + 0.01))
+    applied, applied_hold = _in_steps(state, "response_steps", "on_response",
+                                      parsed, index, now + 0.01)
     reconcile = _timed(lambda: state.on_tick(index, now + 1.0 + grace))
     assert len(cache.names(ENDPOINT)) == resources
-    steps = [connect, connect_hold, parse, longest * 1e3, applied, reconcile]
-    return [*steps, max(connect_hold, longest * 1e3, applied, reconcile)]
+    steps = [connect, connect_hold, parse, longest * 1e3, applied, applied_hold, reconcile]
+    return [*steps, max(connect_hold, longest * 1e3, applied_hold, reconcile)]
 
 
-def _connected(state: Any, index: Any, now: float) -> tuple[float, float]:
-    """The new stream's subscription as the tree's upstream client makes it:
-    in steps where it has them (``connect_steps``), else in one go; its
-    time in all, and its longest step, in milliseconds."""
-    if not hasattr(state, "connect_steps"):
-        took = _timed(lambda: state.on_connect(index, now))
+def _in_steps(state: Any, stepped: str, whole: str, *args: Any) -> tuple[float, float]:
+    """A call of the tree's upstream state as its upstream client makes it:
+    in steps where the state has them (``stepped``), else in one go
+    (``whole``); its time in all, and its longest step, in milliseconds."""
+    if not hasattr(state, stepped):
+        took = _timed(lambda: getattr(state, whole)(*args))
         return took, took
-    steps = state.connect_steps(index, now)
+    steps = getattr(state, stepped)(*args)
     total = longest = 0.0
     while True:
         started = time.perf_counter()

@@ -33,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -66,6 +67,8 @@ from relay.upstream.state import (
 from relay.xds_types import KNOWN_TYPE_URLS, short_name
 
 log = logging.getLogger("relay.upstream")
+
+T = TypeVar("T")
 
 DELTA_ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 
@@ -190,10 +193,13 @@ class UpstreamClient:
         # with everything cached, when clients want something uncached
         self._interrupt = asyncio.Event()
         self._watching_demand = False
-        # clear while a new stream's subscription is made (see _subscribe):
+        # clear while the state makes a piece of work in steps (a new
+        # stream's subscription, a big response applied: see _in_steps):
         # interest changes and deadlines wait for it
-        self._subscribed = asyncio.Event()
-        self._subscribed.set()
+        self._state_free = asyncio.Event()
+        self._state_free.set()
+        # an act on the demand came while it was clear, and is owed after
+        self._act_owed = False
         # for status(): when the stream connected or was lost (wall clock),
         # and the last response of each type
         self._since: float | None = None
@@ -258,8 +264,9 @@ class UpstreamClient:
 
     def _act_on_demand(self) -> None:
         self._scheduled = False
-        if not self._subscribed.is_set():
-            return  # (the new stream's subscription is being made: see _subscribe)
+        if not self._state_free.is_set():
+            self._act_owed = True  # (the state is making a piece of work in steps: see _in_steps)
+            return
         changed = self._take_changed()
         refetches, self._refetches = self._refetches, {}
         if self._watching_demand and changed and \
@@ -414,18 +421,25 @@ class UpstreamClient:
     async def _subscribe(self) -> list[Request]:
         """A new stream's subscription (:meth:`UpstreamState.connect_steps`),
         made in turns of the event loop before the stream opens: a big
-        client's 50,000 names held it 350-440 ms in one go. Meanwhile
-        interest changes and deadlines wait (the state is handed nothing
-        else); they go on once it is made, after its requests."""
-        self._subscribed.clear()
+        client's 50,000 names held it 350-440 ms in one go."""
         try:
-            return await made_in_turns(self.state.connect_steps(self.demand, self.clock.now()))
+            return await self._in_steps(
+                self.state.connect_steps(self.demand, self.clock.now()))
         except BaseException:  # (cancelled: no stream was opened for it)
             self.state.on_disconnect()
             raise
+
+    async def _in_steps(self, steps: Generator[None, None, T]) -> T:
+        """What the state's ``steps`` make, in turns of the event loop.
+        Meanwhile interest changes and deadlines wait (the state is handed
+        nothing else); they go on once it is made, after what it sends."""
+        self._state_free.clear()
+        try:
+            return await made_in_turns(steps)
         finally:
-            self._subscribed.set()
-            if self._changed or self._refetches:
+            self._state_free.set()
+            if self._act_owed:
+                self._act_owed = False
                 self._next_turn()
 
     async def _read(self, call: grpc.aio.StreamStreamCall,
@@ -445,8 +459,9 @@ class UpstreamClient:
                     self.backoff.reset()
                 self._last_response[checked.type_url] = self._wall()
                 if isinstance(checked, ParsedResponse):
-                    outcome: ResponseOutcome = self.state.on_response(
-                        checked, self.demand, self.clock.now())
+                    # (in steps: istiod's resend of 50,000 names held the loop 86-251 ms)
+                    outcome: ResponseOutcome = await self._in_steps(
+                        self.state.response_steps(checked, self.demand, self.clock.now()))
                 else:
                     outcome = self.state.on_unusable(checked)
                 self._apply(checked.type_url, outcome, outbox)
@@ -625,7 +640,7 @@ class UpstreamClient:
             deadline = self.state.next_deadline()
             self._timer_changed.clear()
             if not await wait_until(self.clock, self._timer_changed, deadline):
-                await self._subscribed.wait()  # (a subscription being made: see _subscribe)
+                await self._state_free.wait()  # (work made in steps: see _in_steps)
                 self._send(self.state.on_tick(self.demand, self.clock.now()))
 
 

@@ -16,7 +16,7 @@ With one origin the upstream is given the cache itself: nothing is filtered.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Generator, Iterable
 from dataclasses import replace
 from typing import Protocol
 
@@ -49,6 +49,9 @@ class OriginCache(Protocol):
     def type_urls(self) -> list[str]: ...
 
     def apply(self, type_url: str, update: Update) -> frozenset[str]: ...
+
+    def apply_steps(self, type_url: str, update: Update, step: int
+                    ) -> Generator[None, None, frozenset[str]]: ...
 
     def forget(self, type_url: str, names: Iterable[str], keep: Container[str] = ()) -> None: ...
 
@@ -114,9 +117,11 @@ class ScopedCache:
         return self.cache.type_urls()
 
     def apply(self, type_url: str, update: Update) -> frozenset[str]:
-        if update.complete:
-            update = replace(update, complete=None)
-        return self.cache.apply(type_url, update)
+        return self.cache.apply(type_url, _incomplete(update))
+
+    def apply_steps(self, type_url: str, update: Update, step: int
+                    ) -> Generator[None, None, frozenset[str]]:
+        return self.cache.apply_steps(type_url, _incomplete(update), step)
 
     def forget(self, type_url: str, names: Iterable[str], keep: Container[str] = ()) -> None:
         self.cache.forget(type_url, names, keep)
@@ -128,3 +133,8 @@ class ScopedCache:
     def end_wildcard(self, type_url: str, keep: Container[str]) -> None:
         self.cache.end_wildcard(type_url, _KeepOthers(keep, self.owns),
                                 lets_wildcard_go=self.takes_wildcard)
+
+
+def _incomplete(update: Update) -> Update:
+    """``update`` marking nothing complete: one origin's names are not a whole type."""
+    return replace(update, complete=None) if update.complete else update

@@ -162,3 +162,29 @@ def test_the_subscription_made_in_steps_is_the_one_made_at_once() -> None:
         reconnect.state.on_tick(reconnect.index, 21.0 + reconnect.grace)
     assert [c.names for c in stepped.changes] == [c.names for c in whole.changes] == \
         [frozenset({stepped.names[0]})]
+
+
+def test_the_resend_applied_in_steps_is_the_one_applied_at_once() -> None:
+    stepped, whole = Reconnect(BIG), Reconnect(BIG)
+    changed = frozenset(stepped.names[::10])
+    outcomes = []
+    for reconnect, step in ((stepped, BIG // 8), (whole, 0)):
+        reconnect.state.on_connect(reconnect.index, 20.0)
+        parsed = parse_response(push("2", reconnect.names, changed).SerializeToString(),
+                                known=reconnect.cache.served_to_all)
+        assert isinstance(parsed, ParsedResponse)
+        steps = reconnect.state.response_steps(parsed, reconnect.index, 20.1, step)
+        pauses = 0
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                outcomes.append(done.value)
+                break
+            pauses += 1
+        assert (pauses > 8) is (step > 0)  # (looked at an eighth at a time, then let go)
+    assert [r.SerializeToString() for r in outcomes[0].requests] == \
+        [r.SerializeToString() for r in outcomes[1].requests]
+    assert [c.names for c in stepped.changes] == [c.names for c in whole.changes] == [changed]
+    assert stepped.cache.served_to_all(ENDPOINT, stepped.names).keys() == \
+        whole.cache.served_to_all(ENDPOINT, whole.names).keys()
