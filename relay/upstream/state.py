@@ -309,7 +309,9 @@ class UpstreamState:
             # A response for a type we no longer subscribe to raced our
             # unsubscribe: nothing in it is wanted, but it was valid: ACK it.
             return Acked([ack], None)
-        update = self._update(parsed, sub, now)
+        if step:
+            yield
+        update = yield from self._update(parsed, sub, now, step)
         if step:
             yield
         yield from self.cache.apply_steps(type_url, update, step)
@@ -331,9 +333,12 @@ class UpstreamState:
         return Nacked(unusable.reason, [
             self._requests.nack(unusable.type_url, unusable.nonce, unusable.reason)])
 
-    def _update(self, parsed: ParsedResponse, sub: TypeSubscription, now: float) -> Update:
+    def _update(self, parsed: ParsedResponse, sub: TypeSubscription, now: float, step: int
+                ) -> Generator[None, None, Update]:
         """What the cache is told of a response: what of it is subscribed,
-        what the reconcile removes, the locators it answers."""
+        what the reconcile removes, the locators it answers. Pauses once
+        (with ``step``), between what is subscribed and the resync's
+        bookkeeping."""
         type_url = parsed.type_url
         locators = sub.locators
         # (a member of a glob collection subscribed is subscribed: in_collection)
@@ -349,6 +354,8 @@ class UpstreamState:
                   or in_collection(e.resource_name.name, locators)]
         beats = [b for b in parsed.heartbeats if sub.wildcard or b[0] in locators
                  or in_collection(b[0], locators)]
+        if step:
+            yield
         self._resync.on_response(type_url, now, wanted, beats, errors)
         if sub.wildcard:
             self._wildcards.settled(type_url)
