@@ -290,13 +290,14 @@ class UpstreamState:
 
     def response_steps(self, parsed: ParsedResponse, demand: Demand, now: float,
                        step: int | None = None) -> Generator[None, None, Acked]:
-        """:meth:`on_response` in steps: a generator that pauses (yields)
-        before the cache is written, and as the cache writes it (see
-        :meth:`~relay.cache.ResourceCache.apply_steps`: every ``step``
-        resources, :data:`NAMES_PER_STEP` unless given; never with 0), where
-        the response carries more than ``step`` resources. istiod's resend of
-        50,000 took the event loop 86-251 ms in one go. Until it returns the
-        state must be handed nothing else (as for :meth:`connect_steps`)."""
+        """:meth:`on_response` in steps, where the response carries more than
+        ``step`` resources (:data:`NAMES_PER_STEP` unless given; never with
+        0): a generator that pauses (yields) after the stream's first prune,
+        between what is subscribed and the resync's bookkeeping, and as the
+        cache writes it (see :meth:`~relay.cache.ResourceCache.apply_steps`).
+        istiod's resend of 50,000 took the event loop 86-251 ms in one go
+        (with no step per name left in it). Until it returns the state must
+        be handed nothing else (as for :meth:`connect_steps`)."""
         step = NAMES_PER_STEP if step is None else step
         if len(parsed.upserts) <= step:
             step = 0
