@@ -10,8 +10,6 @@ are let go only after it has written."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Generator
-from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -19,6 +17,7 @@ from hypothesis import strategies as st
 from relay.cache import CacheChange, ResourceCache, Update
 from relay.resource import CachedResource
 from relay.xds_types import CLUSTER
+from tests.stepping import made_in_steps
 from tests.test_cache import FakeClock, resource_error
 from tests.test_cache_plain import observed
 from tests.test_cache_served import made
@@ -35,20 +34,6 @@ def twins() -> tuple[tuple[ResourceCache, ResourceCache], FakeClock,
     for cache, changes in zip(caches, told, strict=True):
         cache.add_listener(changes.append)
     return caches, clock, told
-
-
-def made_in_steps(steps: Generator[None, None, Any], between: Any = None) -> tuple[Any, int]:
-    """What ``steps`` returns, and how many pauses it made; ``between()``
-    runs at each pause."""
-    pauses = 0
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value, pauses
-        pauses += 1
-        if between is not None:
-            between()
 
 
 # what the cache holds first: each name absent, plain, changed, constrained or in error

@@ -25,6 +25,7 @@ from relay.upstream.bulk import BULK_FROM
 from relay.upstream.responses import ParsedResponse, parse_response
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints, pack
+from tests.stepping import made_in_steps
 from tests.upstream.test_upstream_state import Sub, make
 
 SMALL, BIG = 40, 4_000
@@ -143,15 +144,8 @@ def test_the_new_streams_subscription_declares_every_cached_version() -> None:
 
 def test_the_subscription_made_in_steps_is_the_one_made_at_once() -> None:
     stepped, whole = Reconnect(BIG), Reconnect(BIG)
-    pauses = 0
-    steps = stepped.state.connect_steps(stepped.index, 20.0, step=BIG // 8)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            requests = done.value
-            break
-        pauses += 1
+    requests, pauses = made_in_steps(stepped.state.connect_steps(stepped.index, 20.0,
+                                                                 step=BIG // 8))
     # (the versions looked up, declared, and the names cut, an eighth at a time each)
     assert pauses >= 3 * 7
     assert [r.SerializeToString() for r in requests] == \
@@ -173,15 +167,9 @@ def test_the_resend_applied_in_steps_is_the_one_applied_at_once() -> None:
         parsed = parse_response(push("2", reconnect.names, changed).SerializeToString(),
                                 known=reconnect.cache.served_to_all)
         assert isinstance(parsed, ParsedResponse)
-        steps = reconnect.state.response_steps(parsed, reconnect.index, 20.1, step)
-        pauses = 0
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                outcomes.append(done.value)
-                break
-            pauses += 1
+        outcome, pauses = made_in_steps(
+            reconnect.state.response_steps(parsed, reconnect.index, 20.1, step))
+        outcomes.append(outcome)
         assert (pauses > 8) is (step > 0)  # (looked at an eighth at a time, then let go)
     assert [r.SerializeToString() for r in outcomes[0].requests] == \
         [r.SerializeToString() for r in outcomes[1].requests]

@@ -15,6 +15,7 @@ from relay.upstream.responses import (
 )
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints
+from tests.stepping import made_in_steps
 
 
 def response(count: int, broken: int | None = None) -> discovery_pb2.DeltaDiscoveryResponse:
@@ -27,13 +28,7 @@ def response(count: int, broken: int | None = None) -> discovery_pb2.DeltaDiscov
 
 def stepped(steps: Parsing) -> tuple[Checked, int]:
     """What ``steps`` returns, and how many times it paused on the way."""
-    pauses = 0
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value, pauses
-        pauses += 1
+    return made_in_steps(steps)
 
 
 def test_a_response_is_checked_in_steps_and_gives_what_parsing_at_once_gives() -> None:
