@@ -21,7 +21,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Generator
 from typing import TypeVar
 
-__all__ = ["Turn", "give_turn", "made", "made_in_turns"]
+__all__ = ["Turn", "give_turn", "made", "made_in_turns", "slice_starts"]
 
 T = TypeVar("T")
 #: What a sliced piece of work awaits at each pause (tests inject one that counts).
@@ -52,3 +52,9 @@ async def made_in_turns(slices: Generator[None, None, T], turn: Turn = give_turn
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         await turn()
+
+
+def slice_starts(count: int, step: int) -> range:
+    """Where each slice of ``count`` items starts, ``step`` items a slice
+    (all of them in one with 0, as a piece of work that never pauses)."""
+    return range(0, count, step or max(count, 1))

@@ -33,7 +33,7 @@ from google.rpc import code_pb2, status_pb2
 
 from relay.constraints import EMPTY_PARAMS, Params
 from relay.encoding import locator_size, pair_size, text_size
-from relay.turns import made
+from relay.turns import made, slice_starts
 from relay.xds_types import WILDCARD, short_name
 
 log = logging.getLogger("relay.upstream")
@@ -154,7 +154,7 @@ def split_steps(change: SubscriptionChange, limit: int, node: base_pb2.Node | No
     if change.wildcard is True:
         builder.add_name("resource_names_subscribe", WILDCARD)
     names, versions = list(change.initial_versions), list(change.initial_versions.values())
-    for start in _starts(len(names), step):
+    for start in slice_starts(len(names), step):
         if start:
             yield
         builder.add_versions(names[start:start + step or None],
@@ -166,7 +166,7 @@ def split_steps(change: SubscriptionChange, limit: int, node: base_pb2.Node | No
         if step and ordered:
             yield
         if countOf(locators.values(), _PLAIN) == len(ordered):  # all plain names: a big client's
-            for start in _starts(len(ordered), step):
+            for start in slice_starts(len(ordered), step):
                 if start:
                     yield
                 some = ordered[start:start + step or None]
@@ -189,11 +189,6 @@ def split_steps(change: SubscriptionChange, limit: int, node: base_pb2.Node | No
     if step:
         yield
     return Split(builder.finish(), builder.initial_versions)
-
-
-def _starts(count: int, step: int) -> range:
-    """Where each slice of ``count`` items starts, ``step`` a slice (all in one with 0)."""
-    return range(0, count, step or max(count, 1))
 
 
 class _Builder:

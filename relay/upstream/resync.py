@@ -25,6 +25,7 @@ from typing import Literal
 from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.resource import CachedResource
+from relay.turns import slice_starts
 from relay.upstream.deadlines import Deadlines, ReconcileDue
 from relay.upstream.scoped import OriginCache
 from relay.upstream.targets import subscribes
@@ -112,7 +113,7 @@ class Resync:
         initial: dict[str, str] = {}
         if not self.declare_nothing:
             names = list(subscribed)
-            for start in range(0, len(names), step or max(len(names), 1)):
+            for start in slice_starts(len(names), step):
                 if start:
                     yield
                 initial.update(self._versions(type_url, names[start:start + step or None]))
