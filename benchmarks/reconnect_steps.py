@@ -43,7 +43,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cold_path import ENDPOINT, PER_TURN, _parsed, _Subscriber, like_a_relay_process
+from benchmarks.cold_path import (
+    ENDPOINT,
+    PER_TURN,
+    _parsed,
+    _Subscriber,
+    like_a_relay_process,
+    timed_steps,
+)
 
 STEPS = ("on_connect", "connect hold", "parse", "parse hold", "on_response",
          "response hold", "reconcile", "longest")
@@ -117,17 +124,8 @@ def _in_steps(state: Any, stepped: str, whole: str, *args: Any) -> tuple[float, 
     if not hasattr(state, stepped):
         took = _timed(lambda: getattr(state, whole)(*args))
         return took, took
-    steps = getattr(state, stepped)(*args)
-    total = longest = 0.0
-    while True:
-        started = time.perf_counter()
-        try:
-            next(steps)
-        except StopIteration:
-            took = time.perf_counter() - started
-            return (total + took) * 1e3, max(longest, took) * 1e3
-        took = time.perf_counter() - started
-        total, longest = total + took, max(longest, took)
+    _, total, longest = timed_steps(getattr(state, stepped)(*args))
+    return total * 1e3, longest * 1e3
 
 
 def _timed(call: Callable[[], Any]) -> float:
