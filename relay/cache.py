@@ -216,7 +216,7 @@ _NONE_ID = id(None)
 _PLAIN_NEW_ID, _PLAIN_ANSWERED_ID = id(_PLAIN_NEW), id(_PLAIN_ANSWERED)
 _NEW_OR_PLAIN = frozenset({_NONE_ID, id(_PLAIN_NEW), id(_PLAIN_ANSWERED)})
 #: A write of plain upserts looked at beforehand: the new names' resources,
-#: the changed ones', and where the copies replaced go (ResourceCache.apply_steps).
+#: the changed ones', and the copies these replace (ResourceCache.apply_steps).
 _Prepared = tuple[dict[str, CachedResource], dict[str, CachedResource], list[CachedResource]]
 
 
@@ -567,10 +567,12 @@ class ResourceCache:
             return self.apply(type_url, update)
         writes = entry.writes
         prepared = yield from self._prepared(entry, update.upserts, step)
+        if prepared is not None:
+            yield  # (the write is a step of its own)
         if prepared is None or entry.writes != writes:
             return self.apply(type_url, update)
-        retired: list[CachedResource] = []
-        written = self._apply(type_url, update, (*prepared, retired))
+        retired = prepared[2]
+        written = self._apply(type_url, update, prepared)
         while retired:
             yield
             del retired[-step:]
@@ -590,7 +592,7 @@ class ResourceCache:
         if prepared is None:
             fresh = self._upserts(type_url, entry, update, now, changed, beats)
         else:
-            fresh = self._write_plain(entry, *prepared)
+            fresh = self._write_plain(entry, *prepared[:2])
         for name in update.removed:
             self._remove_name(entry, name, changed)
         for name, variant_key in update.removed_variants:
@@ -816,14 +818,10 @@ class ResourceCache:
 
     @staticmethod
     def _write_plain(entry: _TypeEntry, new: dict[str, CachedResource],
-                     replaced: dict[str, CachedResource],
-                     retired: list[CachedResource] | None = None) -> set[str]:
-        """Write what :meth:`_plain_plan` found; the copies replaced go to
-        ``retired`` where given (to be let go later). The names written."""
+                     replaced: dict[str, CachedResource]) -> set[str]:
+        """Write what :meth:`_plain_plan` found. The names written."""
         plain = entry.plain
         if replaced:
-            if retired is not None:
-                retired += map(plain.__getitem__, replaced)
             plain.update(replaced)
         if new:
             entry.records.update(dict.fromkeys(new, _PLAIN_NEW))
@@ -835,13 +833,14 @@ class ResourceCache:
 
     @staticmethod
     def _prepared(entry: _TypeEntry, upserts: Sequence[CachedResource], step: int
-                  ) -> Generator[None, None, tuple[dict[str, CachedResource],
-                                                   dict[str, CachedResource]] | None]:
+                  ) -> Generator[None, None, _Prepared | None]:
         """:meth:`_plain_plan` of ``upserts``, ``step`` of them a pause, writing
-        nothing (see :meth:`apply_steps`); None where any slice cannot be
-        written in bulk, or a name comes twice."""
+        nothing (see :meth:`apply_steps`), with the copies the write will
+        replace (found here, a slice at a time: the write has one pass less);
+        None where any slice cannot be written in bulk, or a name comes twice."""
         new: dict[str, CachedResource] = {}
         replaced: dict[str, CachedResource] = {}
+        retired: list[CachedResource] = []
         seen: set[str] = set()
         for start in range(0, len(upserts), step):
             if start:
@@ -855,7 +854,8 @@ class ResourceCache:
                 return None
             new.update(plan[0])
             replaced.update(plan[1])
-        return new, replaced
+            retired += map(entry.plain.__getitem__, plan[1])
+        return new, replaced, retired
 
     def _upserts_one_by_one(self, type_url: str, entry: _TypeEntry, update: Update,
                             now: float, changed: set[str], beats: set[str]) -> set[str]:

@@ -110,10 +110,11 @@ def test_istiods_resend_is_looked_at_in_steps_then_written_in_one() -> None:
 
     got, pauses = made_in_steps(stepped.apply_steps(CLUSTER, Update(upserts), STEP), pause)
     assert got == whole.apply(CLUSTER, Update(upserts)) == frozenset(NAMES[::4])
-    # four slices looked at (three pauses), written with one change told, then the
-    # three copies replaced let go, a slice of them a pause
-    assert pauses == len(NAMES) // STEP - 1 + 1
-    assert seen == [(1, 3), (1, 3), (1, 3), (2, 3)]
+    # four slices looked at (a pause after each, the last before the write),
+    # written with one change told, then the three copies replaced let go, a
+    # slice of them a pause
+    assert pauses == len(NAMES) // STEP + 1
+    assert seen == [(1, 3), (1, 3), (1, 3), (1, 3), (2, 3)]
     assert [ref() for ref in replaced] == [None, None, None]
     assert told[0] == told[1] and observed(stepped, clock) == observed(whole, clock)
 
