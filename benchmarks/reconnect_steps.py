@@ -11,10 +11,11 @@ the requests cut), the resend's check (:func:`relay.upstream.responses.parse_ste
 its longest step), the resend applied (:meth:`UpstreamState.on_response`:
 the resync's bookkeeping, the cache's write), and the reconcile once its
 grace is over (:meth:`UpstreamState.on_tick`). A tree whose subscription,
-or response applied, is made in steps (``connect_steps``,
-``response_steps``) is timed so: ``connect hold`` and ``response hold`` are
-their longest steps (else the whole call); ``longest`` is the longest the
-event loop is held in one go, of all four.
+response applied, or reconcile is made in steps (``connect_steps``,
+``response_steps``, ``tick_steps``) is timed so: ``connect hold``,
+``response hold`` and ``reconcile hold`` are their longest steps (else the
+whole call); ``longest`` is the longest the event loop is held in one go,
+of all four.
 
 The resend is one DeltaDiscoveryResponse of K ClusterLoadAssignments of
 about ``--size`` bytes without versions, as istiod sends them: each
@@ -53,7 +54,7 @@ from benchmarks.cold_path import (
 )
 
 STEPS = ("on_connect", "connect hold", "parse", "parse hold", "on_response",
-         "response hold", "reconcile", "longest")
+         "response hold", "reconcile", "reconcile hold", "longest")
 
 
 def responses(resources: int, size: int, changed: float) -> tuple[bytes, bytes]:
@@ -111,10 +112,12 @@ def one_run(cold: bytes, resend: bytes, resources: int) -> list[float]:
     assert isinstance(parsed, ParsedResponse) and len(parsed.upserts) == resources
     applied, applied_hold = _in_steps(state, "response_steps", "on_response",
                                       parsed, index, now + 0.01)
-    reconcile = _timed(lambda: state.on_tick(index, now + 1.0 + grace))
+    reconcile, reconcile_hold = _in_steps(state, "tick_steps", "on_tick",
+                                          index, now + 1.0 + grace)
     assert len(cache.names(ENDPOINT)) == resources
-    steps = [connect, connect_hold, parse, longest * 1e3, applied, applied_hold, reconcile]
-    return [*steps, max(connect_hold, longest * 1e3, applied_hold, reconcile)]
+    steps = [connect, connect_hold, parse, longest * 1e3, applied, applied_hold,
+             reconcile, reconcile_hold]
+    return [*steps, max(connect_hold, longest * 1e3, applied_hold, reconcile_hold)]
 
 
 def _in_steps(state: Any, stepped: str, whole: str, *args: Any) -> tuple[float, float]:

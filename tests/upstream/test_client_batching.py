@@ -7,7 +7,8 @@ the stream, and a :class:`ManualClock` decides when the window closes.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import asyncio
+from collections.abc import Collection, Generator
 
 from envoy.config.core.v3 import base_pb2
 
@@ -96,7 +97,7 @@ async def test_a_name_subscribed_and_unsubscribed_within_a_window_costs_nothing(
     index.update(sub, ENDPOINT, Interest())
     await clock.advance(WINDOW)
     assert state.sent == []
-    assert not state.has_subscriptions()
+    assert not state.subscription_counts()
 
 
 async def test_changes_to_two_types_are_one_request_each() -> None:
@@ -174,3 +175,28 @@ async def test_without_a_window_changes_go_in_the_next_turn_of_the_event_loop() 
     index.update(sub, ENDPOINT, Interest(frozenset({"a"})))
     await clock.advance(0)
     assert unsubscribed(state.sent[-1]) == ["b"]
+
+
+async def test_pieces_of_work_in_steps_are_made_one_at_a_time_interest_changes_after() -> None:
+    """The timer's settle and the reader's response may both be made in steps
+    at once: the second waits for the first, and a client's change that
+    comes meanwhile reaches the state only once the state is free."""
+    client, state, index, clock = make(0.0)
+    log: list[tuple[str, object, int]] = []
+
+    def work(label: str, pauses: int) -> Generator[None, None, str]:
+        for step in range(pauses):
+            log.append((label, step, len(state.sent)))
+            if (label, step) == ("tick", 0):
+                index.update(Sub(), ENDPOINT, Interest(frozenset({"late"})))
+            yield
+        log.append((label, "done", len(state.sent)))
+        return label
+
+    made = await asyncio.gather(client._in_steps(work("tick", 3)),
+                                client._in_steps(work("response", 2)))
+    await clock.advance(0)
+    assert made == ["tick", "response"]
+    assert log == [("tick", 0, 0), ("tick", 1, 0), ("tick", 2, 0), ("tick", "done", 0),
+                   ("response", 0, 1), ("response", 1, 1), ("response", "done", 1)]
+    assert subscribed(state.sent[0]) == ["late"]

@@ -20,6 +20,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 import relay
 from relay.cache import CacheChange
+from relay.constraints import Locator
 from relay.interest import Interest
 from relay.upstream.bulk import BULK_FROM
 from relay.upstream.responses import ParsedResponse, parse_response
@@ -176,3 +177,33 @@ def test_the_resend_applied_in_steps_is_the_one_applied_at_once() -> None:
     assert [c.names for c in stepped.changes] == [c.names for c in whole.changes] == [changed]
     assert stepped.cache.served_to_all(ENDPOINT, stepped.names).keys() == \
         whole.cache.served_to_all(ENDPOINT, whole.names).keys()
+
+
+def test_the_settle_made_in_steps_is_the_one_made_at_once() -> None:
+    """After the resend, the reconnect's names settle a slice at a time, each
+    slice answered by a write of its own; names the origin never sent (a
+    newcomer's) are told absent all the same, and nothing else differs."""
+    stepped, whole = Reconnect(BIG), Reconnect(BIG)
+    absent = [f"gone-{i}" for i in range(BIG // 2)]
+    told: list[frozenset[str]] = []
+    for reconnect in (stepped, whole):
+        reconnect.state.on_connect(reconnect.index, 20.0)
+        reconnect.index.update(Sub(), ENDPOINT, Interest(frozenset(absent)))
+        reconnect.state.on_interest_changed(ENDPOINT, reconnect.index, 20.0, absent)
+        reconnect.apply(push("2", reconnect.names[1:]), 20.1)
+        reconnect.changes.clear()
+    requests, pauses = made_in_steps(stepped.state.tick_steps(stepped.index, 21.0 + stepped.grace,
+                                                              step=BIG // 8))
+    # (the 4,000 names and the 2,000 absent ones settled an eighth of 4,000 at a time)
+    assert pauses == 12 - 1
+    assert requests == whole.state.on_tick(whole.index, 21.0 + whole.grace) == []
+    for reconnect in (stepped, whole):
+        told.append(frozenset().union(*(c.names for c in reconnect.changes)))
+        assert not reconnect.state.next_deadline()
+    # the absent names told, and the one not resent reconciled away
+    assert told[0] == told[1] == {*absent, stepped.names[0]}
+    assert len(stepped.changes) > len(whole.changes) == 2
+    held = [{name: resource.version for name, resource in reconnect.cache.served_to_all(
+        ENDPOINT, [*reconnect.names, *absent]).items()} for reconnect in (stepped, whole)]
+    assert held[0] == held[1] and len(held[0]) == BIG - 1
+    assert all(stepped.cache.is_answered(ENDPOINT, Locator(name)) for name in absent)
