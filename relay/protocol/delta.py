@@ -15,6 +15,7 @@ goes back to the client as it spelled it (see :mod:`relay.protocol.spelling`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -282,7 +283,7 @@ class DeltaSubscription(SubscriptionState):
             if not subscribe and self._type_url in LEGACY_WILDCARD_TYPES:
                 self._start_wildcard()
             # Whatever the client says it holds must be checked against the cache.
-            self._pending.update(self._held)
+            self._add_pending(self._held)
         if WILDCARD in subscribe:
             subscribe.discard(WILDCARD)
             params.pop(WILDCARD, None)
@@ -352,7 +353,7 @@ class DeltaSubscription(SubscriptionState):
                 if collections:
                     gone -= collections
                 self._unanswered = gone | (self._unanswered or set())
-                self._pending |= gone
+                self._add_pending(gone)
 
     def only_first_answers(self, view: ResourceView) -> bool:
         # A change of names the client holds (an update, a removal) is not
@@ -392,7 +393,7 @@ class DeltaSubscription(SubscriptionState):
         return self._paged(lambda: self._next_page(view, nonces, max_size))
 
     def _one_changed(self, view: ResourceView, nonces: NonceSource,
-                     pending: set[str]) -> DeltaResponsePlan | None:
+                     pending: AbstractSet[str]) -> DeltaResponsePlan | None:
         """The response to the one name marked, where it sends that name's
         resource: a push of one changed resource, to each stream of the
         fan-out. What :meth:`_next_page` sends then (one resource fits any

@@ -258,7 +258,7 @@ class SotwSubscription(SubscriptionState):
         if cycle.take_expected(nonce):
             for name in requested & self._held.keys():
                 self._unhold(name)
-            self._pending |= requested
+            self._add_pending(requested)
 
     def on_reply(self, request: SotwRequest, most: int) -> RequestOutcome | None:
         """:meth:`on_request` for a request that names exactly the plain names
@@ -308,7 +308,7 @@ class SotwSubscription(SubscriptionState):
                 self._locator_params[name] = locators[name]
             else:
                 del self._locator_params[name]
-        self._pending |= changed
+        self._add_pending(changed)
         self._unsubscribe_names(self._names - requested)
         if not self._wildcard:
             # Forget what the client unsubscribed (it drops it), so that a
