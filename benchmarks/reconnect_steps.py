@@ -17,6 +17,12 @@ response applied, or reconcile is made in steps (``connect_steps``,
 whole call); ``longest`` is the longest the event loop is held in one go,
 of all four.
 
+The cache tells the interest index of each change, as in a relay, and
+the index tells the client's subscriber and ``--streams`` delta streams'
+sessions that hold every name (as :class:`relay.server.streams.DownstreamStream`
+does; nothing is sent): each notes the names changed in the step that writes
+them.
+
 The resend is one DeltaDiscoveryResponse of K ClusterLoadAssignments of
 about ``--size`` bytes without versions, as istiod sends them: each
 resource as cached (``--changed 0``), or each with new content
@@ -31,7 +37,7 @@ and collector thresholds); ``--relay-src`` runs another tree's relay
 package, so two trees compare in one session.
 
 Usage: ``python -m benchmarks.reconnect_steps [--resources 50000] [--size 1260]
-[--changed 0] [--runs 5] [--relay-src DIR]``; prints one table.
+[--changed 0] [--runs 5] [--streams 0] [--relay-src DIR]``; prints one table.
 """
 
 from __future__ import annotations
@@ -79,21 +85,62 @@ def responses(resources: int, size: int, changed: float) -> tuple[bytes, bytes]:
     return encoded[0], encoded[1]
 
 
-def one_run(cold: bytes, resend: bytes, resources: int) -> list[float]:
-    """Milliseconds of each step (see STEPS) of one reconnect."""
+class _Stream:
+    """A delta stream's session of every name, told of changes by the
+    interest index as :class:`relay.server.streams.DownstreamStream` is (no
+    gRPC: what it sends is not part of the reconnect's steps)."""
+
+    def __init__(self, names: list[str], view: Any) -> None:
+        from envoy.service.discovery.v3 import discovery_pb2
+
+        from relay.protocol.session import Session
+
+        self.view = view
+        self.session = Session("delta")
+        self.session.receive(discovery_pb2.DeltaDiscoveryRequest(
+            type_url=ENDPOINT, resource_names_subscribe=names))
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def drain(self) -> None:
+        """Every response due built and ACKed (the cold names sent)."""
+        from envoy.service.discovery.v3 import discovery_pb2
+
+        while plans := self.session.due(self.view).responses:
+            for plan in plans:
+                self.session.receive(discovery_pb2.DeltaDiscoveryRequest(
+                    type_url=ENDPOINT, response_nonce=plan.nonce))
+
+    def resources_changed(self, type_url: str, names: frozenset[str], everything: bool) -> None:
+        if self.session.mark_changed(type_url, names, everything) is not None:
+            self.session.first_answers_ready(type_url, self.view)
+
+    def heartbeats_received(self, type_url: str, names: frozenset[str]) -> None:
+        self.session.heartbeats_received(type_url, names)
+
+
+def one_run(cold: bytes, resend: bytes, resources: int, streams: int = 0) -> list[float]:
+    """Milliseconds of each step (see STEPS) of one reconnect, ``streams``
+    delta streams holding every name (each told of what changes)."""
     from envoy.config.core.v3 import base_pb2
 
     from benchmarks.bare import big_names
     from relay.cache import ResourceCache
     from relay.interest import Interest, InterestIndex
+    from relay.protocol.view import CacheView
     from relay.upstream.responses import ParsedResponse, parse_response
     from relay.upstream.state import UpstreamState
 
     cache, index = ResourceCache(), InterestIndex()
+    cache.add_listener(index.on_cache_change)
+    view = CacheView(cache)
     state = UpstreamState(base_pb2.Node(id="relay"), cache, 0.0)
     state.on_connect(index, 0.0)
     names = big_names(resources)
-    index.update(_Subscriber(), ENDPOINT, Interest(frozenset(names)))
+    held = [_Stream(names, view) for _ in range(streams)]
+    for subscriber in [_Subscriber(), *held]:
+        index.update(subscriber, ENDPOINT, Interest(frozenset(names)))
     for start in range(0, len(names), PER_TURN):
         state.on_interest_changed(ENDPOINT, index, 0.0, names[start:start + PER_TURN])
     first = parse_response(cold, known=cache.served_to_all)
@@ -101,6 +148,8 @@ def one_run(cold: bytes, resend: bytes, resources: int) -> list[float]:
     state.on_response(first, index, 0.01)
     grace = state.answer_grace
     state.on_tick(index, 1.0 + grace)  # (the cold names answered)
+    for stream in held:
+        stream.drain()
     del first
     state.on_disconnect()
     gc.collect()
@@ -144,6 +193,8 @@ def main() -> None:
     parser.add_argument("--changed", type=float, default=0.0,
                         help="the share of the resent resources with new content (0 to 1)")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--streams", type=int, default=0,
+                        help="delta streams holding every name, told of each change")
     parser.add_argument("--relay-src", type=Path, default=Path(__file__).resolve().parents[1],
                         help="the tree whose relay package runs (default: this checkout)")
     args = parser.parse_args()
@@ -157,9 +208,10 @@ def main() -> None:
         gc.collect()
         if trim is not None:
             trim()
-        runs.append(one_run(cold, resend, args.resources))
+        runs.append(one_run(cold, resend, args.resources, args.streams))
     print(f"relay from {args.relay_src}: a reconnect at {args.resources} x {args.size} B, "
-          f"{args.changed:.0%} resent changed, {args.runs} runs, ms (min / median)")
+          f"{args.changed:.0%} resent changed, {args.streams} streams holding them, "
+          f"{args.runs} runs, ms (min / median)")
     print("| " + " | ".join(STEPS) + " |")
     print("|" + " ---: |" * len(STEPS))
     print("| " + " | ".join(f"{min(column):.1f} / {statistics.median(column):.1f}"
