@@ -70,7 +70,13 @@ from relay.server.group_fetch import GroupedFetcher
 from relay.server.rest import RestServer
 from relay.server.services import DRAINING, discovery_handlers
 from relay.server.serving import ServingContext, ServingSettings
-from relay.telemetry import Metrics, new_metrics, prometheus_provider, watch_loop_lag
+from relay.telemetry import (
+    Metrics,
+    new_metrics,
+    prometheus_provider,
+    watch_gc_pauses,
+    watch_loop_lag,
+)
 from relay.upstream.backoff import Backoff
 from relay.upstream.client import UpstreamClient
 from relay.upstream.dial import Dialer, OriginTLS
@@ -1042,6 +1048,8 @@ class Relay:
         self._tasks.append(asyncio.create_task(parts.core.expire_ttls(), name="ttl"))
         self._tasks.append(asyncio.create_task(watch_loop_lag(self.metrics.loop_lag),
                                                name="loop-lag"))
+        self._tasks.append(asyncio.create_task(watch_gc_pauses(self.metrics.gc_pauses),
+                                               name="gc-pauses"))
         self._log_serving()
 
     async def _bind(self) -> grpc.aio.Server:

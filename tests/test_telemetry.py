@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import platform
 from importlib import metadata
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.telemetry import new_metrics, prometheus_provider
+from relay.clock import ended
+from relay.telemetry import new_metrics, prometheus_provider, watch_gc_pauses
 
 
 def _scraped() -> list[tuple[str, dict[str, str], float]]:
@@ -50,3 +53,38 @@ def test_the_streams_gauge_goes_down_to_zero_as_streams_leave_and_is_a_gauge() -
     assert streams.type == "gauge"
     assert sorted((s.labels["protocol"], s.value) for s in streams.samples) == [
         ("delta", 1.0), ("sotw", 0.0)]
+
+
+async def test_each_gc_collection_is_recorded_by_generation_while_watched() -> None:
+    provider, registry = prometheus_provider()
+    metrics = new_metrics(provider, registry)
+    # a full collection 30 ms, a young one 2 ms (and ticks for one more)
+    ticks = iter([10.0, 10.03, 20.0, 20.002, 30.0, 30.001])
+    collecting = gc.isenabled()
+    gc.disable()  # (only the collections below: none started by allocations)
+    try:
+        watcher = asyncio.create_task(watch_gc_pauses(metrics.gc_pauses, lambda: next(ticks)))
+        await asyncio.sleep(0)  # (installed)
+        gc.collect(2)
+        gc.collect(0)
+        watcher.cancel()
+        await ended(watcher)
+        gc.collect(1)  # not recorded: no longer watched
+    finally:
+        if collecting:
+            gc.enable()
+    text = generate_latest(registry).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name.startswith("xds_relay_gc_pause_seconds")}
+    assert samples[("xds_relay_gc_pause_seconds_count", (("generation", "2"),))] == 1
+    assert samples[("xds_relay_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.025")))] \
+        == 0
+    assert samples[("xds_relay_gc_pause_seconds_bucket", (("generation", "2"), ("le", "0.05")))] \
+        == 1
+    assert samples[("xds_relay_gc_pause_seconds_bucket", (("generation", "0"), ("le", "0.001")))] \
+        == 0
+    assert samples[("xds_relay_gc_pause_seconds_bucket", (("generation", "0"), ("le", "0.0025")))] \
+        == 1
+    assert ("xds_relay_gc_pause_seconds_count", (("generation", "1"),)) not in samples
+    assert round(samples[("xds_relay_gc_pause_seconds_sum", (("generation", "2"),))], 6) == 0.03

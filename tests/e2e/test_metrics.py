@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 import urllib.request
@@ -236,6 +237,14 @@ async def test_event_loop_lag_records_a_blocked_loop() -> None:
     buckets = series(samples, "xds_relay_event_loop_lag_seconds_bucket")
     assert buckets[labels(le="0.1")] < buckets[labels(le="+Inf")]
     assert series(samples, "xds_relay_event_loop_lag_seconds_sum")[labels()] >= 0.2
+
+
+async def test_a_running_relay_records_its_gc_pauses() -> None:
+    async with running_stack() as stack:
+        await eventually(lambda: bool(stack.relay.metrics.loop_lag._counts))  # (all started)
+        gc.collect()
+        samples = await scrape(stack.relay.admin_port)
+    assert series(samples, "xds_relay_gc_pause_seconds_count")[labels(generation="2")] >= 1
 
 
 async def test_clients_endpoint_shows_each_client_subscriptions_acks_and_nacks() -> None:
