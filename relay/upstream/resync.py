@@ -120,8 +120,7 @@ class Resync:
             if step and names:
                 yield
         cached = self.cache.resources(type_url)
-        if not wildcard and countOf(map(subscribed.__contains__, map(_NAME, cached)),
-                                    True) < len(cached):
+        if not wildcard and (yield from self._covered(cached, subscribed, step)) < len(cached):
             # (some not subscribed by their own name: each looked at; where
             # all are, a big client's 50,000, no step each)
             cached = [r for r in cached if subscribes(self.cache, type_url, r.name, subscribed)]
@@ -129,6 +128,20 @@ class Resync:
             initial.update({r.name: r.version for r in cached
                             if r.name not in initial and r.name not in subscribed})
         return initial, cached
+
+    @staticmethod
+    def _covered(cached: list[CachedResource], subscribed: Collection[str], step: int
+                 ) -> Generator[None, None, int]:
+        """How many of ``cached`` are subscribed by their own name, looked up
+        in C, ``step`` of them a pause (with ``step``, one before the first:
+        the cache's list of 50,000 took 10-25 ms)."""
+        covered = 0
+        for start in slice_starts(len(cached), step):
+            if step:
+                yield
+            covered += countOf(map(subscribed.__contains__,
+                                   map(_NAME, cached[start:start + step or None])), True)
+        return covered
 
     def _versions(self, type_url: str, names: list[str]) -> dict[str, str]:
         """The versions of those of ``names`` that hold one variant, in

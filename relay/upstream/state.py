@@ -182,6 +182,8 @@ class UpstreamState:
             sub = self._targets.resubscribe(type_url, demand, now)
             if sub is None:
                 continue
+            if step and len(sub.locators) > step:
+                yield  # (what is wanted, found and copied: 30-40 ms of 50,000 names)
             self._settling.subscribed_all(type_url, sub.locators, now)
             if sub.wildcard and not self.cache.holds_wildcard(type_url):
                 self._wildcards.asked(type_url, now)

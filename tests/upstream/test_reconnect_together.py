@@ -16,14 +16,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
 import relay
 from relay.cache import CacheChange
 from relay.constraints import Locator
 from relay.interest import Interest
+from relay.upstream import resync
 from relay.upstream.bulk import BULK_FROM
 from relay.upstream.responses import ParsedResponse, parse_response
+from relay.upstream.targets import subscribes
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints, pack
 from tests.stepping import made_in_steps
@@ -143,12 +146,22 @@ def test_the_new_streams_subscription_declares_every_cached_version() -> None:
 
 
 
-def test_the_subscription_made_in_steps_is_the_one_made_at_once() -> None:
+def test_the_subscription_made_in_steps_is_the_one_made_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     stepped, whole = Reconnect(BIG), Reconnect(BIG)
+    looked_at = [0]  # (names whose subscription was checked one by one)
+
+    def one_by_one(*args: Any) -> bool:
+        looked_at[0] += 1
+        return subscribes(*args)
+
+    monkeypatch.setattr(resync, "subscribes", one_by_one)
     requests, pauses = made_in_steps(stepped.state.connect_steps(stepped.index, 20.0,
                                                                  step=BIG // 8))
-    # (the versions looked up, declared, and the names cut, an eighth at a time each)
-    assert pauses >= 3 * 7
+    # (the versions looked up, the cached ones found subscribed, the names
+    # cut, and declared, an eighth at a time each)
+    assert pauses >= 4 * 7
+    assert looked_at == [0]
     assert [r.SerializeToString() for r in requests] == \
         [r.SerializeToString() for r in whole.state.on_connect(whole.index, 20.0)]
     # what the resend confirms and the reconcile removes is the same too
