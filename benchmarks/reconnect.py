@@ -16,7 +16,10 @@ about ``N * 100 / R`` clients. Every response is decoded and ACKed.
   of the stream until the resend is ACKed plus one quiet second, and, as the
   baseline, the CPU a bare ``grpc.aio`` client (its own process, subscribed
   to the same R names on the same origin) spends receiving, decoding and
-  ACKing the same resend in the same window.
+  ACKing the same resend in the same window; and the worst event loop lag
+  the relay sampled meanwhile (its ``xds_relay_event_loop_lag_seconds``,
+  every 100 ms, to its bucket: a step that holds the loop is caught when a
+  sample falls in it).
 * **Outage** (``--outages`` times): the origin goes away for ``--outage``
   seconds, and comes back with ``ep-0`` changed. Reported: the time from the
   origin's return until every client has the change, and the relay's
@@ -54,6 +57,7 @@ import grpc
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
+from benchmarks.fleet import lag_buckets, lag_text, worst_lag
 from benchmarks.processes import cpu_seconds, main_thread_cpu_seconds, relay_process, workers
 from benchmarks.report import revision
 from relay.xds_types import ENDPOINT
@@ -292,6 +296,7 @@ async def measure(args: argparse.Namespace, src: Path) -> dict[str, Any]:
                     clients.send("reset")
                     await clients.next_messages()
                     before = len(relay_streams())
+                    lag = await lag_buckets(relay)
                     relay_cpu, bare_cpu = cpu_seconds(pid), cpu_seconds(bare.pid)
                     relay_main = main_thread_cpu_seconds(pid)
                     started = time.monotonic()
@@ -304,13 +309,15 @@ async def measure(args: argparse.Namespace, src: Path) -> dict[str, Any]:
                     relay_cpu = cpu_seconds(pid) - relay_cpu
                     relay_main = main_thread_cpu_seconds(pid) - relay_main
                     bare_cpu = cpu_seconds(bare.pid) - bare_cpu
+                    lag = worst_lag(lag, await lag_buckets(relay))
                     clients.send("count")
                     pushed = sum(await clients.next_messages())
                     resend.append({"downstream_responses": pushed,
                                    "relay_cpu_ms": round(relay_cpu * 1000),
                                    "relay_main_thread_cpu_ms": round(relay_main * 1000),
                                    "bare_cpu_ms": round(bare_cpu * 1000),
-                                   "acked_after_ms": round(acked * 1000)})
+                                   "acked_after_ms": round(acked * 1000),
+                                   "worst_loop_lag": lag_text(lag)})
                     print(json.dumps({"resend": resend[-1]}), flush=True)
                 for round_no in range(args.outages):
                     await origin.stop()
@@ -358,7 +365,8 @@ def report(result: dict[str, Any]) -> None:
               f"its main thread's (the event loop) {main} (min {min(main)}, median "
               f"{statistics.median(main):g}), "
               f"bare client CPU ms {[r['bare_cpu_ms'] for r in resend]}; relay / bare min "
-              f"{min(ratios):.2f}x median {statistics.median(ratios):.2f}x")
+              f"{min(ratios):.2f}x median {statistics.median(ratios):.2f}x; the relay's worst "
+              f"event loop lag sampled (every 100 ms) {[r['worst_loop_lag'] for r in resend]}")
     if outages:
         print(f"outage of {result['outage_s']:g}s: clients converged "
               f"{[o['converged_s'] for o in outages]} s after the origin was back; relay "
