@@ -22,7 +22,7 @@ import bisect
 import itertools
 import logging
 import operator
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import countOf
 from typing import Any, TypeAlias
@@ -130,6 +130,14 @@ class RequestCutter:
 #: with no compare of sets (a big client's 2,000 names a turn, counted thrice).
 PLAIN: frozenset[Params] = frozenset({EMPTY_PARAMS})
 _PLAIN = PLAIN
+
+
+def answered_requests(requests: Sequence[Request]) -> int:
+    """How many of a new stream's subscription ``requests`` (of one type)
+    an origin answers, a response each: the first (a type's first request is
+    answered, whatever it holds) and each later one that subscribes names
+    (one that only declares versions may go unanswered)."""
+    return 1 + sum(1 for request in requests[1:] if request.resource_names_subscribe)
 
 
 def split_requests(change: SubscriptionChange, limit: int,

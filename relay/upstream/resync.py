@@ -5,8 +5,16 @@ relay was away. An origin that honours ``initial_resource_versions`` says so
 with removals; one that ignores them (istiod) resends everything it has and
 says nothing of the rest. So each cached variant must be either *declared*
 to an origin that honours declarations, or confirmed on the new stream
-(resent, heartbeated or reported in error); ``grace`` after the origin's
-first response of the type, the rest is removed (the *reconcile*). Which
+(resent, heartbeated or reported in error); ``grace`` after the origin has
+answered each request of the new stream's subscription of the type (a
+response each, counted), the rest is removed (the *reconcile*): ``grace``
+after its first response was too soon where the answer to a later request
+was still on its way (istiod answers a reconnect of 50,000 names with a few
+names, then 49,998, and a relay under load took over half a second to read
+the second: it removed all but 4 of them, and its clients were sent the
+removals, then the resources again). An origin that leaves a request
+unanswered is reconciled :data:`PATIENCE` graces after its first response.
+Which
 kind the origin is comes from the ``initial_versions`` setting, or, with
 ``auto``, from what it does: sending a resource without a version (it cannot
 compare versions), or resending one the relay declared it holds unchanged,
@@ -40,6 +48,10 @@ _Variant = str | tuple[str, str]
 _VERSION = attrgetter("version")
 _VARIANT_KEY = attrgetter("variant_key")
 
+#: How many graces after its first response of the type an origin that has
+#: not answered each request of the subscription is reconciled all the same.
+PATIENCE = 10
+
 # What the origin does with initial_resource_versions (see the module docstring).
 InitialVersions = Literal["auto", "honoured", "ignored"]
 
@@ -57,14 +69,23 @@ class TypeResync:
     confirmed: set[_Variant] = field(default_factory=set)
     # names the origin reported errors for: what is cached of them stays
     erred: set[str] = field(default_factory=set)
-    # when the origin's first response of the type arrived on the stream
+    # the subscription's requests an origin answers (each subscribing names,
+    # or the type's first), and the responses of the type so far
+    requests: int = 1
+    responses: int = 0
+    # when the origin's first response of the type arrived on the stream,
+    # and the one that answered the last of the subscription's requests
     first_response_at: float | None = None
+    answered_at: float | None = None
 
     def reconcile_at(self, grace: float) -> float | None:
-        """When to reconcile: ``grace`` after the origin's first response, for
-        the rest of its answer (to a subscription split over several
-        requests) to arrive."""
-        return None if self.first_response_at is None else self.first_response_at + grace
+        """When to reconcile: ``grace`` after the origin answered each of the
+        subscription's requests (an in-order origin's first ``requests``
+        responses), else :data:`PATIENCE` graces after its first response."""
+        if self.first_response_at is None:
+            return None
+        patience = self.first_response_at + PATIENCE * grace
+        return patience if self.answered_at is None else min(self.answered_at + grace, patience)
 
 
 class Resync:
@@ -162,12 +183,12 @@ class Resync:
         return initial
 
     def begin(self, type_url: str, cached: Collection[CachedResource], declared: dict[str, str],
-              explicit: frozenset[str]) -> None:
-        """The stream subscribed the type declaring ``declared``: ``cached`` awaits
-        confirmation."""
+              explicit: frozenset[str], requests: int = 1) -> None:
+        """The stream subscribed the type declaring ``declared``, in ``requests``
+        requests the origin answers: ``cached`` awaits confirmation."""
         awaiting = set(_variants(cached))
         if awaiting:
-            self._types[type_url] = TypeResync(awaiting, declared, explicit)
+            self._types[type_url] = TypeResync(awaiting, declared, explicit, requests=requests)
 
     def drop(self, type_url: str) -> None:
         """The type is no longer subscribed: nothing of it awaits confirmation."""
@@ -183,6 +204,10 @@ class Resync:
             return
         if resync.first_response_at is None:
             resync.first_response_at = now
+            self._deadlines.add(ReconcileDue(type_url, now + PATIENCE * self.grace))
+        resync.responses += 1
+        if resync.responses == resync.requests:
+            resync.answered_at = now
             self._deadlines.add(ReconcileDue(type_url, now + self.grace))
         resync.confirmed.update(_variants(upserts))
         resync.confirmed.update(name if not key else (name, key) for name, key, _ in heartbeats)

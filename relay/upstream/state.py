@@ -45,7 +45,12 @@ from relay.upstream.deadlines import (
     WildcardAnswerDue,
     WildcardLingerEnds,
 )
-from relay.upstream.requests import Request, RequestCutter, SubscriptionChange
+from relay.upstream.requests import (
+    Request,
+    RequestCutter,
+    SubscriptionChange,
+    answered_requests,
+)
 from relay.upstream.responses import ParsedResponse, Unusable
 from relay.upstream.resync import InitialVersions, Resync
 from relay.upstream.scoped import OriginCache
@@ -195,7 +200,8 @@ class UpstreamState:
                 type_url, sub.locators, wildcard=True if sub.wildcard else None,
                 initial_versions=initial), step)
             requests.extend(split.requests)
-            self._resync.begin(type_url, cached, split.declared, frozenset(sub.locators))
+            self._resync.begin(type_url, cached, split.declared, frozenset(sub.locators),
+                               answered_requests(split.requests))
             if step:
                 yield
         self._resync.declare_nothing = False

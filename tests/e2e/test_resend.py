@@ -156,3 +156,61 @@ async def test_invariant_27_a_subscription_made_in_turns_declares_all_and_what_c
         assert subscribing[0].HasField("node")
         assert sorted(subscribing[0].initial_resource_versions) == sorted(NAMES)
         await delta.expect_nothing(QUIET)
+
+
+class LateIstiod(IstiodOrigin):
+    """istiod that, while ``holding``, holds back a stream's answers after its
+    first until released (an answer on its way, or a relay slow to read it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = False
+        self.held: list[tuple[Any, ...]] = []
+
+    def _send(self, stream: Any, type_url: str, names: Any, removed: Any = ()) -> None:
+        if self.holding and stream.sent:
+            self.held.append((stream, type_url, list(names), list(removed)))
+            return
+        super()._send(stream, type_url, names, removed)
+
+    def release(self) -> None:
+        self.holding = False
+        for held in self.held:
+            super()._send(*held)
+        self.held.clear()
+
+
+# (with their versions, more than one request of 16 KiB: a subscription in several)
+MANY = [f"ep-{i:04d}-" + "x" * 40 for i in range(600)]
+
+
+async def test_invariant_27_a_resubscription_answered_late_removes_nothing() -> None:
+    """istiod answers the first request of a reconnect's subscription (a few
+    names, most of the versions declared) and the rest later: the names of
+    the later requests are not taken as gone meanwhile, and clients are sent
+    nothing (the reconcile used to come ``answer_grace`` after the first
+    answer, and removed all but those)."""
+    origin = LateIstiod()
+    origin.set(*(endpoints(name, 1000 + i) for i, name in enumerate(MANY)))
+    async with running_stack(origin, answer_grace="0.2s",
+                             upstream="max_request_size: 16KiB") as stack:
+        delta = stack.client()
+        await delta.send(node=node("d"), type_url=ENDPOINT, resource_names_subscribe=MANY)
+        got: set[str] = set()
+        while len(got) < len(MANY):
+            response = await delta.recv()
+            got.update(r.name for r in response.resources)
+            await delta.ack(response)
+        origin.holding = True
+        origin.end_streams()
+        await eventually(lambda: len(origin.streams) == 2 and len(origin.stream.sent) == 1
+                         and bool(origin.held) and origin.stream.all_answered())
+        subscribed = [r.resource_names_subscribe for r in origin.stream.log
+                      if r.resource_names_subscribe]
+        assert len(subscribed) > 1 and sorted(n for names in subscribed for n in names) == MANY
+        await delta.expect_nothing(3 * 0.2)  # (three graces after the first answer)
+        origin.release()
+        await eventually(lambda: origin.stream.resources_sent == len(MANY)
+                         and origin.stream.all_answered())
+        await delta.expect_nothing(0.2 + QUIET)  # (the reconcile's grace, and more)
+        assert sorted(stack.relay.cache.names(ENDPOINT)) == MANY

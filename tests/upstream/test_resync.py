@@ -14,6 +14,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from relay.cache import ABSENT, CacheChange, ResourceCache
 from relay.interest import Interest, InterestIndex
+from relay.upstream.resync import PATIENCE
 from relay.upstream.state import SETTLE_GRACE, InitialVersions, UpstreamState
 from relay.xds_types import CLUSTER, ENDPOINT
 from tests.builders import cluster, endpoints, pack
@@ -196,3 +197,62 @@ def test_content_changes_under_empty_versions_get_new_derived_versions() -> None
     assert discovery_pb2.Resource.FromString(after.resource.SerializeToString()).version == \
         after.version
     assert after.body == pack(cluster("a", timeout_s=9))
+
+
+def subscribed_by_name(count: int) -> tuple[UpstreamState, InterestIndex, ResourceCache,
+                                            list[str], list[CacheChange]]:
+    """``count`` endpoints cached from istiod (no versions), requests of 16 KiB
+    at most; then the stream dropped."""
+    state, index, cache = make(max_request_size=16 * 1024)
+    names = [f"ep-{i:04d}-" + "x" * 40 for i in range(count)]
+    state.on_connect(index, 0)
+    index.update(Sub(), ENDPOINT, Interest(frozenset(names)))
+    for request in state.on_interest_changed(ENDPOINT, index, 0):
+        answer(state, index, request, names, 0.0)
+    state.on_tick(index, 1.0)
+    state.on_disconnect()
+    changes: list[CacheChange] = []
+    cache.add_listener(changes.append)
+    return state, index, cache, names, changes
+
+
+def answer(state: UpstreamState, index: InterestIndex,
+           request: discovery_pb2.DeltaDiscoveryRequest, held: list[str], now: float) -> None:
+    """istiod's answer to ``request``: those of its names it ``held``."""
+    have = set(held)
+    receive(state, response(ENDPOINT, f"n{now}", *((n, "", endpoints(n, 1))
+                                                   for n in request.resource_names_subscribe
+                                                   if n in have)), index, now)
+
+
+def test_the_reconcile_waits_for_the_answer_to_each_request_of_the_subscription() -> None:
+    """istiod answers a reconnect's first request (a few names and most of the
+    declared versions) at once and the rest later: what the later requests
+    subscribe is not taken as gone meanwhile, however long after the first
+    answer they are answered."""
+    state, index, cache, names, changes = subscribed_by_name(600)
+    first, *later = state.on_connect(index, 10.0)
+    assert later and all(r.resource_names_subscribe for r in later)
+    still_there = names[1:]  # (the origin deleted the first meanwhile)
+    answer(state, index, first, still_there, 10.05)
+    state.on_tick(index, 10.05 + 3 * SETTLE_GRACE)
+    for i, request in enumerate(later):
+        answer(state, index, request, still_there, 12.0 + i)
+        state.on_tick(index, 12.0 + i + SETTLE_GRACE / 2)
+    assert len(cache.names(ENDPOINT)) == len(names) and changes == []
+    last = 12.0 + len(later) - 1
+    assert state.next_deadline() == last + SETTLE_GRACE
+    state.on_tick(index, last + SETTLE_GRACE)
+    assert sorted(cache.names(ENDPOINT)) == sorted(still_there)
+    assert [change.names for change in changes] == [frozenset(names[:1])]
+
+
+def test_an_origin_that_leaves_a_request_unanswered_is_reconciled_all_the_same() -> None:
+    state, index, cache, names, changes = subscribed_by_name(600)
+    first, *_ = state.on_connect(index, 10.0)
+    answer(state, index, first, names, 10.05)
+    patience = 10.05 + PATIENCE * SETTLE_GRACE
+    state.on_tick(index, patience - 0.01)
+    assert len(cache.names(ENDPOINT)) == len(names) and changes == []
+    state.on_tick(index, patience)
+    assert sorted(cache.names(ENDPOINT)) == sorted(first.resource_names_subscribe)
