@@ -185,12 +185,17 @@ async def load(replicas: Sequence[RelayProcess]) -> list[int]:
     return [len(json.loads(answer)["clients"]) for answer in answers]
 
 
-async def lag_buckets(relay: RelayProcess) -> dict[float, float]:
-    """The event-loop lag histogram's cumulative bucket counts, by upper bound."""
+async def lag_buckets(relay: RelayProcess, name: str = LAG) -> dict[float, float]:
+    """The event-loop lag histogram's cumulative bucket counts, by upper bound
+    (``name``: another histogram's buckets, its label sets added up)."""
     text = (await asyncio.to_thread(admin_get, relay, "/metrics")).decode()
-    return {float(sample.labels["le"]): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples
-            if sample.name == LAG}
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return buckets
 
 
 def worst_lag(before: dict[float, float], after: dict[float, float]) -> tuple[float, float]:

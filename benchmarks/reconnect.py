@@ -19,7 +19,8 @@ about ``N * 100 / R`` clients. Every response is decoded and ACKed.
   ACKing the same resend in the same window; and the worst event loop lag
   the relay sampled meanwhile (its ``xds_relay_event_loop_lag_seconds``,
   every 100 ms, to its bucket: a step that holds the loop is caught when a
-  sample falls in it).
+  sample falls in it) and its longest cyclic garbage collection
+  (``xds_relay_gc_pause_seconds``, where the tree has it).
 * **Outage** (``--outages`` times): the origin goes away for ``--outage``
   seconds, and comes back with ``ep-0`` changed. Reported: the time from the
   origin's return until every client has the change, and the relay's
@@ -42,6 +43,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -241,6 +243,19 @@ _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 _RECONNECT = re.compile(r"reconnecting to origin \S+ in ([0-9.]+)s")
 
 
+GC_PAUSES = "xds_relay_gc_pause_seconds_bucket"
+
+
+def worst_text(before: dict[float, float], after: dict[float, float]) -> str:
+    """:func:`~benchmarks.fleet.worst_lag` of a histogram the relay may not
+    have (``-``: an older tree), or may not have recorded into (``none``)."""
+    if not after:
+        return "-"
+    if after.get(math.inf, 0.0) == before.get(math.inf, 0.0):
+        return "none"
+    return lag_text(worst_lag(before, after))
+
+
 def relay_log(log: Path) -> list[tuple[float, str]]:
     """The relay's log lines with their wall-clock times."""
     lines = []
@@ -296,7 +311,7 @@ async def measure(args: argparse.Namespace, src: Path) -> dict[str, Any]:
                     clients.send("reset")
                     await clients.next_messages()
                     before = len(relay_streams())
-                    lag = await lag_buckets(relay)
+                    lag, pauses = await lag_buckets(relay), await lag_buckets(relay, GC_PAUSES)
                     relay_cpu, bare_cpu = cpu_seconds(pid), cpu_seconds(bare.pid)
                     relay_main = main_thread_cpu_seconds(pid)
                     started = time.monotonic()
@@ -310,6 +325,7 @@ async def measure(args: argparse.Namespace, src: Path) -> dict[str, Any]:
                     relay_main = main_thread_cpu_seconds(pid) - relay_main
                     bare_cpu = cpu_seconds(bare.pid) - bare_cpu
                     lag = worst_lag(lag, await lag_buckets(relay))
+                    pause = worst_text(pauses, await lag_buckets(relay, GC_PAUSES))
                     clients.send("count")
                     pushed = sum(await clients.next_messages())
                     resend.append({"downstream_responses": pushed,
@@ -317,7 +333,8 @@ async def measure(args: argparse.Namespace, src: Path) -> dict[str, Any]:
                                    "relay_main_thread_cpu_ms": round(relay_main * 1000),
                                    "bare_cpu_ms": round(bare_cpu * 1000),
                                    "acked_after_ms": round(acked * 1000),
-                                   "worst_loop_lag": lag_text(lag)})
+                                   "worst_loop_lag": lag_text(lag),
+                                   "worst_gc_pause": pause})
                     print(json.dumps({"resend": resend[-1]}), flush=True)
                 for round_no in range(args.outages):
                     await origin.stop()
@@ -366,7 +383,8 @@ def report(result: dict[str, Any]) -> None:
               f"{statistics.median(main):g}), "
               f"bare client CPU ms {[r['bare_cpu_ms'] for r in resend]}; relay / bare min "
               f"{min(ratios):.2f}x median {statistics.median(ratios):.2f}x; the relay's worst "
-              f"event loop lag sampled (every 100 ms) {[r['worst_loop_lag'] for r in resend]}")
+              f"event loop lag sampled (every 100 ms) {[r['worst_loop_lag'] for r in resend]}, "
+              f"its worst collector pause {[r['worst_gc_pause'] for r in resend]}")
     if outages:
         print(f"outage of {result['outage_s']:g}s: clients converged "
               f"{[o['converged_s'] for o in outages]} s after the origin was back; relay "
