@@ -14,11 +14,10 @@ names, then 49,998, and a relay under load took over half a second to read
 the second: it removed all but 4 of them, and its clients were sent the
 removals, then the resources again). An origin that leaves a request
 unanswered is reconciled :data:`PATIENCE` graces after its first response.
-Which
-kind the origin is comes from the ``initial_versions`` setting, or, with
-``auto``, from what it does: sending a resource without a version (it cannot
-compare versions), or resending one the relay declared it holds unchanged,
-shows that it ignores them. See "resync", "reconcile" and "declared" in
+Which kind the origin is comes from the ``initial_versions`` setting, or,
+with ``auto``, from what it does: sending a resource without a version (it
+cannot compare versions), or resending one the relay declared it holds
+unchanged, shows that it ignores them. See "resync", "reconcile" and "declared" in
 ``docs/glossary.md``.
 """
 
