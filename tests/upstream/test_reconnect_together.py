@@ -220,3 +220,27 @@ def test_the_settle_made_in_steps_is_the_one_made_at_once() -> None:
         ENDPOINT, [*reconnect.names, *absent]).items()} for reconnect in (stepped, whole)]
     assert held[0] == held[1] and len(held[0]) == BIG - 1
     assert all(stepped.cache.is_answered(ENDPOINT, Locator(name)) for name in absent)
+
+
+def test_a_stream_that_ends_while_the_settle_is_made_in_steps_loses_nothing() -> None:
+    """The stream's end is told to the state between two of the settle's
+    steps (the upstream client's timer outlives streams): the settle
+    finishes, every name it took is answered, and the next stream
+    subscribes everything, declaring what is cached."""
+    reconnect = Reconnect(BIG)
+    absent = [f"gone-{i}" for i in range(BIG // 2)]
+    reconnect.state.on_connect(reconnect.index, 20.0)
+    reconnect.index.update(Sub(), ENDPOINT, Interest(frozenset(absent)))
+    reconnect.state.on_interest_changed(ENDPOINT, reconnect.index, 20.0, absent)
+    reconnect.apply(push("2", reconnect.names), 20.1)
+    ticking = reconnect.state.tick_steps(reconnect.index, 21.0 + reconnect.grace, step=BIG // 8)
+    next(ticking)  # (a slice settled)
+    reconnect.state.on_disconnect()
+    requests, _ = made_in_steps(ticking)
+    assert requests == []
+    assert all(reconnect.cache.is_answered(ENDPOINT, Locator(name))
+               for name in [*reconnect.names, *absent])
+    subscription = reconnect.state.on_connect(reconnect.index, 30.0)
+    assert sorted(n for r in subscription for n in r.resource_names_subscribe) == \
+        sorted([*reconnect.names, *absent])
+    assert {n for r in subscription for n in r.initial_resource_versions} == set(reconnect.names)
