@@ -26,9 +26,9 @@ from relay.interest import Interest
 from relay.upstream import resync
 from relay.upstream.bulk import BULK_FROM
 from relay.upstream.responses import ParsedResponse, parse_response
-from relay.upstream.targets import subscribes
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints, pack
+from tests.counting import calls_of
 from tests.stepping import made_in_steps
 from tests.upstream.test_upstream_state import Sub, make
 
@@ -149,19 +149,14 @@ def test_the_new_streams_subscription_declares_every_cached_version() -> None:
 def test_the_subscription_made_in_steps_is_the_one_made_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     stepped, whole = Reconnect(BIG), Reconnect(BIG)
-    looked_at = [0]  # (names whose subscription was checked one by one)
-
-    def one_by_one(*args: Any) -> bool:
-        looked_at[0] += 1
-        return subscribes(*args)
-
-    monkeypatch.setattr(resync, "subscribes", one_by_one)
+    # (names whose subscription was checked one by one)
+    looked_at = calls_of(monkeypatch, resync, "subscribes")
     requests, pauses = made_in_steps(stepped.state.connect_steps(stepped.index, 20.0,
                                                                  step=BIG // 8))
     # (the versions looked up, the cached ones found subscribed, the names
     # cut, and declared, an eighth at a time each)
     assert pauses >= 4 * 7
-    assert looked_at == [0]
+    assert looked_at == []
     assert [r.SerializeToString() for r in requests] == \
         [r.SerializeToString() for r in whole.state.on_connect(whole.index, 20.0)]
     # what the resend confirms and the reconcile removes is the same too

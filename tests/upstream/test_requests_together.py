@@ -18,6 +18,7 @@ from relay.turns import made
 from relay.upstream import requests as requests_module
 from relay.upstream.requests import SubscriptionChange, split_requests, split_steps
 from relay.xds_types import ENDPOINT
+from tests.counting import calls_of
 
 NODE = base_pb2.Node(id="relay", cluster="xds-relay")
 PLAIN = frozenset({EMPTY_PARAMS})
@@ -69,14 +70,7 @@ def test_names_together_make_the_requests_names_one_by_one_make(
 
 
 def test_a_big_clients_names_are_sized_together(monkeypatch: pytest.MonkeyPatch) -> None:
-    sized: list[str] = []
-    original = requests_module.text_size
-
-    def counting(text: str) -> Any:
-        sized.append(text)
-        return original(text)
-
-    monkeypatch.setattr(requests_module, "text_size", counting)
+    sized = calls_of(monkeypatch, requests_module, "text_size")
     cuts: list[object] = []
     accumulate = requests_module.itertools.accumulate
 
@@ -97,14 +91,7 @@ def test_a_big_clients_names_are_sized_together(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_a_big_clients_versions_are_sized_together(monkeypatch: pytest.MonkeyPatch) -> None:
-    sized: list[str] = []
-    original = requests_module.pair_size
-
-    def counting(name: str, version: str) -> Any:
-        sized.append(name)
-        return original(name, version)
-
-    monkeypatch.setattr(requests_module, "pair_size", counting)
+    sized = calls_of(monkeypatch, requests_module, "pair_size")
     versions = {f"big-{i}": f"{i:016x}" for i in range(50_000)}
     change = SubscriptionChange(ENDPOINT, dict.fromkeys(versions, PLAIN),
                                 initial_versions=versions)

@@ -5,8 +5,6 @@ names not subscribed) gives, and the loop does not run for it (counted)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -14,6 +12,7 @@ from relay.interest import Interest
 from relay.upstream import state as state_module
 from relay.xds_types import ENDPOINT
 from tests.builders import endpoints, pack
+from tests.counting import calls_of
 from tests.upstream.test_upstream_state import Sub, make, receive
 
 POOL = "xdstp://auth/envoy.config.endpoint.v3.ClusterLoadAssignment/pool"
@@ -65,14 +64,7 @@ def test_a_response_kept_whole_keeps_what_the_loop_keeps(
 
 
 def test_a_cold_clients_response_is_kept_with_no_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    looked: list[str] = []
-    original = state_module.in_collection
-
-    def counting(name: str, names: Any) -> bool:
-        looked.append(name)
-        return original(name, names)
-
-    monkeypatch.setattr(state_module, "in_collection", counting)
+    looked = calls_of(monkeypatch, state_module, "in_collection")
     names = [f"big-{i}" for i in range(2_000)]
     assert played(Interest(frozenset(names)), [origin_response("1", names)])[0] == sorted(names)
     assert looked == []
